@@ -1,0 +1,1 @@
+"""The handoff engine: agents, tools, the run loop and durable conversations. Never imports Slack."""

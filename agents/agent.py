@@ -1,0 +1,96 @@
+"""Agent declarations and the roster that holds them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.errors import ConfigError
+from agents.tools import EscalateTo, HandoffTo, Tool, function_tool
+
+Instructions = str | Callable[[Mapping[str, Any]], str]
+
+
+@dataclass(frozen=True)
+class Agent:
+    name: str
+    """Stable identifier, stored in Postgres as the active agent; also names its `transfer_to_<name>` tool."""
+    title: str
+    """How customers see it ("Sales"), e.g. in "Connecting you with Sales…"."""
+    description: str
+    """One paragraph: what this agent handles. Other agents read it in their transfer tools."""
+    instructions: Instructions
+    """The system prompt; a function of the shared context when it needs the customer's name and the like."""
+    tools: tuple[Tool, ...] = ()
+    handoffs: tuple[str, ...] = ()
+    """Names of the agents this one may transfer to."""
+    model: str | None = None
+    """Overrides the configured default model."""
+
+    def render_instructions(self, context: Mapping[str, Any]) -> str:
+        return self.instructions(context) if callable(self.instructions) else self.instructions
+
+
+def escalate_tool() -> Tool:
+    async def escalate_to_human(reason: str) -> EscalateTo:
+        """Hand the conversation to a human colleague. Use it when the customer asks for a person, is upset,
+        or needs something no tool of yours can do. Give a short reason for the colleague."""
+        return EscalateTo(reason=reason)
+
+    tool: Tool = function_tool(escalate_to_human)
+    return tool
+
+
+def handoff_tool(target: Agent) -> Tool:
+    async def transfer(reason: str | None = None) -> HandoffTo:
+        return HandoffTo(agent=target.name, reason=reason)
+
+    tool: Tool = function_tool(
+        transfer,
+        name=f"transfer_to_{target.name}",
+        description=f"Transfer the conversation to {target.title}: {target.description} "
+        "Say nothing to the customer first; they will answer in this same turn. Optionally give a reason.",
+    )
+    return tool
+
+
+@dataclass(frozen=True)
+class Roster:
+    """Every agent, keyed by name, with the entry agent new conversations start with."""
+
+    agents: Mapping[str, Agent]
+    entry: str
+    _tools: Mapping[str, tuple[Tool, ...]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, agents: Iterable[Agent], *, entry: str) -> Roster:
+        by_name = {a.name: a for a in agents}
+        if entry not in by_name:
+            raise ConfigError(f"entry agent {entry!r} is not in the roster")
+        escalate = escalate_tool()
+        tools: dict[str, tuple[Tool, ...]] = {}
+        for agent in by_name.values():
+            for target in agent.handoffs:
+                if target not in by_name:
+                    raise ConfigError(f"{agent.name} hands off to unknown agent {target!r}")
+                if target == agent.name:
+                    raise ConfigError(f"{agent.name} cannot hand off to itself")
+            # Stable order (own tools, transfers, escalation) keeps the prompt prefix cacheable.
+            all_tools = (*agent.tools, *(handoff_tool(by_name[t]) for t in agent.handoffs), escalate)
+            names = [t.name for t in all_tools]
+            if len(names) != len(set(names)):
+                raise ConfigError(f"{agent.name} has two tools with one name: {names}")
+            tools[agent.name] = all_tools
+        return cls(agents=by_name, entry=entry, _tools=tools)
+
+    def __getitem__(self, name: str) -> Agent:
+        return self.agents[name]
+
+    def get(self, name: str) -> Agent:
+        """The named agent, or the entry agent when the name is no longer in the roster (a renamed agent
+        must not strand old conversations)."""
+        return self.agents.get(name) or self.agents[self.entry]
+
+    def tools_of(self, name: str) -> tuple[Tool, ...]:
+        return self._tools[name]

@@ -1,0 +1,361 @@
+"""Durable conversations: every customer message is stored before anything else happens, then turns run one
+at a time per conversation, in arrival order, across processes.
+
+    submit()        stores the message (idempotent on external_id) and returns at once
+    process_next()  locks the conversation row (SELECT ... FOR UPDATE), takes its oldest unprocessed message,
+                    runs the turn and commits everything the turn produced in that same transaction
+    handle()        submit, then process until this message is done: what the CLI and tests call
+
+A crash mid-turn rolls the transaction back and leaves the message unprocessed, so it is run again; after
+`max_attempts` failures the customer gets an apology and a human instead of silence.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from agents.agent import Roster
+from agents.loop import Escalate, EventSink, HandoffRecord, LoopConfig, TurnInput, TurnResult, run_turn
+from agents.messages import Message, ToolCall
+from agents.model import Model
+from db import models as m
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["bot", "awaiting_human", "human", "closed"]
+
+
+@dataclass(frozen=True)
+class Submitted:
+    conversation_id: int
+    inbound_id: int
+    duplicate: bool
+    """True when this external_id was already stored: the caller must not act on it twice."""
+
+
+@dataclass(frozen=True)
+class MessageResult:
+    """What became of one customer message; stored with it, so any process can read it back."""
+
+    inbound_id: int
+    conversation_id: int
+    kind: Literal["reply", "escalated", "human"]
+    """reply: an agent answered; escalated: the turn ended with a human; human: a human already owns it."""
+    reply: str | None
+    agent: str
+    handoffs: tuple[HandoffRecord, ...] = ()
+    escalation_reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "reply": self.reply,
+            "agent": self.agent,
+            "handoffs": [[h.from_agent, h.to_agent, h.reason] for h in self.handoffs],
+            "escalation_reason": self.escalation_reason,
+        }
+
+    @classmethod
+    def from_json(cls, inbound_id: int, conversation_id: int, raw: dict[str, Any]) -> MessageResult:
+        return cls(
+            inbound_id,
+            conversation_id,
+            raw["kind"],
+            raw["reply"],
+            raw["agent"],
+            tuple(HandoffRecord(*h) for h in raw["handoffs"]),
+            raw["escalation_reason"],
+        )
+
+
+@dataclass(frozen=True)
+class ConversationState:
+    id: int
+    key: str
+    mode: Mode
+    agent: str
+    context: dict[str, Any]
+
+
+def _row_to_message(row: m.Message) -> Message:
+    return Message(
+        role=row.role,  # type: ignore[arg-type]
+        content=row.content,
+        agent=row.agent,
+        tool_calls=tuple(ToolCall(**c) for c in row.tool_calls or ()),
+        tool_call_id=row.tool_call_id,
+        name=row.name,
+        author=row.author,
+    )
+
+
+def _message_row(conversation_id: int, inbound_id: int, msg: Message) -> dict[str, Any]:
+    return {
+        "conversation_id": conversation_id,
+        "inbound_id": inbound_id,
+        "role": msg.role,
+        "agent": msg.agent,
+        "author": msg.author,
+        "content": msg.content,
+        "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in msg.tool_calls] or None,
+        "tool_call_id": msg.tool_call_id,
+        "name": msg.name,
+    }
+
+
+class Conversations:
+    def __init__(
+        self,
+        *,
+        sessions: async_sessionmaker[AsyncSession],
+        roster: Roster,
+        model: Model,
+        config: LoopConfig,
+        history_limit: int = 200,
+        max_attempts: int = 3,
+    ) -> None:
+        self.sessions = sessions
+        self.roster = roster
+        self.model = model
+        self.config = config
+        self.history_limit = history_limit
+        """Rows loaded per turn; the token window trims further. Bounded so long threads stay cheap."""
+        self.max_attempts = max_attempts
+
+    async def submit(
+        self, key: str, text: str, *, author: str | None = None, external_id: str | None = None
+    ) -> Submitted:
+        async with self.sessions() as s, s.begin():
+            conversation_id = await s.scalar(
+                pg_insert(m.Conversation)
+                .values(key=key, active_agent=self.roster.entry)
+                .on_conflict_do_update(index_elements=["key"], set_={"key": key})
+                .returning(m.Conversation.id)
+            )
+            assert conversation_id is not None
+            inbound_id = await s.scalar(
+                pg_insert(m.Inbound)
+                .values(conversation_id=conversation_id, text=text, author=author, external_id=external_id)
+                .on_conflict_do_nothing(index_elements=["conversation_id", "external_id"])
+                .returning(m.Inbound.id)
+            )
+            if inbound_id is not None:
+                return Submitted(conversation_id, inbound_id, duplicate=False)
+            existing = await s.scalar(
+                select(m.Inbound.id).where(
+                    m.Inbound.conversation_id == conversation_id, m.Inbound.external_id == external_id
+                )
+            )
+            assert existing is not None
+            return Submitted(conversation_id, existing, duplicate=True)
+
+    async def handle(
+        self,
+        key: str,
+        text: str,
+        *,
+        author: str | None = None,
+        external_id: str | None = None,
+        on_event: EventSink | None = None,
+    ) -> MessageResult:
+        submitted = await self.submit(key, text, author=author, external_id=external_id)
+        while (result := await self.result_of(submitted.inbound_id)) is None:
+            try:
+                await self.process_next(submitted.conversation_id, on_event=on_event)
+            except Exception:
+                log.exception("turn failed; retrying", extra={"conversation_id": submitted.conversation_id})
+        return result
+
+    async def result_of(self, inbound_id: int) -> MessageResult | None:
+        async with self.sessions() as s:
+            row = await s.get(m.Inbound, inbound_id)
+            if row is None or row.outcome is None:
+                return None
+            return MessageResult.from_json(row.id, row.conversation_id, row.outcome)
+
+    async def pending_conversations(self) -> list[int]:
+        """Conversations with unprocessed messages, oldest first: what to resume after a restart."""
+        async with self.sessions() as s:
+            rows = await s.execute(
+                select(m.Inbound.conversation_id)
+                .where(m.Inbound.processed_at.is_(None))
+                .group_by(m.Inbound.conversation_id)
+                .order_by(func.min(m.Inbound.id))
+            )
+            return [r[0] for r in rows]
+
+    async def state(self, key: str) -> ConversationState | None:
+        async with self.sessions() as s:
+            row = await s.scalar(select(m.Conversation).where(m.Conversation.key == key))
+            if row is None:
+                return None
+            return ConversationState(row.id, row.key, row.mode, row.active_agent, dict(row.context))  # type: ignore[arg-type]
+
+    async def process_next(self, conversation_id: int, *, on_event: EventSink | None = None) -> MessageResult | None:
+        """Run the oldest unprocessed message of one conversation; None when there was nothing to do."""
+        try:
+            async with self.sessions() as s, s.begin():
+                return await self._process_locked(s, conversation_id, on_event)
+        except Exception:
+            if await self._record_failure(conversation_id) < self.max_attempts:
+                raise
+            log.exception("turn failed %d times; apologising", self.max_attempts)
+            async with self.sessions() as s, s.begin():
+                return await self._process_locked(s, conversation_id, on_event, give_up=True)
+
+    async def _process_locked(
+        self, s: AsyncSession, conversation_id: int, on_event: EventSink | None, *, give_up: bool = False
+    ) -> MessageResult | None:
+        # FOR NO KEY UPDATE: turns of one conversation exclude each other, while tools writing rows that
+        # reference the conversation (their FK checks take KEY SHARE) from their own transactions still can.
+        conv = await s.scalar(select(m.Conversation).where(m.Conversation.id == conversation_id).with_for_update(key_share=True))
+        inbound = await s.scalar(
+            select(m.Inbound)
+            .where(m.Inbound.conversation_id == conversation_id, m.Inbound.processed_at.is_(None))
+            .order_by(m.Inbound.id)
+            .limit(1)
+        )
+        if conv is None or inbound is None:
+            return None
+        user = Message("user", inbound.text, author=inbound.author)
+        if conv.mode == "closed":
+            conv.mode, conv.active_agent, conv.context = "bot", self.roster.entry, {}
+        if conv.mode != "bot":
+            result = MessageResult(inbound.id, conv.id, "human", None, conv.active_agent)
+            await self._store(s, conv, inbound, [user], result)
+            return result
+        if give_up:
+            reason = Escalate("the bot failed repeatedly on this message", "error")
+            apology = Message("assistant", self.config.texts.provider_failure, agent=conv.active_agent)
+            result = MessageResult(
+                inbound.id, conv.id, "escalated", apology.content, conv.active_agent, (), reason.reason
+            )
+            await self._escalate(s, conv, inbound, reason, conv.active_agent)
+            await self._store(s, conv, inbound, [user, apology], result)
+            return result
+
+        history = await self._history(s, conv.id)
+        turn = await run_turn(
+            TurnInput(conv.id, inbound.id, conv.active_agent, conv.context, (*history, user)),
+            roster=self.roster,
+            model=self.model,
+            config=self.config,
+            db=self.sessions,
+            on_event=on_event,
+        )
+        escalated = isinstance(turn.outcome, Escalate)
+        result = MessageResult(
+            inbound.id,
+            conv.id,
+            "escalated" if escalated else "reply",
+            turn.reply,
+            turn.agent,
+            turn.handoffs,
+            turn.outcome.reason if isinstance(turn.outcome, Escalate) else None,
+        )
+        conv.active_agent, conv.context = turn.agent, turn.context
+        if isinstance(turn.outcome, Escalate):
+            await self._escalate(s, conv, inbound, turn.outcome, turn.agent)
+        await self._audit(s, conv.id, inbound.id, turn)
+        await self._store(s, conv, inbound, [user, *turn.messages], result)
+        return result
+
+    async def _history(self, s: AsyncSession, conversation_id: int) -> list[Message]:
+        rows = await s.scalars(
+            select(m.Message)
+            .where(m.Message.conversation_id == conversation_id)
+            .order_by(m.Message.id.desc())
+            .limit(self.history_limit)
+        )
+        return [_row_to_message(r) for r in reversed(rows.all())]
+
+    async def _store(
+        self, s: AsyncSession, conv: m.Conversation, inbound: m.Inbound, messages: list[Message], result: MessageResult
+    ) -> None:
+        await s.execute(insert(m.Message), [_message_row(conv.id, inbound.id, msg) for msg in messages])
+        conv.updated_at = func.now()
+        inbound.processed_at = func.now()
+        inbound.outcome = result.to_json()
+
+    async def _escalate(
+        self, s: AsyncSession, conv: m.Conversation, inbound: m.Inbound, outcome: Escalate, agent: str
+    ) -> None:
+        conv.mode = "awaiting_human"
+        s.add(
+            m.Escalation(
+                conversation_id=conv.id,
+                inbound_id=inbound.id,
+                reason=outcome.reason,
+                trigger=outcome.trigger,
+                agent=agent,
+            )
+        )
+
+    async def _audit(self, s: AsyncSession, conversation_id: int, inbound_id: int, turn: TurnResult) -> None:
+        ids = {"conversation_id": conversation_id, "inbound_id": inbound_id}
+        if turn.handoffs:
+            await s.execute(
+                insert(m.Handoff),
+                [
+                    {**ids, "from_agent": h.from_agent, "to_agent": h.to_agent, "reason": h.reason}
+                    for h in turn.handoffs
+                ],
+            )
+        if turn.tools:
+            await s.execute(
+                insert(m.ToolRun),
+                [
+                    {
+                        **ids,
+                        "agent": t.agent,
+                        "call_id": t.call.id,
+                        "tool": t.call.name,
+                        "arguments": t.call.arguments,
+                        "ok": t.ok,
+                        "output": t.output,
+                        "duration_ms": t.duration_ms,
+                    }
+                    for t in turn.tools
+                ],
+            )
+        if turn.llm_calls:
+            await s.execute(
+                insert(m.LLMCall),
+                [
+                    {
+                        **ids,
+                        "agent": c.agent,
+                        "model": c.model,
+                        "ok": c.ok,
+                        "error": c.error,
+                        "prompt_tokens": c.usage.prompt_tokens,
+                        "completion_tokens": c.usage.completion_tokens,
+                        "cached_tokens": c.usage.cached_tokens,
+                        "latency_ms": c.latency_ms,
+                    }
+                    for c in turn.llm_calls
+                ],
+            )
+
+    async def _record_failure(self, conversation_id: int) -> int:
+        async with self.sessions() as s, s.begin():
+            attempts = await s.scalar(
+                update(m.Inbound)
+                .where(
+                    m.Inbound.id
+                    == select(m.Inbound.id)
+                    .where(m.Inbound.conversation_id == conversation_id, m.Inbound.processed_at.is_(None))
+                    .order_by(m.Inbound.id)
+                    .limit(1)
+                    .scalar_subquery()
+                )
+                .values(attempts=m.Inbound.attempts + 1)
+                .returning(m.Inbound.attempts)
+            )
+            return attempts or 0

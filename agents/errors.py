@@ -1,0 +1,26 @@
+"""The engine's exceptions, one tree:
+
+    AgentsError
+    ├── ConfigError          a roster or tool declared wrongly (caught at start-up, never mid-turn)
+    └── ProviderError        the LLM provider failed after the SDK's retries (timeout, 429, 5xx, refusal)
+
+Budget exhaustion and bad model output are not exceptions: they are turn outcomes (see agents.loop).
+"""
+
+from __future__ import annotations
+
+
+class AgentsError(Exception):
+    """Base of every error raised by `agents`."""
+
+
+class ConfigError(AgentsError):
+    """An agent, tool or roster is declared wrongly."""
+
+
+class ProviderError(AgentsError):
+    """The LLM provider did not answer usefully; `kind` is timeout, rate_limit, server, connection or other."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind

@@ -1,0 +1,310 @@
+"""The run loop: one customer message in, one turn out.
+
+Ask the active agent's model; if it answered in words, that is the reply; if it called tools, run them
+(concurrently, bounded) and ask again; a tool that returns `HandoffTo` switches the active agent within the
+same turn, one that returns `EscalateTo` ends the turn in the hands of a human. Each model response becomes
+one `TurnOutcome` (Reply | Handoff | Escalate | RunAgain) and the loop branches on it. Inputs are never
+mutated: the result is a new value that the caller persists in one transaction.
+
+Policy when one response holds several transfers: an escalation wins; otherwise the first valid transfer is
+taken; every other transfer is answered with an error message saying why it was not performed. Budgets
+(LLM calls, handoffs, and ping-pong: returning to an agent already active in this turn) end the turn with an
+honest message and an escalation, never with an exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from agents.agent import Agent, Roster
+from agents.errors import ProviderError
+from agents.messages import Message, ToolCall
+from agents.model import Model, Usage
+from agents.tools import EscalateTo, HandoffTo, Tool, ToolArgumentsError, ToolContext
+from agents.window import build_window
+
+
+@dataclass(frozen=True)
+class Texts:
+    """What the customer is told when the turn ends without an agent's own words."""
+
+    escalated: str = "I've asked a colleague to join. A person will reply here shortly."
+    budget: str = (
+        "I'm sorry, I haven't managed to sort this out myself, so I've asked a colleague to take over. "
+        "A person will reply here shortly."
+    )
+    provider_failure: str = (
+        "I'm sorry, I'm having trouble answering right now. Your message is saved and I've passed it to a "
+        "colleague, who will reply here."
+    )
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    default_model: str
+    max_llm_calls: int = 8
+    max_handoffs: int = 3
+    max_parallel_tools: int = 4
+    token_budget: int = 12_000
+    texts: Texts = Texts()
+
+
+@dataclass(frozen=True)
+class TurnInput:
+    conversation_id: int
+    inbound_id: int | None
+    agent: str
+    context: Mapping[str, Any]
+    history: tuple[Message, ...]
+    """The transcript the model may see, ending with the customer's new message."""
+
+
+# The closed set of things one model response can come to.
+@dataclass(frozen=True)
+class Reply:
+    text: str
+
+
+@dataclass(frozen=True)
+class Handoff:
+    target: str
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class Escalate:
+    reason: str
+    trigger: str
+    """agent, budget, ping_pong or provider: why the turn ended with a human."""
+
+
+@dataclass(frozen=True)
+class RunAgain:
+    pass
+
+
+TurnOutcome = Reply | Handoff | Escalate | RunAgain
+
+
+@dataclass(frozen=True)
+class HandoffRecord:
+    from_agent: str
+    to_agent: str
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class ToolStarted:
+    agent: str
+    call: ToolCall
+
+
+@dataclass(frozen=True)
+class ToolRecord:
+    agent: str
+    call: ToolCall
+    ok: bool
+    output: str
+    """What the model sees as the result; an error message when not ok."""
+    duration_ms: float
+    result: HandoffTo | EscalateTo | None = None
+
+
+@dataclass(frozen=True)
+class LLMCallRecord:
+    agent: str
+    model: str
+    ok: bool
+    error: str | None
+    usage: Usage
+    latency_ms: float
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    agent: str
+    """The active agent after the turn: the one that answers the next message."""
+    context: dict[str, Any]
+    messages: tuple[Message, ...]
+    """Everything the turn added to the transcript after the customer's message."""
+    outcome: Reply | Escalate
+    reply: str
+    """The text the customer is shown."""
+    handoffs: tuple[HandoffRecord, ...]
+    tools: tuple[ToolRecord, ...]
+    llm_calls: tuple[LLMCallRecord, ...]
+
+
+Event = ToolStarted | ToolRecord | HandoffRecord | Reply | Escalate
+EventSink = Callable[[Event], Awaitable[None]]
+
+
+async def run_turn(
+    turn: TurnInput,
+    *,
+    roster: Roster,
+    model: Model,
+    config: LoopConfig,
+    db: async_sessionmaker[AsyncSession] | None = None,
+    on_event: EventSink | None = None,
+) -> TurnResult:
+    agent = roster.get(turn.agent)
+    context = dict(turn.context)
+    new: list[Message] = []
+    handoffs: list[HandoffRecord] = []
+    tools: list[ToolRecord] = []
+    calls: list[LLMCallRecord] = []
+    visited = [agent.name]
+    limit = asyncio.Semaphore(config.max_parallel_tools)
+
+    async def emit(event: Event) -> None:
+        if on_event is not None:
+            await on_event(event)
+
+    async def finish(outcome: Reply | Escalate, text: str) -> TurnResult:
+        if isinstance(outcome, Escalate):
+            new.append(Message("assistant", text, agent=agent.name))
+        await emit(outcome)
+        return TurnResult(agent.name, context, tuple(new), outcome, text, tuple(handoffs), tuple(tools), tuple(calls))
+
+    while True:
+        if len(calls) >= config.max_llm_calls:
+            return await finish(Escalate("LLM call budget for one message ran out", "budget"), config.texts.budget)
+        agent_tools = roster.tools_of(agent.name)
+        schemas = [t.schema() for t in agent_tools]
+        model_name = agent.model or config.default_model
+        window = build_window(
+            system=_system_prompt(agent, context),
+            history=(*turn.history, *new),
+            tools=schemas,
+            budget=config.token_budget,
+        )
+        try:
+            response = await model.complete(model=model_name, messages=window, tools=schemas)
+        except ProviderError as exc:
+            calls.append(LLMCallRecord(agent.name, model_name, False, str(exc), Usage(), 0.0))
+            failure = Escalate(f"LLM provider failure ({exc.kind})", "provider")
+            return await finish(failure, config.texts.provider_failure)
+        calls.append(LLMCallRecord(agent.name, model_name, True, None, response.usage, response.latency_ms))
+        new.append(Message("assistant", response.content, agent=agent.name, tool_calls=response.tool_calls))
+
+        if response.tool_calls:
+            ctx = ToolContext(turn.conversation_id, turn.inbound_id, agent.name, context, db)
+            runs = await asyncio.gather(
+                *(_run_tool(call, agent.name, agent_tools, ctx, limit, emit) for call in response.tool_calls)
+            )
+            outcome, runs = _decide(runs, agent, roster, visited, len(handoffs), config)
+            tools.extend(runs)
+            for run in runs:
+                await emit(run)
+            new.extend(Message("tool", r.output, agent.name, tool_call_id=r.call.id, name=r.call.name) for r in runs)
+        elif response.content and response.content.strip():
+            outcome = Reply(response.content.strip())
+        else:
+            outcome = RunAgain()  # an empty answer: ask again, within the LLM-call budget
+
+        match outcome:
+            case Reply(text):
+                return await finish(outcome, text)
+            case Escalate(trigger="agent"):
+                return await finish(outcome, config.texts.escalated)
+            case Escalate():
+                return await finish(outcome, config.texts.budget)
+            case Handoff(target=target, reason=reason):
+                record = HandoffRecord(agent.name, target, reason)
+                handoffs.append(record)
+                await emit(record)
+                agent = roster[target]
+                visited.append(target)
+            case RunAgain():
+                pass
+
+
+def _system_prompt(agent: Agent, context: Mapping[str, Any]) -> list[str]:
+    # Instructions first and unchanging within a conversation's agent, so prompt caching can hit; the
+    # shared context, which changes more often, follows as its own message.
+    prompt = [agent.render_instructions(context)]
+    visible = {k: v for k, v in context.items() if not k.startswith("_")}
+    if visible:
+        prompt.append("Known about this conversation: " + json.dumps(visible, ensure_ascii=False, sort_keys=True))
+    return prompt
+
+
+async def _run_tool(
+    call: ToolCall,
+    agent: str,
+    available: Sequence[Tool],
+    ctx: ToolContext,
+    limit: asyncio.Semaphore,
+    emit: Callable[[Event], Awaitable[None]],
+) -> ToolRecord:
+    await emit(ToolStarted(agent, call))
+    started = time.perf_counter()
+    tool = next((t for t in available if t.name == call.name), None)
+    result: HandoffTo | EscalateTo | None = None
+    if tool is None:
+        ok, output = (
+            False,
+            f"Error: there is no tool named {call.name!r}. Available: {[t.name for t in available]}",
+        )
+    else:
+        try:
+            async with limit:
+                value = await tool.invoke(ctx, call.arguments)
+            ok, output = True, value if isinstance(value, str) else ""
+            result = None if isinstance(value, str) else value
+        except ToolArgumentsError as exc:
+            ok, output = False, f"Error: {exc}. Call {call.name} again with corrected arguments."
+        except Exception as exc:  # a tool's failure is news for the model, not a crash of the turn
+            ok, output = False, f"Error: {call.name} failed: {type(exc).__name__}: {exc}"
+    return ToolRecord(agent, call, ok, output, (time.perf_counter() - started) * 1000, result)
+
+
+def _decide(
+    runs: Sequence[ToolRecord],
+    agent: Agent,
+    roster: Roster,
+    visited: Sequence[str],
+    handoffs_so_far: int,
+    config: LoopConfig,
+) -> tuple[TurnOutcome, list[ToolRecord]]:
+    """Apply the transfer policy to one response's tool results: the outcome, and the records with the text
+    each transfer call gets back."""
+    out = list(runs)
+    movers = [i for i, r in enumerate(out) if r.result is not None]
+    if not movers:
+        return RunAgain(), out
+    escalations = [i for i in movers if isinstance(out[i].result, EscalateTo)]
+    chosen = escalations[0] if escalations else movers[0]
+    outcome: TurnOutcome = RunAgain()
+    match out[chosen].result:
+        case EscalateTo(reason):
+            outcome = Escalate(reason, "agent")
+            out[chosen] = replace(out[chosen], output="Escalated to a human colleague.")
+        case HandoffTo(target, reason):
+            if target in visited:
+                outcome = Escalate(f"ping-pong: {' -> '.join([*visited, target])}", "ping_pong")
+                out[chosen] = replace(out[chosen], ok=False, output="Not performed: ping-pong; escalated.")
+            elif handoffs_so_far >= config.max_handoffs:
+                outcome = Escalate("handoff budget for one message ran out", "budget")
+                out[chosen] = replace(out[chosen], ok=False, output="Not performed: handoff budget; escalated.")
+            else:
+                outcome = Handoff(target, reason)
+                title = roster[target].title
+                out[chosen] = replace(out[chosen], output=f"Transferred to {title}. {title} now continues.")
+    for i in movers:
+        if i != chosen:
+            out[i] = replace(
+                out[i],
+                ok=False,
+                result=None,
+                output="Error: not performed: only one transfer or escalation per response is taken.",
+            )
+    return outcome, out

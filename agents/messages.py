@@ -1,0 +1,56 @@
+"""Transcript values: what the loop passes around, stores, and sends to the model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Role = Literal["user", "assistant", "tool", "staff"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    """The provider's id for the call; a tool result answers it by this id."""
+    name: str
+    arguments: str
+    """Raw JSON text as the model wrote it: it may be invalid, and is validated only when run."""
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Role
+    content: str | None = None
+    agent: str | None = None
+    """The agent that produced an assistant or tool message; None for the customer and staff."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    """The tool's name, on tool results."""
+    author: str | None = None
+    """Who wrote a customer or staff message, when known."""
+
+    def to_openai(self) -> dict[str, Any]:
+        """Chat Completions shape. Staff messages (issue: human takeover) read as attributed assistant text."""
+        if self.role == "staff":
+            return {
+                "role": "assistant",
+                "content": f"[{self.author or 'Staff'} (human colleague)]: {self.content}",
+            }
+        if self.role == "tool":
+            return {"role": "tool", "tool_call_id": self.tool_call_id, "content": self.content or ""}
+        if self.role == "assistant":
+            out: dict[str, Any] = {"role": "assistant", "content": self.content}
+            if self.tool_calls:
+                out["tool_calls"] = [
+                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in self.tool_calls
+                ]
+            return out
+        return {"role": "user", "content": self.content or ""}
+
+
+def estimate_tokens(text: str) -> int:
+    """About four characters a token for English; tokenizers cannot be downloaded at run time here, and the
+    window only needs a conservative bound, not an exact count."""
+    return len(text) // 4 + 1

@@ -1,0 +1,135 @@
+"""The seam to the LLM: a small `Model` protocol and its Chat Completions implementation.
+
+Chat Completions with tools is the API that OpenAI, Azure, Ollama, vLLM and LiteLLM all serve, so one
+implementation reaches all of them through `OPENAI_BASE_URL`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import openai
+
+from agents.errors import ProviderError
+from agents.messages import ToolCall
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class ModelResponse:
+    content: str | None
+    tool_calls: tuple[ToolCall, ...]
+    usage: Usage
+    latency_ms: float
+    """Wall time of the call as the client saw it, retries included."""
+
+
+class Model(Protocol):
+    async def complete(
+        self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> ModelResponse: ...
+
+
+def _provider_error(exc: openai.OpenAIError) -> ProviderError:
+    match exc:
+        case openai.APITimeoutError():
+            return ProviderError("timeout", str(exc))
+        case openai.APIConnectionError():
+            return ProviderError("connection", str(exc))
+        case openai.RateLimitError():
+            return ProviderError("rate_limit", str(exc))
+        case openai.APIStatusError() if exc.status_code >= 500:
+            return ProviderError("server", str(exc))
+        case _:
+            return ProviderError("other", str(exc))
+
+
+class OpenAIChatModel:
+    """`AsyncOpenAI` with the timeout and retry count set explicitly; streaming optional."""
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None,
+        base_url: str | None,
+        timeout_s: float = 30.0,
+        max_retries: int = 2,
+        stream: bool = False,
+    ) -> None:
+        # Local servers (Ollama, vLLM) need no key, but the SDK insists on one.
+        self.client = openai.AsyncOpenAI(
+            api_key=api_key or "not-needed", base_url=base_url, timeout=timeout_s, max_retries=max_retries
+        )
+        self.stream = stream
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def complete(
+        self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> ModelResponse:
+        started = time.perf_counter()
+        extra: dict[str, Any] = {"tools": tools} if tools else {}
+        try:
+            if self.stream:
+                content, calls, usage = await self._streamed(model, messages, extra)
+            else:
+                response = await self.client.chat.completions.create(model=model, messages=cast(Any, messages), **extra)
+                choice = response.choices[0].message
+                content = choice.content
+                calls = tuple(
+                    ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "")
+                    for c in choice.tool_calls or ()
+                    if c.type == "function"
+                )
+                usage = _usage(response.usage)
+        except openai.OpenAIError as exc:
+            raise _provider_error(exc) from exc
+        return ModelResponse(content, calls, usage, (time.perf_counter() - started) * 1000)
+
+    async def _streamed(
+        self, model: str, messages: list[dict[str, Any]], extra: dict[str, Any]
+    ) -> tuple[str | None, tuple[ToolCall, ...], Usage]:
+        create: Any = self.client.chat.completions.create  # the SDK's overloads cannot see `stream` through **extra
+        stream = await create(
+            model=model, messages=messages, stream=True, stream_options={"include_usage": True}, **extra
+        )
+        text: list[str] = []
+        calls: dict[int, dict[str, str]] = {}
+        usage = Usage()
+        async for chunk in stream:
+            if chunk.usage is not None:
+                usage = _usage(chunk.usage)
+            for choice in chunk.choices:
+                delta = choice.delta
+                if delta.content:
+                    text.append(delta.content)
+                for part in delta.tool_calls or ():
+                    call = calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
+                    if part.id:
+                        call["id"] = part.id
+                    if part.function and part.function.name:
+                        call["name"] += part.function.name
+                    if part.function and part.function.arguments:
+                        call["arguments"] += part.function.arguments
+        tool_calls = tuple(
+            ToolCall(id=c["id"] or f"call_{i}", name=c["name"], arguments=c["arguments"])
+            for i, c in sorted(calls.items())
+        )
+        return ("".join(text) or None), tool_calls, usage
+
+
+def _usage(raw: Any) -> Usage:
+    if raw is None:
+        return Usage()
+    details = getattr(raw, "prompt_tokens_details", None)
+    cached = getattr(details, "cached_tokens", 0) or 0
+    return Usage(raw.prompt_tokens or 0, raw.completion_tokens or 0, cached)

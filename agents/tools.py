@@ -1,0 +1,117 @@
+"""Tools: typed Python functions whose JSON schema comes from their signature.
+
+A tool is `async def f(ctx: ToolContext, a: int, b: str = "x") -> str | HandoffTo | EscalateTo`.
+The first parameter, when annotated `ToolContext`, is injected and hidden from the model; the rest are
+built into a pydantic model that both produces the JSON schema and validates the model's arguments.
+Returning `HandoffTo` or `EscalateTo` is how a tool moves the conversation: the loop acts on the value.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from agents.errors import ConfigError
+
+
+@dataclass
+class ToolContext:
+    """What a running tool may see and change. `state` is the conversation's shared context: changes persist
+    with the turn."""
+
+    conversation_id: int
+    inbound_id: int | None
+    agent: str
+    state: dict[str, Any]
+    db: async_sessionmaker[AsyncSession] | None = None
+    """For tools with durable side effects; each opens its own short transaction and makes itself idempotent,
+    because a turn that crashes after the tool ran is run again."""
+
+
+@dataclass(frozen=True)
+class HandoffTo:
+    agent: str
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class EscalateTo:
+    reason: str
+
+
+ToolResult = str | HandoffTo | EscalateTo
+ToolFn = Callable[..., Awaitable[ToolResult]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    params: type[BaseModel]
+    """Validates the model's arguments and yields the JSON schema."""
+    fn: ToolFn
+    wants_context: bool
+
+    def schema(self) -> dict[str, Any]:
+        parameters = self.params.model_json_schema()
+        parameters.pop("title", None)
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": parameters},
+        }
+
+    async def invoke(self, ctx: ToolContext, arguments: str) -> ToolResult:
+        """Validate and run; raises ToolArgumentsError for bad arguments, and lets the tool's own errors out."""
+        try:
+            raw = json.loads(arguments or "{}")
+        except json.JSONDecodeError as exc:
+            raise ToolArgumentsError(f"arguments are not valid JSON ({exc.msg} at position {exc.pos})") from exc
+        if not isinstance(raw, dict):
+            raise ToolArgumentsError("arguments must be a JSON object")
+        try:
+            parsed = self.params.model_validate(raw)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()
+            )
+            raise ToolArgumentsError(f"invalid arguments: {problems}") from exc
+        kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
+        return await (self.fn(ctx, **kwargs) if self.wants_context else self.fn(**kwargs))
+
+
+class ToolArgumentsError(Exception):
+    """The model's arguments did not fit the tool's signature; the message goes back to the model."""
+
+
+def function_tool(fn: ToolFn | None = None, *, name: str | None = None, description: str | None = None) -> Any:
+    """Decorator: turn a typed async function into a Tool. Parameter docs come from `Annotated[T, Field(...)]`."""
+
+    def build(f: ToolFn) -> Tool:
+        if not inspect.iscoroutinefunction(f):
+            raise ConfigError(f"tool {f.__name__} must be an async function")
+        hints = get_type_hints(f, include_extras=True)
+        params = list(inspect.signature(f).parameters.values())
+        wants_context = bool(params) and hints.get(params[0].name) is ToolContext
+        fields: dict[str, Any] = {}
+        for p in params[1:] if wants_context else params:
+            if p.name not in hints:
+                raise ConfigError(f"tool {f.__name__}: parameter {p.name} needs a type hint")
+            default = ... if p.default is inspect.Parameter.empty else p.default
+            fields[p.name] = (hints[p.name], default)
+        model = create_model(f"{f.__name__}_args", __config__=ConfigDict(extra="forbid"), **fields)
+        doc = inspect.cleandoc(f.__doc__ or "").strip()
+        return Tool(
+            name=name or f.__name__,
+            description=description or doc or f.__name__.replace("_", " "),
+            params=model,
+            fn=f,
+            wants_context=wants_context,
+        )
+
+    return build(fn) if fn is not None else build

@@ -1,0 +1,1 @@
+"""The Slack bot and the command line around the engine."""

@@ -1,0 +1,67 @@
+"""`python -m bot chat`: talk to the engine in the terminal and watch agents, handoffs and tools work."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import uuid
+
+from agents.loop import Escalate, Event, HandoffRecord, Reply, ToolRecord, ToolStarted
+from bot import runtime
+from bot.settings import Settings
+
+NO_PROVIDER = """No LLM provider is configured, so there is nobody to answer yet. Set one of:
+  OPENAI_API_KEY=sk-...                      (OpenAI; optionally OPENAI_MODEL, default gpt-4o-mini)
+  OPENAI_BASE_URL=http://localhost:11434/v1  (any OpenAI-compatible server: Ollama, vLLM, LiteLLM, Azure)
+in the environment or in .env (see .env.example)."""
+
+
+def _style(code: str, text: str) -> str:
+    return f"\033[{code}m{text}\033[0m" if sys.stdout.isatty() else text
+
+
+async def _show(event: Event) -> None:
+    match event:
+        case ToolStarted(agent, call):
+            print(_style("2", f"  [{agent}] calls {call.name}({call.arguments})"))
+        case ToolRecord(agent, call, ok, output) if not ok:
+            print(_style("31", f"  [{agent}] {call.name} failed: {output}"))
+        case ToolRecord(agent, call, _, output):
+            print(_style("2", f"  [{agent}] {call.name} -> {output[:200]}"))
+        case HandoffRecord(src, dst, reason):
+            print(_style("33", f"  handoff {src} -> {dst}" + (f" ({reason})" if reason else "")))
+        case Escalate(reason, trigger):
+            print(_style("35", f"  escalated to a human ({trigger}): {reason}"))
+        case Reply():
+            pass
+
+
+async def chat(settings: Settings, *, conversation: str | None) -> int:
+    if not settings.llm_configured:
+        print(NO_PROVIDER, file=sys.stderr)
+        return 2
+    key = f"cli:{conversation or uuid.uuid4().hex[:8]}"
+    model = runtime.chat_model(settings)
+    async with runtime.open_database(settings) as db:
+        service = runtime.conversations(settings, db, model)
+        print(f"Conversation {key!r} (resume it with --conversation {key[4:]}). Ctrl-D to quit.")
+        state = await service.state(key)
+        if state is not None:
+            print(f"Resuming: {state.agent} is active, mode {state.mode}, context {json.dumps(state.context)}")
+        while True:
+            try:
+                text = await asyncio.to_thread(input, _style("1", "you> "))
+            except EOFError:
+                print()
+                break
+            if not text.strip():
+                continue
+            result = await service.handle(key, text, author="terminal", on_event=_show)
+            if result.kind == "human":
+                print(_style("35", "  (a human owns this conversation now; the bot stays quiet)"))
+            elif result.reply:
+                title = service.roster.get(result.agent).title
+                print(f"{_style('36', title)}> {result.reply}")
+    await model.close()
+    return 0

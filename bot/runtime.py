@@ -1,0 +1,78 @@
+"""Start-up wiring: settings in, a ready database and engine out. Nothing here runs at import time."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from agents.conversations import Conversations
+from agents.loop import LoopConfig
+from agents.model import OpenAIChatModel
+from agents.roster import default_roster
+from bot.settings import Settings
+from db import migrate
+from db.embedded import start_embedded
+from db.engine import make_engine, make_sessions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Database:
+    url: str
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    embedded: Any = None
+    """The embedded server's handle, kept alive while the process needs it."""
+
+
+def database_url(settings: Settings) -> tuple[str, Any]:
+    """The configured server, or the embedded one (never started when DATABASE_URL is set)."""
+    if settings.database_url:
+        return settings.database_url, None
+    return start_embedded(settings.data_dir)
+
+
+@asynccontextmanager
+async def open_database(settings: Settings, *, run_migrations: bool = True) -> AsyncIterator[Database]:
+    url, handle = await asyncio.to_thread(database_url, settings)
+    if run_migrations:
+        await asyncio.to_thread(migrate.upgrade, url)
+    engine = make_engine(url, pool_size=settings.db_pool_size)
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+        yield Database(url, engine, make_sessions(engine), handle)
+    finally:
+        await engine.dispose()
+
+
+def loop_config(settings: Settings) -> LoopConfig:
+    return LoopConfig(
+        default_model=settings.openai_model,
+        max_llm_calls=settings.max_llm_calls_per_message,
+        max_handoffs=settings.max_handoffs_per_message,
+        max_parallel_tools=settings.max_parallel_tools,
+        token_budget=settings.context_token_budget,
+    )
+
+
+def chat_model(settings: Settings) -> OpenAIChatModel:
+    return OpenAIChatModel(
+        api_key=settings.openai_api_key.get_secret_value() if settings.openai_api_key else None,
+        base_url=settings.openai_base_url,
+        timeout_s=settings.openai_timeout_s,
+        max_retries=settings.openai_max_retries,
+        stream=settings.openai_stream,
+    )
+
+
+def conversations(settings: Settings, db: Database, model: OpenAIChatModel) -> Conversations:
+    return Conversations(sessions=db.sessions, roster=default_roster(), model=model, config=loop_config(settings))

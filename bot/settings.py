@@ -1,0 +1,67 @@
+"""Settings, read once at start-up from the environment or `.env`.
+
+Every variable is listed with a comment in `.env.example`; the README's configuration table mirrors it.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+
+    # Storage
+    database_url: str | None = Field(default=None, description="Postgres URL; unset starts an embedded one.")
+    data_dir: Path = Field(default=PROJECT_ROOT / ".data", description="Where the embedded Postgres lives.")
+    db_pool_size: int = 20
+
+    # LLM provider
+    openai_api_key: SecretStr | None = None
+    openai_base_url: str | None = None
+    openai_model: str = "gpt-4o-mini"
+    openai_timeout_s: float = 30.0
+    openai_max_retries: int = 2
+    openai_stream: bool = False
+
+    # Engine budgets, per customer message
+    max_llm_calls_per_message: int = 8
+    max_handoffs_per_message: int = 3
+    max_parallel_tools: int = 4
+    context_token_budget: int = 12_000
+
+    # Slack
+    slack_bot_token: SecretStr | None = None
+    slack_signing_secret: SecretStr | None = None
+    slack_app_token: SecretStr | None = None
+    slack_api_url: str = "https://slack.com/api/"
+    staff_channel_id: str | None = None
+    admin_user_ids: str = ""
+    port: int = 3000
+
+    log_level: str = "INFO"
+
+    @field_validator("openai_api_key", "slack_bot_token", "slack_signing_secret", "slack_app_token", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        # `.env.example` copied as-is leaves `KEY=`; treat that as "not configured", not as an empty secret.
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @property
+    def llm_configured(self) -> bool:
+        return self.openai_api_key is not None or self.openai_base_url is not None
+
+    @property
+    def admin_ids(self) -> frozenset[str]:
+        return frozenset(part.strip() for part in self.admin_user_ids.split(",") if part.strip())
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

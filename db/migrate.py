@@ -1,0 +1,27 @@
+"""Alembic, driven from code: `python -m bot migrate` and the tests both build the schema through here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+
+MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+
+
+def alembic_config(url: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    # Passed as an attribute, not as the ini option, because '%' in passwords breaks ini interpolation.
+    config.attributes["database_url"] = url
+    return config
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Blocking: call it through `asyncio.to_thread` from async code (env.py runs its own event loop)."""
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str, revision: str) -> None:
+    command.downgrade(alembic_config(url), revision)

@@ -1,0 +1,151 @@
+"""The one declarative Base and every table. Alembic owns the schema; these mirror it for queries.
+
+conversations  one per customer thread: mode (bot / awaiting_human / human / closed), active agent, context
+inbound        each customer message as received; unprocessed rows are the engine's durable queue
+messages       the transcript in Chat Completions shape, each row with the agent that produced it
+handoffs, tool_runs, llm_calls, escalations    the audit trail of every turn
+refunds        the refund tool's idempotency record (one refund per order)
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSONB, list[Any]: JSONB}
+
+
+def _now() -> Mapped[datetime]:
+    return mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Conversation(Base):
+    __tablename__ = "conversations"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    key: Mapped[str] = mapped_column(Text, unique=True)
+    mode: Mapped[str] = mapped_column(Text, server_default="bot")
+    active_agent: Mapped[str] = mapped_column(Text)
+    context: Mapped[dict[str, Any]] = mapped_column(server_default="{}")
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+
+
+class Inbound(Base):
+    __tablename__ = "inbound"
+    __table_args__ = (
+        UniqueConstraint("conversation_id", "external_id"),
+        Index("ix_inbound_pending", "conversation_id", "id", postgresql_where="processed_at IS NULL"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))
+    external_id: Mapped[str | None] = mapped_column(Text)
+    author: Mapped[str | None] = mapped_column(Text)
+    text: Mapped[str] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, server_default="0")
+    received_at: Mapped[datetime] = _now()
+    processed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    outcome: Mapped[dict[str, Any] | None] = mapped_column()
+
+
+class Message(Base):
+    __tablename__ = "messages"
+    __table_args__ = (Index("ix_messages_conversation", "conversation_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))
+    inbound_id: Mapped[int | None] = mapped_column(ForeignKey("inbound.id", ondelete="SET NULL"))
+    role: Mapped[str] = mapped_column(Text)
+    agent: Mapped[str | None] = mapped_column(Text)
+    author: Mapped[str | None] = mapped_column(Text)
+    content: Mapped[str | None] = mapped_column(Text)
+    tool_calls: Mapped[list[Any] | None] = mapped_column()
+    tool_call_id: Mapped[str | None] = mapped_column(Text)
+    name: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+
+
+class Handoff(Base):
+    __tablename__ = "handoffs"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    inbound_id: Mapped[int | None] = mapped_column(ForeignKey("inbound.id", ondelete="SET NULL"))
+    from_agent: Mapped[str] = mapped_column(Text)
+    to_agent: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+
+
+class ToolRun(Base):
+    __tablename__ = "tool_runs"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    inbound_id: Mapped[int | None] = mapped_column(ForeignKey("inbound.id", ondelete="SET NULL"))
+    agent: Mapped[str] = mapped_column(Text)
+    call_id: Mapped[str] = mapped_column(Text)
+    tool: Mapped[str] = mapped_column(Text)
+    arguments: Mapped[str] = mapped_column(Text)
+    ok: Mapped[bool] = mapped_column(Boolean)
+    output: Mapped[str] = mapped_column(Text)
+    duration_ms: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = _now()
+
+
+class LLMCall(Base):
+    __tablename__ = "llm_calls"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    conversation_id: Mapped[int | None] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    inbound_id: Mapped[int | None] = mapped_column(ForeignKey("inbound.id", ondelete="SET NULL"))
+    agent: Mapped[str | None] = mapped_column(Text)
+    model: Mapped[str] = mapped_column(Text)
+    ok: Mapped[bool] = mapped_column(Boolean)
+    error: Mapped[str | None] = mapped_column(Text)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, server_default="0")
+    completion_tokens: Mapped[int] = mapped_column(Integer, server_default="0")
+    cached_tokens: Mapped[int] = mapped_column(Integer, server_default="0")
+    latency_ms: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = _now()
+
+
+class Escalation(Base):
+    __tablename__ = "escalations"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    inbound_id: Mapped[int | None] = mapped_column(ForeignKey("inbound.id", ondelete="SET NULL"))
+    status: Mapped[str] = mapped_column(Text, server_default="open")
+    reason: Mapped[str] = mapped_column(Text)
+    trigger: Mapped[str] = mapped_column(Text)
+    agent: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+
+
+class Refund(Base):
+    __tablename__ = "refunds"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    order_id: Mapped[str] = mapped_column(Text, unique=True)
+    amount_cents: Mapped[int] = mapped_column(Integer)
+    conversation_id: Mapped[int | None] = mapped_column(ForeignKey("conversations.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = _now()

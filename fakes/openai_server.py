@@ -1,0 +1,367 @@
+"""A scriptable, OpenAI-compatible HTTP server for tests and benchmarks.
+
+It is a real aiohttp server so that the real ``openai.AsyncOpenAI`` client (with
+its retries, timeouts, SSE parsing and error mapping) is exercised end to end,
+instead of mocking the client and testing our assumptions about it.
+
+Typical use::
+
+    async with FakeOpenAI() as fake:
+        fake.script(tools(tool_call("lookup_order", {"id": 7})), reply("Shipped!"))
+        client = AsyncOpenAI(api_key="test", base_url=fake.base_url, max_retries=0)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import itertools
+import json
+import math
+import re
+import struct
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+FAKE_MODEL = "fake-model"
+EMBEDDING_DIM = 64
+NO_REPLY_MESSAGE = "fake openai: no scripted reply left"
+
+
+@dataclass(frozen=True)
+class FakeToolCall:
+    name: str
+    # A str is sent verbatim so tests can deliver malformed JSON to the bot.
+    arguments: str | dict[str, Any]
+    id: str | None = None
+
+    def arguments_json(self) -> str:
+        if isinstance(self.arguments, str):
+            return self.arguments
+        return json.dumps(self.arguments)
+
+
+@dataclass(frozen=True)
+class FakeReply:
+    content: str | None = None
+    tool_calls: tuple[FakeToolCall, ...] = ()
+    status: int = 200
+    delay: float = 0.0
+    error_message: str = "fake openai error"
+
+
+def reply(content: str) -> FakeReply:
+    return FakeReply(content=content)
+
+
+def tool_call(
+    name: str, arguments: str | dict[str, Any] | None = None, id: str | None = None
+) -> FakeToolCall:
+    return FakeToolCall(name=name, arguments={} if arguments is None else arguments, id=id)
+
+
+def tools(*calls: FakeToolCall, content: str | None = None) -> FakeReply:
+    return FakeReply(content=content, tool_calls=calls)
+
+
+def error(status: int, message: str = "fake openai error") -> FakeReply:
+    return FakeReply(status=status, error_message=message)
+
+
+def slow(seconds: float, then: FakeReply | None = None) -> FakeReply:
+    return replace(then if then is not None else reply(""), delay=seconds)
+
+
+def _text_of(content: Any) -> str:
+    # Content may be a plain string or a list of typed parts (multimodal format).
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    body: dict[str, Any]
+
+    @property
+    def model(self) -> str:
+        return str(self.body.get("model", ""))
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return list(self.body.get("messages") or [])
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        return list(self.body.get("tools") or [])
+
+    @property
+    def tool_names(self) -> list[str]:
+        return [str(t.get("function", {}).get("name", "")) for t in self.tools]
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream", False))
+
+    @property
+    def system(self) -> str:
+        for message in self.messages:
+            if message.get("role") == "system":
+                return _text_of(message.get("content"))
+        return ""
+
+    @property
+    def last_user(self) -> str:
+        for message in reversed(self.messages):
+            if message.get("role") == "user":
+                return _text_of(message.get("content"))
+        return ""
+
+
+Rule = Callable[[RecordedRequest], FakeReply]
+
+
+def _ceil_div4(n: int) -> int:
+    return math.ceil(n / 4)
+
+
+def _split(text: str, parts: int) -> list[str]:
+    size = max(1, math.ceil(len(text) / parts))
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _error_response(status: int, message: str) -> web.Response:
+    # Shaped like OpenAI's errors so the client maps status -> exception class
+    # and code that inspects `exc.body` / `exc.code` sees realistic values.
+    if status == 429:
+        kind, code = "requests", "rate_limit_exceeded"
+    elif status >= 500:
+        kind, code = "server_error", None
+    else:
+        kind, code = "invalid_request_error", None
+    payload = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return web.json_response(payload, status=status)
+
+
+def _embed(text: str, dim: int) -> list[float]:
+    # Hashed bag of words: texts sharing words get similar vectors, which is
+    # enough for retrieval tests. blake2b, not hash(), so runs are reproducible.
+    vec = [0.0] * dim
+    for word in re.findall(r"\w+", text.lower()):
+        h = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "big")
+        vec[h % dim] += 1.0 if (h >> 32) & 1 else -1.0
+    norm = math.sqrt(sum(x * x for x in vec))
+    if norm == 0.0:
+        # A zero vector would make cosine similarity NaN downstream.
+        vec[0] = norm = 1.0
+    return [x / norm for x in vec]
+
+
+def _embedding_inputs(raw: Any) -> list[str]:
+    # The API also accepts token ids (list[int] or list[list[int]]).
+    if isinstance(raw, str):
+        return [raw]
+    if isinstance(raw, list) and raw and all(isinstance(x, int) for x in raw):
+        return [" ".join(map(str, raw))]
+    if isinstance(raw, list):
+        return [x if isinstance(x, str) else " ".join(map(str, x)) for x in raw]
+    return []
+
+
+async def _stream(
+    request: web.Request,
+    head: dict[str, Any],
+    content: str | None,
+    calls: list[tuple[str, str, str]],
+    finish: str,
+    usage: dict[str, Any] | None,
+) -> web.StreamResponse:
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+        return {**head, "object": "chat.completion.chunk", "choices": [choice]}
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    chunks += [chunk({"content": piece}) for piece in _split(content or "", 3)]
+    for index, (call_id, name, args) in enumerate(calls):
+        # OpenAI's shape: the first delta names the call, later ones only
+        # carry `index` plus argument fragments that clients must concatenate.
+        function = {"name": name, "arguments": ""}
+        first = {"index": index, "id": call_id, "type": "function", "function": function}
+        chunks.append(chunk({"tool_calls": [first]}))
+        chunks += [
+            chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+            for piece in _split(args, 3)
+        ]
+    chunks.append(chunk({}, finish))
+    if usage is not None:
+        chunks.append({**head, "object": "chat.completion.chunk", "choices": [], "usage": usage})
+
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    for payload in chunks:
+        await response.write(f"data: {json.dumps(payload)}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+class FakeOpenAI:
+    def __init__(self) -> None:
+        self.rule: Rule | None = None
+        self.requests: list[RecordedRequest] = []
+        self.embedding_requests: list[RecordedRequest] = []
+        self._queue: deque[FakeReply] = deque()
+        # Ids never repeat over the server's life, so a multi-turn conversation
+        # never sees two tool calls with the same id (as with the real API).
+        self._call_ids = itertools.count(1)
+        self._completion_ids = itertools.count(1)
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_get("/v1/models", self._models)
+        # Cancel handlers whose client went away (e.g. after a client timeout on
+        # a slow() reply) and don't wait long on stop: this is a test fixture.
+        self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self._port = int(self._runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self._runner = None
+        self._port = None
+
+    async def __aenter__(self) -> FakeOpenAI:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def base_url(self) -> str:
+        if self._port is None:
+            raise RuntimeError("FakeOpenAI is not started")
+        return f"http://127.0.0.1:{self._port}/v1"
+
+    @property
+    def calls(self) -> int:
+        return len(self.requests)
+
+    def script(self, *replies: FakeReply) -> None:
+        self._queue.extend(replies)
+
+    def reset(self) -> None:
+        self._queue.clear()
+        self.rule = None
+        self.requests.clear()
+        self.embedding_requests.clear()
+
+    def _next_reply(self, recorded: RecordedRequest) -> FakeReply:
+        if self._queue:
+            return self._queue.popleft()
+        if self.rule is None:
+            return error(500, NO_REPLY_MESSAGE)
+        try:
+            return self.rule(recorded)
+        except Exception as exc:  # a buggy rule must fail the test loudly, not hang it
+            return error(500, f"fake openai: rule raised {exc!r}")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        recorded = RecordedRequest(body if isinstance(body, dict) else {})
+        self.requests.append(recorded)
+        if not isinstance(body, dict):
+            return _error_response(400, "fake openai: request body is not a JSON object")
+        fake = self._next_reply(recorded)
+        if fake.delay > 0:
+            await asyncio.sleep(fake.delay)
+        if fake.status != 200:
+            return _error_response(fake.status, fake.error_message)
+        calls = [
+            (c.id or f"call_{next(self._call_ids)}", c.name, c.arguments_json()) for c in fake.tool_calls
+        ]
+        completion_chars = len(fake.content or "") + sum(len(n) + len(a) for _, n, a in calls)
+        prompt_text = json.dumps(recorded.messages)
+        if recorded.tools:
+            prompt_text += json.dumps(recorded.tools)
+        prompt_tokens = _ceil_div4(len(prompt_text))
+        completion_tokens = max(1, _ceil_div4(completion_chars))
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
+        head = {
+            "id": f"chatcmpl-fake-{next(self._completion_ids)}",
+            "created": int(time.time()),
+            "model": recorded.model or FAKE_MODEL,
+        }
+        finish = "tool_calls" if calls else "stop"
+        if recorded.stream:
+            wants_usage = (recorded.body.get("stream_options") or {}).get("include_usage")
+            return await _stream(request, head, fake.content, calls, finish, usage if wants_usage else None)
+        message: dict[str, Any] = {"role": "assistant", "content": fake.content, "refusal": None}
+        if calls:
+            # Like the real API, the key is absent (not []) when there are no calls.
+            message["tool_calls"] = [
+                {"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in calls
+            ]
+        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+        return web.json_response({**head, "object": "chat.completion", "choices": [choice], "usage": usage})
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        self.embedding_requests.append(RecordedRequest(body if isinstance(body, dict) else {}))
+        if not isinstance(body, dict):
+            return _error_response(400, "fake openai: request body is not a JSON object")
+        texts = _embedding_inputs(body.get("input"))
+        dim = int(body.get("dimensions") or EMBEDDING_DIM)
+        # The client asks for base64 by default and decodes it as float32.
+        as_base64 = body.get("encoding_format") == "base64"
+        data = []
+        for index, text in enumerate(texts):
+            vector = _embed(text, dim)
+            encoded: str | list[float] = (
+                base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode() if as_base64 else vector
+            )
+            data.append({"object": "embedding", "index": index, "embedding": encoded})
+        tokens = sum(_ceil_div4(len(t)) for t in texts)
+        return web.json_response(
+            {
+                "object": "list",
+                "data": data,
+                "model": str(body.get("model") or FAKE_MODEL),
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+    async def _models(self, request: web.Request) -> web.Response:
+        model = {"id": FAKE_MODEL, "object": "model", "created": 0, "owned_by": "fake"}
+        return web.json_response({"object": "list", "data": [model]})
