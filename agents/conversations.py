@@ -214,7 +214,9 @@ class Conversations:
     ) -> MessageResult | None:
         # FOR NO KEY UPDATE: turns of one conversation exclude each other, while tools writing rows that
         # reference the conversation (their FK checks take KEY SHARE) from their own transactions still can.
-        conv = await s.scalar(select(m.Conversation).where(m.Conversation.id == conversation_id).with_for_update(key_share=True))
+        conv = await s.scalar(
+            select(m.Conversation).where(m.Conversation.id == conversation_id).with_for_update(key_share=True)
+        )
         inbound = await s.scalar(
             select(m.Inbound)
             .where(m.Inbound.conversation_id == conversation_id, m.Inbound.processed_at.is_(None))

@@ -61,9 +61,7 @@ def reply(content: str) -> FakeReply:
     return FakeReply(content=content)
 
 
-def tool_call(
-    name: str, arguments: str | dict[str, Any] | None = None, id: str | None = None
-) -> FakeToolCall:
+def tool_call(name: str, arguments: str | dict[str, Any] | None = None, id: str | None = None) -> FakeToolCall:
     return FakeToolCall(name=name, arguments={} if arguments is None else arguments, id=id)
 
 
@@ -198,8 +196,7 @@ async def _stream(
         first = {"index": index, "id": call_id, "type": "function", "function": function}
         chunks.append(chunk({"tool_calls": [first]}))
         chunks += [
-            chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
-            for piece in _split(args, 3)
+            chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}) for piece in _split(args, 3)
         ]
     chunks.append(chunk({}, finish))
     if usage is not None:
@@ -300,9 +297,7 @@ class FakeOpenAI:
             await asyncio.sleep(fake.delay)
         if fake.status != 200:
             return _error_response(fake.status, fake.error_message)
-        calls = [
-            (c.id or f"call_{next(self._call_ids)}", c.name, c.arguments_json()) for c in fake.tool_calls
-        ]
+        calls = [(c.id or f"call_{next(self._call_ids)}", c.name, c.arguments_json()) for c in fake.tool_calls]
         completion_chars = len(fake.content or "") + sum(len(n) + len(a) for _, n, a in calls)
         prompt_text = json.dumps(recorded.messages)
         if recorded.tools:

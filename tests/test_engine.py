@@ -38,12 +38,19 @@ async def test_direct_answer(service: Conversations, fake_llm: FakeOpenAI, sessi
     ]
     request = fake_llm.requests[0]
     assert "front desk" in request.system
-    assert request.tool_names == ["record_customer_name", "transfer_to_sales", "transfer_to_support", "escalate_to_human"]
+    assert request.tool_names == [
+        "record_customer_name",
+        "transfer_to_sales",
+        "transfer_to_support",
+        "escalate_to_human",
+    ]
     [call] = await rows(sessions, m.LLMCall)
     assert call.ok and call.prompt_tokens > 0 and call.agent == "triage"
 
 
-async def test_handoff_and_answer_in_same_turn(service: Conversations, fake_llm: FakeOpenAI, sessions: Sessions) -> None:
+async def test_handoff_and_answer_in_same_turn(
+    service: Conversations, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
     fake_llm.script(
         tools(tool_call("transfer_to_sales", {"reason": "wants a camera drone"})),
         reply("The Harrier X4 is a great pick."),
@@ -104,9 +111,7 @@ async def test_specialist_to_specialist(service: Conversations, fake_llm: FakeOp
     assert result.agent == "support"
 
 
-async def test_parallel_tool_calls_run_concurrently(
-    sessions: Sessions, fake_llm: FakeOpenAI, model: Any
-) -> None:
+async def test_parallel_tool_calls_run_concurrently(sessions: Sessions, fake_llm: FakeOpenAI, model: Any) -> None:
     from agents.agent import Agent, Roster
     from agents.tools import function_tool
 
@@ -179,7 +184,9 @@ async def test_invalid_json_arguments_go_back_as_error(service: Conversations, f
     assert "not valid JSON" in content
 
 
-async def test_wrong_argument_types_go_back_as_error(service: Conversations, fake_llm: FakeOpenAI, sessions: Sessions) -> None:
+async def test_wrong_argument_types_go_back_as_error(
+    service: Conversations, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
     result, content = await _bad_call_then_reply(service, fake_llm, tool_call("record_customer_name", {"name": 42}))
     assert result.kind == "reply"
     assert "invalid arguments" in content and "name" in content
@@ -281,9 +288,7 @@ async def test_llm_call_budget_runs_out(sessions: Sessions, fake_llm: FakeOpenAI
     assert result.kind == "escalated" and fake_llm.calls == 3
 
 
-async def test_llm_500s_apologise_escalate_and_keep_message(
-    sessions: Sessions, fake_llm: FakeOpenAI
-) -> None:
+async def test_llm_500s_apologise_escalate_and_keep_message(sessions: Sessions, fake_llm: FakeOpenAI) -> None:
     model = make_model(fake_llm, max_retries=1)
     service = Conversations(sessions=sessions, roster=default_roster(), model=model, config=CONFIG)
     fake_llm.script(error(500), error(503))
@@ -313,7 +318,9 @@ async def test_llm_timeout_apologises_and_escalates(sessions: Sessions, fake_llm
     assert esc.trigger == "provider" and "timeout" in esc.reason
 
 
-async def test_rate_limit_after_partial_progress_keeps_the_handoff(service: Conversations, fake_llm: FakeOpenAI) -> None:
+async def test_rate_limit_after_partial_progress_keeps_the_handoff(
+    service: Conversations, fake_llm: FakeOpenAI
+) -> None:
     fake_llm.script(tools(tool_call("transfer_to_support")), error(429))
     result = await service.handle("t:1", "refund please")
     assert result.kind == "escalated" and result.agent == "support"
@@ -416,7 +423,9 @@ async def test_concurrent_messages_in_one_conversation_run_in_order(
     assert [msg["content"] for msg in fake_llm.requests[1].messages[1:]] == ["first", "re: first", "second"]
 
 
-async def test_fifty_conversations_in_parallel(service: Conversations, fake_llm: FakeOpenAI, sessions: Sessions) -> None:
+async def test_fifty_conversations_in_parallel(
+    service: Conversations, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
     fake_llm.rule = lambda request: slow(0.05, reply(f"echo {request.last_user}"))
     results = await asyncio.gather(*(service.handle(f"t:{i}", f"question {i}") for i in range(50)))
     assert [r.reply for r in results] == [f"echo question {i}" for i in range(50)]

@@ -97,9 +97,7 @@ async def test_invalid_json_arguments_arrive_verbatim() -> None:
 async def test_streaming_accumulates_content_tool_calls_and_usage() -> None:
     args = {"id": 12345, "note": "a fairly long argument string to fragment"}
     async with FakeOpenAI() as fake:
-        fake.script(
-            tools(tool_call("lookup_order", args), tool_call("escalate", "{}"), content="One moment please")
-        )
+        fake.script(tools(tool_call("lookup_order", args), tool_call("escalate", "{}"), content="One moment please"))
         stream = await client_for(fake).chat.completions.create(
             model="m", messages=USER, stream=True, stream_options={"include_usage": True}
         )

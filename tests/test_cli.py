@@ -1,0 +1,72 @@
+"""`python -m bot` as a user runs it: a real subprocess, the real database, the fake LLM over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
+
+CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "SLACK_", "DATABASE_URL"))}
+
+
+async def run_bot(*args: str, env: dict[str, str], stdin: str = "", cwd: Path) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bot",
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**CLEAN, **env},
+        cwd=cwd,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(stdin.encode()), timeout=60)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_chat_without_provider_says_what_to_set(database_url: str, tmp_path: Path) -> None:
+    code, _, err = await run_bot("chat", env={"DATABASE_URL": database_url}, cwd=tmp_path)
+    assert code == 2
+    assert "OPENAI_API_KEY" in err and "OPENAI_BASE_URL" in err
+
+
+async def test_chat_shows_agents_handoffs_and_tools(
+    database_url: str, fake_llm: FakeOpenAI, sessions: async_sessionmaker[AsyncSession], tmp_path: Path
+) -> None:
+    fake_llm.script(
+        tools(
+            tool_call("record_customer_name", {"name": "Ada"}), tool_call("transfer_to_support", {"reason": "order"})
+        ),
+        tools(tool_call("lookup_order", {"order_id": "DW-1002"})),
+        reply("Your Harrier X4 has shipped."),
+        reply("You're welcome, Ada."),
+    )
+    env = {"DATABASE_URL": database_url, "OPENAI_BASE_URL": fake_llm.base_url, "OPENAI_MODEL": "fake-model"}
+    code, out, err = await run_bot(
+        "chat", "--conversation", "demo", env=env, cwd=tmp_path, stdin="I'm Ada, where is DW-1002?\nthanks\n"
+    )
+    assert code == 0, err
+    assert "calls record_customer_name" in out
+    assert "handoff triage -> support (order)" in out
+    assert "calls lookup_order" in out and "status shipped" in out
+    assert "Support> Your Harrier X4 has shipped." in out
+    assert "Support> You're welcome, Ada." in out
+
+    # A second run resumes the same conversation with the agent that spoke last.
+    fake_llm.script(reply("Still here."))
+    code, out, _ = await run_bot("chat", "--conversation", "demo", env=env, cwd=tmp_path, stdin="hello again\n")
+    assert code == 0
+    assert "Resuming: support is active" in out and '"customer_name": "Ada"' in out
+    assert "Support> Still here." in out
+
+
+async def test_migrate_command(database_url: str, tmp_path: Path) -> None:
+    code, out, err = await run_bot("migrate", env={"DATABASE_URL": database_url}, cwd=tmp_path)
+    assert code == 0, err
+    assert "migrated to head (DATABASE_URL)" in out
