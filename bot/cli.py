@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     settings = get_settings()
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    for noisy in ("pgserver", "alembic", "httpx", "openai"):
+        # Their INFO lines narrate every start-up step; ours say what matters.
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     from bot.chat import chat
 
     match args.command:

@@ -8,14 +8,15 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+    # env_ignore_empty: `.env.example` copied as-is leaves `KEY=`, which means "not configured", not "empty".
+    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore", env_ignore_empty=True)
 
     # Storage
     database_url: str | None = Field(default=None, description="Postgres URL; unset starts an embedded one.")
@@ -46,12 +47,6 @@ class Settings(BaseSettings):
     port: int = 3000
 
     log_level: str = "INFO"
-
-    @field_validator("openai_api_key", "slack_bot_token", "slack_signing_secret", "slack_app_token", mode="before")
-    @classmethod
-    def _blank_is_unset(cls, value: object) -> object:
-        # `.env.example` copied as-is leaves `KEY=`; treat that as "not configured", not as an empty secret.
-        return None if isinstance(value, str) and not value.strip() else value
 
     @property
     def llm_configured(self) -> bool:

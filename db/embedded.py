@@ -7,6 +7,7 @@ machine needs nothing installed. Several processes pointed at one data folder sh
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,15 @@ def start_embedded(data_dir: Path, *, cleanup: str | None = "stop") -> tuple[str
     Keep the handle alive for as long as the server is needed: pgserver stops the server when the last
     process holding it lets go.
     """
-    import pgserver  # imported late: it is only needed when no DATABASE_URL is configured
+    with warnings.catch_warnings():
+        # platformdirs warns that XDG_RUNTIME_DIR is unset (normal on servers and in CI); nothing to act on.
+        warnings.simplefilter("ignore")
+        import pgserver  # imported late: it is only needed when no DATABASE_URL is configured
 
     pgdata = data_dir / "postgres"
     pgdata.mkdir(parents=True, exist_ok=True)
     server = pgserver.get_server(pgdata, cleanup_mode=cleanup)  # type: ignore[attr-defined]
-    server.psql("CREATE EXTENSION IF NOT EXISTS vector;")
+    server.psql("SET client_min_messages = warning; CREATE EXTENSION IF NOT EXISTS vector;")
     uri: str = server.get_uri()
     log.info("embedded postgres ready in %s", pgdata)
     return uri, server
