@@ -13,6 +13,7 @@ A crash mid-turn rolls the transaction back and leaves the message unprocessed, 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -29,6 +30,7 @@ from db import models as m
 log = logging.getLogger(__name__)
 
 Mode = Literal["bot", "awaiting_human", "human", "closed"]
+_OLDEST_FIRST = (m.Inbound.order_key.asc().nulls_last(), m.Inbound.id)
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,19 @@ class ConversationState:
     context: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class TurnCommit:
+    """What a host hears about each processed message, inside the turn's transaction."""
+
+    key: str
+    conversation_id: int
+    external_id: str | None
+    result: MessageResult
+
+
+TurnHook = Callable[[AsyncSession, TurnCommit], Awaitable[None]]
+
+
 def _row_to_message(row: m.Message) -> Message:
     return Message(
         role=row.role,  # type: ignore[arg-type]
@@ -119,6 +134,7 @@ class Conversations:
         config: LoopConfig,
         history_limit: int = 200,
         max_attempts: int = 3,
+        after_turn: TurnHook | None = None,
     ) -> None:
         self.sessions = sessions
         self.roster = roster
@@ -127,33 +143,58 @@ class Conversations:
         self.history_limit = history_limit
         """Rows loaded per turn; the token window trims further. Bounded so long threads stay cheap."""
         self.max_attempts = max_attempts
+        self.after_turn = after_turn
+        """Called inside each turn's transaction, so what the host writes (an outbox) commits with the turn."""
 
     async def submit(
-        self, key: str, text: str, *, author: str | None = None, external_id: str | None = None
+        self,
+        key: str,
+        text: str,
+        *,
+        author: str | None = None,
+        external_id: str | None = None,
+        order_key: str | None = None,
     ) -> Submitted:
         async with self.sessions() as s, s.begin():
-            conversation_id = await s.scalar(
-                pg_insert(m.Conversation)
-                .values(key=key, active_agent=self.roster.entry)
-                .on_conflict_do_update(index_elements=["key"], set_={"key": key})
-                .returning(m.Conversation.id)
+            return await self.submit_in(s, key, text, author=author, external_id=external_id, order_key=order_key)
+
+    async def submit_in(
+        self,
+        s: AsyncSession,
+        key: str,
+        text: str,
+        *,
+        author: str | None = None,
+        external_id: str | None = None,
+        order_key: str | None = None,
+    ) -> Submitted:
+        """Store a customer message inside the caller's transaction (so it can be one write with the caller's
+        own rows). `order_key` orders messages of one conversation when arrival order may differ from the
+        order they were written in (Slack's ts); messages without one run in arrival order."""
+        conversation_id = await s.scalar(
+            pg_insert(m.Conversation)
+            .values(key=key, active_agent=self.roster.entry)
+            .on_conflict_do_update(index_elements=["key"], set_={"key": key})
+            .returning(m.Conversation.id)
+        )
+        assert conversation_id is not None
+        inbound_id = await s.scalar(
+            pg_insert(m.Inbound)
+            .values(
+                conversation_id=conversation_id, text=text, author=author, external_id=external_id, order_key=order_key
             )
-            assert conversation_id is not None
-            inbound_id = await s.scalar(
-                pg_insert(m.Inbound)
-                .values(conversation_id=conversation_id, text=text, author=author, external_id=external_id)
-                .on_conflict_do_nothing(index_elements=["conversation_id", "external_id"])
-                .returning(m.Inbound.id)
+            .on_conflict_do_nothing(index_elements=["conversation_id", "external_id"])
+            .returning(m.Inbound.id)
+        )
+        if inbound_id is not None:
+            return Submitted(conversation_id, inbound_id, duplicate=False)
+        existing = await s.scalar(
+            select(m.Inbound.id).where(
+                m.Inbound.conversation_id == conversation_id, m.Inbound.external_id == external_id
             )
-            if inbound_id is not None:
-                return Submitted(conversation_id, inbound_id, duplicate=False)
-            existing = await s.scalar(
-                select(m.Inbound.id).where(
-                    m.Inbound.conversation_id == conversation_id, m.Inbound.external_id == external_id
-                )
-            )
-            assert existing is not None
-            return Submitted(conversation_id, existing, duplicate=True)
+        )
+        assert existing is not None
+        return Submitted(conversation_id, existing, duplicate=True)
 
     async def handle(
         self,
@@ -197,33 +238,52 @@ class Conversations:
                 return None
             return ConversationState(row.id, row.key, row.mode, row.active_agent, dict(row.context))  # type: ignore[arg-type]
 
-    async def process_next(self, conversation_id: int, *, on_event: EventSink | None = None) -> MessageResult | None:
-        """Run the oldest unprocessed message of one conversation; None when there was nothing to do."""
+    async def process_next(
+        self, conversation_id: int | None = None, *, on_event: EventSink | None = None
+    ) -> MessageResult | None:
+        """Run the oldest unprocessed message of one conversation, waiting for its lock; or, with no id, of any
+        conversation with waiting messages that no other worker is running (SKIP LOCKED). None when there was
+        nothing to do."""
+        claimed = conversation_id
         try:
             async with self.sessions() as s, s.begin():
-                return await self._process_locked(s, conversation_id, on_event)
+                conv = await self._lock(s, conversation_id)
+                if conv is None:
+                    return None
+                claimed = conv.id
+                return await self._process_locked(s, conv, on_event)
         except Exception:
-            if await self._record_failure(conversation_id) < self.max_attempts:
+            if claimed is None or await self._record_failure(claimed) < self.max_attempts:
                 raise
             log.exception("turn failed %d times; apologising", self.max_attempts)
             async with self.sessions() as s, s.begin():
-                return await self._process_locked(s, conversation_id, on_event, give_up=True)
+                conv = await self._lock(s, claimed)
+                return None if conv is None else await self._process_locked(s, conv, on_event, give_up=True)
 
-    async def _process_locked(
-        self, s: AsyncSession, conversation_id: int, on_event: EventSink | None, *, give_up: bool = False
-    ) -> MessageResult | None:
+    async def _lock(self, s: AsyncSession, conversation_id: int | None) -> m.Conversation | None:
         # FOR NO KEY UPDATE: turns of one conversation exclude each other, while tools writing rows that
         # reference the conversation (their FK checks take KEY SHARE) from their own transactions still can.
-        conv = await s.scalar(
-            select(m.Conversation).where(m.Conversation.id == conversation_id).with_for_update(key_share=True)
+        query = select(m.Conversation)
+        if conversation_id is not None:
+            return await s.scalar(query.where(m.Conversation.id == conversation_id).with_for_update(key_share=True))
+        waiting = select(m.Inbound.conversation_id).where(m.Inbound.processed_at.is_(None))
+        return await s.scalar(
+            query.where(m.Conversation.id.in_(waiting))
+            .order_by(m.Conversation.updated_at)
+            .limit(1)
+            .with_for_update(key_share=True, skip_locked=True)
         )
+
+    async def _process_locked(
+        self, s: AsyncSession, conv: m.Conversation, on_event: EventSink | None, *, give_up: bool = False
+    ) -> MessageResult | None:
         inbound = await s.scalar(
             select(m.Inbound)
-            .where(m.Inbound.conversation_id == conversation_id, m.Inbound.processed_at.is_(None))
-            .order_by(m.Inbound.id)
+            .where(m.Inbound.conversation_id == conv.id, m.Inbound.processed_at.is_(None))
+            .order_by(*_OLDEST_FIRST)
             .limit(1)
         )
-        if conv is None or inbound is None:
+        if inbound is None:
             return None
         user = Message("user", inbound.text, author=inbound.author)
         if conv.mode == "closed":
@@ -284,6 +344,8 @@ class Conversations:
         conv.updated_at = func.now()
         inbound.processed_at = func.now()
         inbound.outcome = result.to_json()
+        if self.after_turn is not None:
+            await self.after_turn(s, TurnCommit(conv.key, conv.id, inbound.external_id, result))
 
     async def _escalate(
         self, s: AsyncSession, conv: m.Conversation, inbound: m.Inbound, outcome: Escalate, agent: str
@@ -353,7 +415,7 @@ class Conversations:
                     m.Inbound.id
                     == select(m.Inbound.id)
                     .where(m.Inbound.conversation_id == conversation_id, m.Inbound.processed_at.is_(None))
-                    .order_by(m.Inbound.id)
+                    .order_by(*_OLDEST_FIRST)
                     .limit(1)
                     .scalar_subquery()
                 )

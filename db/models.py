@@ -60,6 +60,7 @@ class Inbound(Base):
     external_id: Mapped[str | None] = mapped_column(Text)
     author: Mapped[str | None] = mapped_column(Text)
     text: Mapped[str] = mapped_column(Text)
+    order_key: Mapped[str | None] = mapped_column(Text)
     attempts: Mapped[int] = mapped_column(Integer, server_default="0")
     received_at: Mapped[datetime] = _now()
     processed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -148,4 +149,43 @@ class Refund(Base):
     order_id: Mapped[str] = mapped_column(Text, unique=True)
     amount_cents: Mapped[int] = mapped_column(Integer)
     conversation_id: Mapped[int | None] = mapped_column(ForeignKey("conversations.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = _now()
+
+
+class SlackEvent(Base):
+    """Every Events API delivery accepted, by event_id: Slack's retries and duplicates are recognised here."""
+
+    __tablename__ = "slack_events"
+
+    event_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    team_id: Mapped[str | None] = mapped_column(Text)
+    event_type: Mapped[str] = mapped_column(Text)
+    disposition: Mapped[str] = mapped_column(Text)
+    """stored (became a customer message), ignored (bot, subtype, other channel), or what else took it."""
+    received_at: Mapped[datetime] = _now()
+
+
+class Outbox(Base):
+    """Web API calls owed to Slack, written in the same transaction as what caused them, sent in id order per
+    conversation. A post carries its outbox id in Slack message metadata, so a post whose answer was lost in a
+    crash is found in the thread instead of being sent twice."""
+
+    __tablename__ = "outbox"
+    __table_args__ = (Index("ix_outbox_unsent", "id", postgresql_where="sent_at IS NULL"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    conversation_id: Mapped[int | None] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(Text)
+    """post, react_add, react_remove."""
+    channel: Mapped[str] = mapped_column(Text)
+    thread_ts: Mapped[str | None] = mapped_column(Text)
+    target_ts: Mapped[str | None] = mapped_column(Text)
+    """The message a reaction goes on."""
+    text: Mapped[str | None] = mapped_column(Text)
+    reaction: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, server_default="0")
+    attempted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    result_ts: Mapped[str | None] = mapped_column(Text)
+    last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()

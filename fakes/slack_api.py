@@ -1,0 +1,762 @@
+"""A local Slack workspace for tests, benchmarks and the playground: Web API emulator + Events API deliverer.
+
+The bot talks to it with the real ``AsyncWebClient`` (so retries, error mapping and request encoding are the SDK's
+own), and the emulator plays Slack towards the bot: signed event, slash-command and interactivity requests POSTed
+to the bot's ``events_url``, and echoes of the bot's own posts, as Slack sends them.
+
+Typical use::
+
+    async with SlackEmulator(events_url=bot_url) as slack:
+        client = AsyncWebClient(token="xoxb-test", base_url=slack.api_url)
+        said = await slack.user_says("C_SUPPORT", "<@UBOT> where is my order?")
+        reply = await slack.wait_for(lambda: slack.posts("C_SUPPORT", said.ts))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from types import TracebackType
+from typing import Any, TypeVar, cast
+from urllib.parse import urlencode
+
+import aiohttp
+from aiohttp import web
+from slack_sdk.signature import SignatureVerifier
+
+T = TypeVar("T")
+
+TEAM_ID = "T0001"
+TEAM_DOMAIN = "driftwing"
+APP_ID = "A0001"
+BOT_USER_ID = "UBOT"
+BOT_ID = "BBOT"
+BOT_NAME = "helpdesk"
+VERIFICATION_TOKEN = "verification-token"
+# Fields that slack_sdk sends JSON-encoded inside form bodies.
+_JSON_FIELDS = ("blocks", "attachments", "metadata")
+
+
+@dataclass(frozen=True)
+class SlackUser:
+    id: str
+    name: str
+    real_name: str
+    image_url: str
+    is_bot: bool = False
+
+    def to_api(self) -> dict[str, Any]:
+        profile = {"real_name": self.real_name, "display_name": self.name}
+        profile |= {"image_72": self.image_url, "image_192": self.image_url}
+        user = {"id": self.id, "team_id": TEAM_ID, "name": self.name, "real_name": self.real_name}
+        return user | {"is_bot": self.is_bot, "deleted": False, "profile": profile}
+
+
+@dataclass(frozen=True)
+class Channel:
+    id: str
+    name: str
+    is_im: bool = False
+
+    def to_api(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "is_channel": not self.is_im, "is_im": self.is_im, "is_member": True}
+
+
+@dataclass(frozen=True)
+class Msg:
+    """A message as stored; replaced (not mutated) on edit, reaction or deletion."""
+
+    channel: str
+    ts: str
+    user: str
+    text: str = ""
+    bot_id: str | None = None
+    thread_ts: str | None = None
+    blocks: list[dict[str, Any]] | None = None
+    metadata: dict[str, Any] | None = None
+    username: str | None = None
+    icon_url: str | None = None
+    icon_emoji: str | None = None
+    files: list[dict[str, Any]] | None = None
+    reactions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    edited_ts: str | None = None
+    deleted: bool = False
+
+    @property
+    def edited(self) -> bool:
+        return self.edited_ts is not None
+
+    @property
+    def is_reply(self) -> bool:
+        return self.thread_ts is not None and self.thread_ts != self.ts
+
+
+@dataclass(frozen=True)
+class Ephemeral:
+    channel: str
+    user: str
+    text: str
+    message_ts: str
+    blocks: list[dict[str, Any]] | None = None
+    thread_ts: str | None = None
+
+
+@dataclass(frozen=True)
+class ApiCall:
+    method: str
+    params: dict[str, Any]
+    at: float  # time.monotonic()
+    error: str | None = None  # set when the answer was ok: false
+    injected: bool = False  # answered by fail_next(), without performing the action
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+
+@dataclass(frozen=True)
+class DeliveryResult:
+    status: int
+    body: str
+    headers: Mapping[str, str]
+    elapsed_s: float
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One request sent to the bot; ``result`` is None when it could not be sent (see ``error``)."""
+
+    payload: dict[str, Any]
+    result: DeliveryResult | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Said:
+    ts: str
+    event_id: str
+    result: DeliveryResult
+    mention_event_id: str | None = None
+    mention_result: DeliveryResult | None = None
+
+
+@dataclass(frozen=True)
+class _Fault:
+    status: int
+    retry_after: int
+    error: str
+
+
+class SlackApiFailure(Exception):
+    def __init__(self, error: str) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _flag(value: Any) -> bool:
+    # Booleans arrive as JSON true, or as "1"/"true" in query strings and forms.
+    return value is True or str(value).lower() in ("1", "true")
+
+
+def _str(params: Mapping[str, Any], key: str) -> str | None:
+    value = params.get(key)
+    return None if value is None or value == "" else str(value)
+
+
+def _require(params: Mapping[str, Any], key: str, error: str) -> str:
+    value = _str(params, key)
+    if value is None:
+        raise SlackApiFailure(error)
+    return value
+
+
+async def _read_params(request: web.Request) -> dict[str, Any]:
+    params: dict[str, Any] = dict(request.query)
+    if request.can_read_body:
+        if request.content_type == "application/json":
+            try:
+                body = await request.json()
+            except ValueError:
+                body = None
+            if isinstance(body, dict):
+                params.update(body)
+        else:
+            form = await request.post()
+            params.update({k: v for k, v in form.items() if isinstance(v, str)})
+    for key in _JSON_FIELDS:
+        if isinstance(params.get(key), str):
+            with contextlib.suppress(ValueError):  # malformed JSON is kept as sent
+                params[key] = json.loads(params[key])
+    return params
+
+
+class SlackEmulator:
+    def __init__(
+        self,
+        *,
+        signing_secret: str = "test-signing-secret",
+        events_url: str | None = None,
+        echo_bot_posts: bool = True,
+        bot_token: str | None = None,
+        port: int = 0,
+    ) -> None:
+        self.signing_secret = signing_secret
+        self.events_url = events_url
+        self.echo_bot_posts = echo_bot_posts
+        self.expected_token = bot_token  # None: any bearer token is accepted
+        self.calls: list[ApiCall] = []
+        self.ephemerals: list[Ephemeral] = []
+        self.responses: list[dict[str, Any]] = []  # bodies POSTed to response_url endpoints
+        self.deliveries: list[Delivery] = []
+        self.users: dict[str, SlackUser] = {}
+        self.channels: dict[str, Channel] = {}
+        self._messages: dict[str, dict[str, Msg]] = {}  # channel -> ts -> message, in ts order
+        self._reply_index: dict[tuple[str, str], list[str]] = {}  # (channel, root ts) -> reply ts, in order
+        self._faults: dict[str, deque[_Fault]] = {}
+        self._holds: dict[str, asyncio.Event] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._last_ts_us = 0
+        self._response_ids = itertools.count(1)
+        self._verifier = SignatureVerifier(signing_secret)
+        self._requested_port = port
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._port: int | None = None
+        self._methods: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+            "auth.test": self._auth_test,
+            "chat.postMessage": self._post_message,
+            "chat.update": self._update,
+            "chat.delete": self._delete,
+            "chat.getPermalink": self._permalink,
+            "chat.postEphemeral": self._post_ephemeral,
+            "reactions.add": self._reactions_add,
+            "reactions.remove": self._reactions_remove,
+            "users.info": self._users_info,
+            "conversations.info": self._conversations_info,
+            "conversations.replies": self._replies,
+            "conversations.history": self._history,
+        }
+        self.add_user(BOT_USER_ID, BOT_NAME, "Helpdesk", is_bot=True)
+        self.add_user("U_CUSTOMER", "casey", "Casey Customer")
+        self.add_user("U_STAFF", "sam", "Sam Staff")
+        self.add_channel("C_SUPPORT", "#support")
+        self.add_channel("C_STAFF", "#staff")
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/api/{method}", self._api)
+        app.router.add_post("/response_url/{id}", self._response_url)
+        self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self._requested_port).start()
+        self._port = int(self._runner.addresses[0][1])
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+
+    async def stop(self) -> None:
+        for event in self._holds.values():
+            event.set()
+        self._holds.clear()
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=5.0)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self._session = self._runner = self._port = None
+
+    async def __aenter__(self) -> SlackEmulator:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def url(self) -> str:
+        if self._port is None:
+            raise RuntimeError("SlackEmulator is not started")
+        return f"http://127.0.0.1:{self._port}"
+
+    @property
+    def api_url(self) -> str:
+        return f"{self.url}/api/"
+
+    def reset(self) -> None:
+        """Forget messages, recordings, faults and holds; users and channels stay."""
+        for event in self._holds.values():
+            event.set()
+        for store in (self.calls, self.ephemerals, self.responses, self.deliveries):
+            store.clear()
+        self._messages.clear()
+        self._reply_index.clear()
+        self._faults.clear()
+        self._holds.clear()
+
+    # -- workspace state -------------------------------------------------------------------------------------
+
+    def add_user(
+        self, id: str, name: str, real_name: str, image_url: str | None = None, *, is_bot: bool = False
+    ) -> SlackUser:
+        image = image_url or f"https://avatars.{TEAM_DOMAIN}.test/{id}.png"
+        user = self.users[id] = SlackUser(id, name, real_name, image, is_bot)
+        return user
+
+    def add_channel(self, id: str, name: str, is_im: bool = False) -> Channel:
+        channel = self.channels[id] = Channel(id, name.lstrip("#"), is_im)
+        return channel
+
+    def add_message(self, channel: str, text: str, *, user: str = "U_CUSTOMER", thread_ts: str | None = None) -> Msg:
+        """Store a human message without delivering any event (to seed history)."""
+        return self._store(Msg(self._channel(channel).id, self._next_ts(), user, text, thread_ts=thread_ts))
+
+    def message(self, channel: str, ts: str) -> Msg | None:
+        """The stored message, deleted ones included."""
+        return self._messages.get(channel, {}).get(ts)
+
+    def messages(self, channel: str) -> list[Msg]:
+        return [m for m in self._messages.get(channel, {}).values() if not m.deleted]
+
+    def posts(self, channel: str, thread_ts: str | None = None) -> list[Msg]:
+        """The bot's live posts in a channel (any thread), or only those in thread ``thread_ts``."""
+        mine = [m for m in self.messages(channel) if m.bot_id == BOT_ID]
+        if thread_ts is None:
+            return mine
+        return [m for m in mine if thread_ts in (m.thread_ts, m.ts)]
+
+    def thread(self, channel: str, thread_ts: str) -> list[Msg]:
+        """The live root and replies of a thread, in ts order."""
+        root = self.message(channel, thread_ts)
+        return ([root] if root is not None and not root.deleted else []) + self._live_replies(channel, thread_ts)
+
+    def _live_replies(self, channel: str, root_ts: str) -> list[Msg]:
+        stored = self._messages.get(channel, {})
+        replies = (stored[ts] for ts in self._reply_index.get((channel, root_ts), ()))
+        return [m for m in replies if not m.deleted]
+
+    def calls_to(self, method: str) -> list[ApiCall]:
+        return [c for c in self.calls if c.method == method]
+
+    # -- fault injection -------------------------------------------------------------------------------------
+
+    def fail_next(
+        self, method: str, *, status: int = 429, retry_after: int = 1, error: str = "ratelimited", times: int = 1
+    ) -> None:
+        self._faults.setdefault(method, deque()).extend([_Fault(status, retry_after, error)] * times)
+
+    def hold(self, method: str) -> None:
+        """Calls of ``method`` are performed and recorded, but not answered until ``release(method)``."""
+        self._holds.setdefault(method, asyncio.Event())
+
+    def release(self, method: str) -> None:
+        event = self._holds.pop(method, None)
+        if event is not None:
+            event.set()
+
+    # A polling deadline, not a cancellation scope, hence a plain ``timeout`` parameter.
+    async def wait_for(self, predicate: Callable[[], T | bool | None], timeout: float = 10.0) -> T:  # noqa: ASYNC109
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return cast(T, value)
+            if time.monotonic() >= deadline:
+                recent = [f"{c.method}({c.error or 'ok'})" for c in self.calls[-8:]]
+                raise TimeoutError(
+                    f"slack emulator: condition not met within {timeout}s (last value {value!r}); "
+                    f"{len(self.calls)} API calls, recent: {recent}; {len(self.deliveries)} deliveries"
+                )
+            await asyncio.sleep(0.02)
+
+    # -- Web API ---------------------------------------------------------------------------------------------
+
+    async def _api(self, request: web.Request) -> web.StreamResponse:
+        method = request.match_info["method"]
+        params = await _read_params(request)
+        auth = request.headers.get("Authorization", "")
+        token = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else params.pop("token", None)
+        status, injected, headers = 200, False, dict[str, str]()
+        body: dict[str, Any]
+        if not token:
+            body = {"ok": False, "error": "not_authed"}
+        elif self.expected_token is not None and token != self.expected_token:
+            body = {"ok": False, "error": "invalid_auth"}
+        elif self._faults.get(method):
+            fault = self._faults[method].popleft()
+            status, injected = fault.status, True
+            headers = {"Retry-After": str(fault.retry_after)} if fault.status == 429 else {}
+            body = {"ok": False, "error": fault.error}
+        elif method not in self._methods:
+            body = {"ok": False, "error": "unknown_method"}
+        else:
+            try:
+                body = {"ok": True, **self._methods[method](params)}
+            except SlackApiFailure as exc:
+                body = {"ok": False, "error": exc.error}
+        error = None if body["ok"] else str(body["error"])
+        self.calls.append(ApiCall(method, params, time.monotonic(), error, injected))
+        hold = self._holds.get(method)
+        if hold is not None and not injected:
+            await hold.wait()
+        return web.json_response(body, status=status, headers=headers)
+
+    def _auth_test(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "url": f"https://{TEAM_DOMAIN}.slack.com/",
+            "team": TEAM_DOMAIN.title(),
+            "user": BOT_NAME,
+            "team_id": TEAM_ID,
+            "user_id": BOT_USER_ID,
+            "bot_id": BOT_ID,
+            "is_enterprise_install": False,
+        }
+
+    def _post_message(self, params: dict[str, Any]) -> dict[str, Any]:
+        channel = self._channel_param(params)
+        text = _str(params, "text") or _str(params, "markdown_text")
+        if text is None and not params.get("blocks") and not params.get("attachments"):
+            raise SlackApiFailure("no_text")
+        msg = Msg(
+            channel=channel.id,
+            ts=self._next_ts(),
+            user=BOT_USER_ID,
+            text=text or "",
+            bot_id=BOT_ID,
+            thread_ts=_str(params, "thread_ts"),
+            blocks=params.get("blocks"),
+            metadata=params.get("metadata"),
+            username=_str(params, "username"),
+            icon_url=_str(params, "icon_url"),
+            icon_emoji=_str(params, "icon_emoji"),
+        )
+        self._store(msg)
+        event = self._render(msg, metadata=False) | {"bot_profile": {"id": BOT_ID, "name": BOT_NAME}}
+        self._echo(event | self._event_fields(channel, msg.ts))
+        return {"channel": channel.id, "ts": msg.ts, "message": self._render(msg)}
+
+    def _update(self, params: dict[str, Any]) -> dict[str, Any]:
+        old = self._own_message(params, "ts", "cant_update_message")
+        changes: dict[str, Any] = {"edited_ts": self._next_ts()}
+        for key in ("text", "blocks", "metadata"):
+            if key in params:
+                changes[key] = params[key]
+        new = self._store(replace(old, **changes))
+        channel = self.channels[new.channel]
+        self._echo(
+            {"subtype": "message_changed", "hidden": True, "message": self._render(new, metadata=False)}
+            | {"previous_message": self._render(old, metadata=False)}
+            | self._event_fields(channel, self._next_ts())
+        )
+        return {"channel": new.channel, "ts": new.ts, "text": new.text, "message": self._render(new)}
+
+    def _delete(self, params: dict[str, Any]) -> dict[str, Any]:
+        old = self._own_message(params, "ts", "cant_delete_message")
+        self._store(replace(old, deleted=True))
+        self._echo(
+            {"subtype": "message_deleted", "hidden": True, "deleted_ts": old.ts}
+            | {"previous_message": self._render(old, metadata=False)}
+            | self._event_fields(self.channels[old.channel], self._next_ts())
+        )
+        return {"channel": old.channel, "ts": old.ts}
+
+    def _permalink(self, params: dict[str, Any]) -> dict[str, Any]:
+        channel = self._channel_param(params)
+        msg = self._find(channel.id, _require(params, "message_ts", "message_not_found"))
+        link = f"https://{TEAM_DOMAIN}.slack.com/archives/{channel.id}/p{msg.ts.replace('.', '')}"
+        if msg.is_reply:
+            link += f"?thread_ts={msg.thread_ts}&cid={channel.id}"
+        return {"channel": channel.id, "permalink": link}
+
+    def _post_ephemeral(self, params: dict[str, Any]) -> dict[str, Any]:
+        channel = self._channel_param(params)
+        user = _require(params, "user", "user_not_found")
+        if user not in self.users:
+            raise SlackApiFailure("user_not_in_channel")
+        ts = self._next_ts()
+        blocks = params.get("blocks")
+        self.ephemerals.append(
+            Ephemeral(channel.id, user, _str(params, "text") or "", ts, blocks, _str(params, "thread_ts"))
+        )
+        return {"message_ts": ts}
+
+    def _reactions_add(self, params: dict[str, Any]) -> dict[str, Any]:
+        msg, name = self._reaction_target(params)
+        users = msg.reactions.get(name, ())
+        if BOT_USER_ID in users:
+            raise SlackApiFailure("already_reacted")
+        self._store(replace(msg, reactions={**msg.reactions, name: (*users, BOT_USER_ID)}))
+        return {}
+
+    def _reactions_remove(self, params: dict[str, Any]) -> dict[str, Any]:
+        msg, name = self._reaction_target(params)
+        users = msg.reactions.get(name, ())
+        if BOT_USER_ID not in users:
+            raise SlackApiFailure("no_reaction")
+        reactions = {**msg.reactions, name: tuple(u for u in users if u != BOT_USER_ID)}
+        self._store(replace(msg, reactions={k: v for k, v in reactions.items() if v}))
+        return {}
+
+    def _users_info(self, params: dict[str, Any]) -> dict[str, Any]:
+        user = self.users.get(_require(params, "user", "user_not_found"))
+        if user is None:
+            raise SlackApiFailure("user_not_found")
+        return {"user": user.to_api()}
+
+    def _conversations_info(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"channel": self._channel_param(params).to_api()}
+
+    def _replies(self, params: dict[str, Any]) -> dict[str, Any]:
+        channel = self._channel_param(params)
+        msg = self._find(channel.id, _require(params, "ts", "thread_not_found"), error="thread_not_found")
+        with_metadata = _flag(params.get("include_all_metadata"))
+        thread = self.thread(channel.id, msg.thread_ts or msg.ts)
+        return {"messages": [self._render(m, metadata=with_metadata) for m in thread], "has_more": False}
+
+    def _history(self, params: dict[str, Any]) -> dict[str, Any]:
+        channel = self._channel_param(params)
+        limit = int(params.get("limit") or 100)
+        with_metadata = _flag(params.get("include_all_metadata"))
+        top = [m for m in reversed(self.messages(channel.id)) if not m.is_reply]  # newest first, as Slack
+        messages = [self._render(m, metadata=with_metadata) for m in top[:limit]]
+        return {"messages": messages, "has_more": len(top) > limit}
+
+    # -- Web API helpers -------------------------------------------------------------------------------------
+
+    def _next_ts(self) -> str:
+        # Slack timestamps are unique per channel; ours are strictly increasing across the whole emulator.
+        self._last_ts_us = max(int(time.time() * 1_000_000), self._last_ts_us + 1)
+        return f"{self._last_ts_us // 1_000_000}.{self._last_ts_us % 1_000_000:06d}"
+
+    def _channel(self, key: str) -> Channel:
+        channel = self.channels.get(key) or next((c for c in self.channels.values() if c.name == key.lstrip("#")), None)
+        if channel is None:
+            raise SlackApiFailure("channel_not_found")
+        return channel
+
+    def _channel_param(self, params: Mapping[str, Any]) -> Channel:
+        return self._channel(_require(params, "channel", "channel_not_found"))
+
+    def _store(self, msg: Msg) -> Msg:
+        stored = self._messages.setdefault(msg.channel, {})
+        if msg.thread_ts is not None and msg.is_reply and msg.ts not in stored:
+            self._reply_index.setdefault((msg.channel, msg.thread_ts), []).append(msg.ts)
+        stored[msg.ts] = msg
+        return msg
+
+    def _find(self, channel: str, ts: str, *, error: str = "message_not_found") -> Msg:
+        msg = self.message(channel, ts)
+        if msg is None or msg.deleted:
+            raise SlackApiFailure(error)
+        return msg
+
+    def _own_message(self, params: Mapping[str, Any], key: str, not_mine: str) -> Msg:
+        channel = self._channel_param(params)
+        msg = self._find(channel.id, _require(params, key, "message_not_found"))
+        if msg.bot_id != BOT_ID:
+            raise SlackApiFailure(not_mine)
+        return msg
+
+    def _reaction_target(self, params: Mapping[str, Any]) -> tuple[Msg, str]:
+        channel = self._channel_param(params)
+        msg = self._find(channel.id, _require(params, "timestamp", "message_not_found"))
+        return msg, _require(params, "name", "invalid_name").strip(":")
+
+    def _render(self, msg: Msg, *, metadata: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "message", "ts": msg.ts, "user": msg.user, "text": msg.text, "team": TEAM_ID}
+        if msg.bot_id is not None:
+            out |= {"bot_id": msg.bot_id, "app_id": APP_ID}
+        replies = [] if msg.is_reply else self._live_replies(msg.channel, msg.ts)
+        if msg.is_reply:
+            root = self.message(msg.channel, msg.thread_ts or "")
+            out |= {"thread_ts": msg.thread_ts, "parent_user_id": root.user if root else None}
+        elif replies:
+            out |= {"thread_ts": msg.ts, "reply_count": len(replies), "reply_users": sorted({m.user for m in replies})}
+        optional = {"blocks": msg.blocks, "username": msg.username, "files": msg.files}
+        out |= {k: v for k, v in optional.items() if v is not None}
+        if metadata and msg.metadata is not None:
+            out["metadata"] = msg.metadata
+        if msg.icon_url or msg.icon_emoji:
+            out["icons"] = {"image_48": msg.icon_url} if msg.icon_url else {"emoji": msg.icon_emoji}
+        if msg.reactions:
+            out["reactions"] = [{"name": n, "users": list(u), "count": len(u)} for n, u in msg.reactions.items()]
+        if msg.edited_ts is not None:
+            out["edited"] = {"user": msg.user, "ts": msg.edited_ts}
+        return out
+
+    async def _response_url(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            body = dict(await request.post())
+        self.responses.append(body if isinstance(body, dict) else {"body": body})
+        return web.json_response({"ok": True})
+
+    # -- Events API ------------------------------------------------------------------------------------------
+
+    def _event_fields(self, channel: Channel, event_ts: str) -> dict[str, Any]:
+        channel_type = "im" if channel.is_im else "channel"
+        return {"type": "message", "channel": channel.id, "event_ts": event_ts, "channel_type": channel_type}
+
+    def _echo(self, event: dict[str, Any]) -> None:
+        if not self.echo_bot_posts or self.events_url is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._deliver_quietly(self.event_envelope(event)))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _deliver_quietly(self, payload: dict[str, Any]) -> None:
+        try:
+            await self.deliver(payload)
+        except (aiohttp.ClientError, TimeoutError) as exc:  # the bot is down: record it, as Slack would retry
+            self.deliveries.append(Delivery(payload, None, repr(exc)))
+
+    def event_envelope(self, event: dict[str, Any], *, event_id: str | None = None) -> dict[str, Any]:
+        return {
+            "token": VERIFICATION_TOKEN,
+            "team_id": TEAM_ID,
+            "api_app_id": APP_ID,
+            "event": event,
+            "type": "event_callback",
+            "event_id": event_id or f"Ev{secrets.token_hex(6).upper()}",
+            "event_time": int(time.time()),
+            "authorizations": [{"team_id": TEAM_ID, "user_id": BOT_USER_ID, "is_bot": True}],
+        }
+
+    async def deliver(
+        self,
+        payload: dict[str, Any],
+        *,
+        retry_num: int | None = None,
+        retry_reason: str | None = None,
+        signature: str | None = None,
+        timestamp: int | None = None,
+        raw_body: bytes | None = None,
+        content_type: str = "application/json",
+    ) -> DeliveryResult:
+        """POST ``payload`` (or ``raw_body``) to ``events_url``, signed unless ``signature`` is given."""
+        if self.events_url is None:
+            raise RuntimeError("SlackEmulator.events_url is not set")
+        if self._session is None:
+            raise RuntimeError("SlackEmulator is not started")
+        body = raw_body if raw_body is not None else json.dumps(payload).encode()
+        stamp = str(int(time.time()) if timestamp is None else timestamp)
+        if signature is None:
+            signature = self._verifier.generate_signature(timestamp=stamp, body=body) or ""
+        headers = {"Content-Type": content_type, "X-Slack-Request-Timestamp": stamp, "X-Slack-Signature": signature}
+        if retry_num is not None:
+            headers["X-Slack-Retry-Num"] = str(retry_num)
+        if retry_reason is not None:
+            headers["X-Slack-Retry-Reason"] = retry_reason
+        started = time.monotonic()
+        async with self._session.post(self.events_url, data=body, headers=headers) as response:
+            text = await response.text()
+            result = DeliveryResult(response.status, text, dict(response.headers), time.monotonic() - started)
+        self.deliveries.append(Delivery(payload, result))
+        return result
+
+    async def deliver_event(self, event: dict[str, Any], **kw: Any) -> DeliveryResult:
+        return await self.deliver(self.event_envelope(event), **kw)
+
+    async def user_says(
+        self,
+        channel: str,
+        text: str,
+        *,
+        user: str = "U_CUSTOMER",
+        thread_ts: str | None = None,
+        files: list[dict[str, Any]] | None = None,
+        mention: bool = False,
+    ) -> Said:
+        """A human posts: store the message, deliver ``message`` (and ``app_mention`` when the bot is mentioned)."""
+        chan = self._channel(channel)
+        msg = self._store(Msg(chan.id, self._next_ts(), user, text, thread_ts=thread_ts, files=files))
+        event = self._render(msg) | self._event_fields(chan, msg.ts)
+        if files:
+            event["subtype"] = "file_share"
+        envelope = self.event_envelope(event)
+        said = Said(msg.ts, envelope["event_id"], await self.deliver(envelope))
+        if mention or f"<@{BOT_USER_ID}>" in text:
+            keep = ("user", "text", "ts", "channel", "event_ts", "team", "thread_ts", "files", "blocks")
+            mention_envelope = self.event_envelope({"type": "app_mention"} | {k: event[k] for k in keep if k in event})
+            mention_result = await self.deliver(mention_envelope)
+            said = replace(said, mention_event_id=mention_envelope["event_id"], mention_result=mention_result)
+        return said
+
+    def _new_response_url(self) -> str:
+        return f"{self.url}/response_url/{next(self._response_ids)}"
+
+    async def _deliver_form(self, payload: dict[str, Any], form: dict[str, str]) -> DeliveryResult:
+        content_type = "application/x-www-form-urlencoded"
+        return await self.deliver(payload, raw_body=urlencode(form).encode(), content_type=content_type)
+
+    async def slash_command(
+        self, command: str, text: str, *, user: str = "U_STAFF", channel: str = "C_STAFF"
+    ) -> DeliveryResult:
+        chan = self._channel(channel)
+        form = {
+            "token": VERIFICATION_TOKEN,
+            "team_id": TEAM_ID,
+            "team_domain": TEAM_DOMAIN,
+            "channel_id": chan.id,
+            "channel_name": chan.name,
+            "user_id": user,
+            "user_name": self.users[user].name if user in self.users else user,
+            "command": command,
+            "text": text,
+            "api_app_id": APP_ID,
+            "response_url": self._new_response_url(),
+            "trigger_id": f"{secrets.randbelow(10**10)}.{secrets.token_hex(8)}",
+        }
+        return await self._deliver_form(dict(form), form)
+
+    async def click(
+        self,
+        action_id: str,
+        value: str,
+        *,
+        message_ts: str,
+        channel: str = "C_STAFF",
+        user: str = "U_STAFF",
+        block_id: str = "b",
+    ) -> DeliveryResult:
+        """A ``block_actions`` interactivity payload for a button click on message ``message_ts``."""
+        chan = self._channel(channel)
+        name = self.users[user].name if user in self.users else user
+        msg = self.message(chan.id, message_ts)
+        action = {"type": "button", "action_id": action_id, "block_id": block_id, "value": value}
+        payload: dict[str, Any] = {
+            "type": "block_actions",
+            "user": {"id": user, "username": name, "name": name, "team_id": TEAM_ID},
+            "api_app_id": APP_ID,
+            "token": VERIFICATION_TOKEN,
+            "container": {"type": "message", "message_ts": message_ts, "channel_id": chan.id, "is_ephemeral": False},
+            "trigger_id": f"{secrets.randbelow(10**10)}.{secrets.token_hex(8)}",
+            "team": {"id": TEAM_ID, "domain": TEAM_DOMAIN},
+            "channel": {"id": chan.id, "name": chan.name},
+            "message": self._render(msg) if msg is not None else {"type": "message", "ts": message_ts},
+            "response_url": self._new_response_url(),
+            "actions": [action | {"action_ts": self._next_ts()}],
+        }
+        return await self._deliver_form(payload, {"payload": json.dumps(payload)})
+
+    async def url_verification(self, challenge: str) -> DeliveryResult:
+        return await self.deliver({"token": VERIFICATION_TOKEN, "challenge": challenge, "type": "url_verification"})
