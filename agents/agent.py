@@ -62,6 +62,7 @@ class Roster:
     agents: Mapping[str, Agent]
     entry: str
     _tools: Mapping[str, tuple[Tool, ...]] = field(default_factory=dict, repr=False)
+    _schemas: Mapping[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, agents: Iterable[Agent], *, entry: str) -> Roster:
@@ -82,7 +83,9 @@ class Roster:
             if len(names) != len(set(names)):
                 raise ConfigError(f"{agent.name} has two tools with one name: {names}")
             tools[agent.name] = all_tools
-        return cls(agents=by_name, entry=entry, _tools=tools)
+        # Built once: pydantic schema generation costs about a millisecond per agent, on every LLM call otherwise.
+        schemas = {name: [t.schema() for t in agent_tools] for name, agent_tools in tools.items()}
+        return cls(agents=by_name, entry=entry, _tools=tools, _schemas=schemas)
 
     def __getitem__(self, name: str) -> Agent:
         return self.agents[name]
@@ -94,3 +97,6 @@ class Roster:
 
     def tools_of(self, name: str) -> tuple[Tool, ...]:
         return self._tools[name]
+
+    def schemas_of(self, name: str) -> list[dict[str, Any]]:
+        return self._schemas[name]

@@ -22,6 +22,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.agent import Roster
+from agents.logcontext import current_conversation
 from agents.loop import Escalate, EventSink, HandoffRecord, LoopConfig, TurnInput, TurnResult, run_turn
 from agents.messages import Message, ToolCall
 from agents.model import Model
@@ -285,6 +286,7 @@ class Conversations:
         )
         if inbound is None:
             return None
+        current_conversation.set(conv.key)
         user = Message("user", inbound.text, author=inbound.author)
         if conv.mode == "closed":
             conv.mode, conv.active_agent, conv.context = "bot", self.roster.entry, {}
@@ -340,7 +342,9 @@ class Conversations:
     async def _store(
         self, s: AsyncSession, conv: m.Conversation, inbound: m.Inbound, messages: list[Message], result: MessageResult
     ) -> None:
-        await s.execute(insert(m.Message), [_message_row(conv.id, inbound.id, msg) for msg in messages])
+        # render_nulls: one batched INSERT, instead of one per pattern of NULL columns.
+        rows = [_message_row(conv.id, inbound.id, msg) for msg in messages]
+        await s.execute(insert(m.Message).execution_options(render_nulls=True), rows)
         conv.updated_at = func.now()
         inbound.processed_at = func.now()
         inbound.outcome = result.to_json()

@@ -178,7 +178,7 @@ async def run_turn(
         if len(calls) >= config.max_llm_calls:
             return await finish(Escalate("LLM call budget for one message ran out", "budget"), config.texts.budget)
         agent_tools = roster.tools_of(agent.name)
-        schemas = [t.schema() for t in agent_tools]
+        schemas = roster.schemas_of(agent.name)
         model_name = agent.model or config.default_model
         window = build_window(
             system=_system_prompt(agent, context),

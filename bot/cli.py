@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 
+from agents.logcontext import current_conversation
 from bot.settings import get_settings
 
 
@@ -15,6 +16,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("migrate", help="apply the database migrations (Alembic upgrade to head)")
     chat = sub.add_parser("chat", help="talk to the agents in the terminal")
     chat.add_argument("--conversation", help="name of a conversation to start or resume")
+    sub.add_parser("serve", help="serve Slack over HTTP on PORT (/slack/events, /healthz, /metrics)")
+    sub.add_parser("socket", help="serve Slack over Socket Mode (SLACK_APP_TOKEN)")
     sub.add_parser("run", help="run the bot with what is configured (what `make run` calls)")
     return parser
 
@@ -28,21 +31,38 @@ async def _migrate() -> int:
     return 0
 
 
+class _ConversationFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.conversation = current_conversation.get()
+        return True
+
+
+def _configure_logging(level: str) -> None:
+    handler = logging.StreamHandler()
+    handler.addFilter(_ConversationFilter())
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(conversation)s] %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     settings = get_settings()
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    _configure_logging(settings.log_level)
     for noisy in ("pgserver", "alembic", "httpx", "openai"):
         # Their INFO lines narrate every start-up step; ours say what matters.
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     from bot.chat import chat
+    from bot.server import serve
 
     match args.command:
         case "migrate":
             return asyncio.run(_migrate())
         case "chat":
             return asyncio.run(chat(settings, conversation=args.conversation))
+        case "serve":
+            return asyncio.run(serve(settings))
+        case "socket":
+            return asyncio.run(serve(settings, socket_mode=True))
         case "run":
-            # Until the Slack app lands, running the bot means talking to it in the terminal.
-            return asyncio.run(chat(settings, conversation=None))
+            return asyncio.run(serve(settings, socket_mode=settings.slack_app_token is not None))
     return 2

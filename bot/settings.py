@@ -45,12 +45,27 @@ class Settings(BaseSettings):
     staff_channel_id: str | None = None
     admin_user_ids: str = ""
     port: int = 3000
+    host: str = "0.0.0.0"
+    slack_channels: str = ""
+    slack_answer_bots: bool = False
+    handoff_notice: str = "_Connecting you with {agent}…_"
+    working_reaction: str = "eyes"
+    done_reaction: str = "white_check_mark"
+    turn_workers: int = 4
 
     log_level: str = "INFO"
 
     @property
     def llm_configured(self) -> bool:
         return self.openai_api_key is not None or self.openai_base_url is not None
+
+    @property
+    def served_channels(self) -> frozenset[str]:
+        return frozenset(part.strip() for part in self.slack_channels.split(",") if part.strip())
+
+    @property
+    def slack_configured(self) -> bool:
+        return self.slack_bot_token is not None and self.slack_signing_secret is not None
 
     @property
     def admin_ids(self) -> frozenset[str]:

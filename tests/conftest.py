@@ -112,3 +112,52 @@ CONFIG = LoopConfig(default_model="fake-model")
 @pytest.fixture
 def service(sessions: async_sessionmaker[AsyncSession], model: OpenAIChatModel) -> Conversations:
     return Conversations(sessions=sessions, roster=default_roster(), model=model, config=CONFIG)
+
+
+# --- Slack: the emulator plays Slack, the real bot runs in-process on a random port ---------------------
+
+SIGNING_SECRET = "test-signing-secret"
+
+
+def bot_settings(database_url: str, fake: FakeOpenAI, emulator: Any, **overrides: Any) -> Any:
+    from bot.settings import Settings
+
+    values: dict[str, Any] = {
+        "database_url": database_url,
+        "openai_api_key": "test-key",
+        "openai_base_url": fake.base_url,
+        "openai_model": "fake-model",
+        "openai_max_retries": 0,
+        "slack_bot_token": "xoxb-test",
+        "slack_signing_secret": SIGNING_SECRET,
+        "slack_api_url": emulator.api_url,
+        "staff_channel_id": "C_STAFF",
+        "turn_workers": 4,
+    }
+    return Settings(_env_file=None, **(values | overrides))  # type: ignore[call-arg]
+
+
+@pytest.fixture
+async def emulator() -> AsyncIterator[Any]:
+    from fakes.slack_api import SlackEmulator
+
+    async with SlackEmulator(signing_secret=SIGNING_SECRET, bot_token="xoxb-test") as emu:
+        yield emu
+
+
+@pytest.fixture
+async def slack_bot(
+    database_url: str, sessions: async_sessionmaker[AsyncSession], fake_llm: FakeOpenAI, emulator: Any
+) -> AsyncIterator[Any]:
+    from aiohttp import web
+
+    from bot.server import running_bot, web_app
+
+    async with running_bot(bot_settings(database_url, fake_llm, emulator)) as bot:
+        runner = web.AppRunner(web_app(bot), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        bot.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        emulator.events_url = f"{bot.url}/slack/events"
+        yield bot
+        await runner.cleanup()

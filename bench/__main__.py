@@ -1,0 +1,33 @@
+"""`python -m bench [NAME ...] [--quick]`: run the named benchmarks (all when none is named)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench import engine
+
+Benchmark = Callable[..., dict[str, Any]]
+BENCHMARKS: dict[str, Benchmark] = {"engine": engine.main}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"benchmarks to run: {', '.join(BENCHMARKS)}")
+    parser.add_argument("--quick", action="store_true", help="a smaller run (under 30 s) to check that it works")
+    parser.add_argument(
+        "--results", type=Path, default=engine.RESULTS, help="folder for the JSON results (default: bench/results)"
+    )
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.names if n not in BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmark(s): {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    for name in args.names or list(BENCHMARKS):
+        BENCHMARKS[name](quick=args.quick, results=args.results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""The durable inbox: an Events API delivery is stored (or recognised as a duplicate) before Slack gets its
+acknowledgement; the work happens afterwards in the workers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sqlalchemy import update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from agents.conversations import Conversations
+from bot.metrics import Metrics
+from bot.outbox import ReplyStyle, reaction_row
+from bot.slack_events import CustomerMessage, Policy, classify
+from db import models as m
+
+log = logging.getLogger(__name__)
+
+
+class Inbox:
+    def __init__(
+        self,
+        *,
+        sessions: async_sessionmaker[AsyncSession],
+        conversations: Conversations,
+        policy: Policy,
+        style: ReplyStyle,
+        metrics: Metrics,
+        on_stored: Callable[[], None],
+    ) -> None:
+        self.sessions = sessions
+        self.conversations = conversations
+        self.policy = policy
+        self.style = style
+        self.metrics = metrics
+        self.on_stored = on_stored
+
+    async def accept(self, envelope: Mapping[str, Any], *, bot_user_id: str | None) -> str:
+        """Store one event_callback in a single transaction; returns its disposition. Raises if the database
+        cannot take it, so the caller answers with an error and Slack retries."""
+        event = envelope.get("event") or {}
+        event_id = str(envelope.get("event_id") or f"{event.get('channel')}:{event.get('ts')}:{event.get('type')}")
+        policy = (
+            self.policy
+            if bot_user_id is None
+            else Policy(bot_user_id, self.policy.staff_channel, self.policy.channels, self.policy.answer_bots)
+        )
+        async with self.sessions() as s, s.begin():
+            fresh = await s.scalar(
+                insert(m.SlackEvent)
+                .values(
+                    event_id=event_id,
+                    team_id=envelope.get("team_id"),
+                    event_type=str(event.get("type")),
+                    disposition="received",
+                )
+                .on_conflict_do_nothing()
+                .returning(m.SlackEvent.event_id)
+            )
+            if fresh is None:
+                disposition = "duplicate"
+            else:
+                disposition = await self._store(s, classify(envelope, policy))
+                await s.execute(
+                    update(m.SlackEvent).where(m.SlackEvent.event_id == event_id).values(disposition=disposition)
+                )
+        self.metrics.events.labels(disposition).inc()
+        if disposition == "stored":
+            self.on_stored()
+        return disposition
+
+    async def _store(self, s: AsyncSession, message: Any) -> str:
+        if not isinstance(message, CustomerMessage):
+            return f"ignored: {message.reason}"
+        submitted = await self.conversations.submit_in(
+            s, message.conversation_key, message.text, author=message.user, external_id=message.ts, order_key=message.ts
+        )
+        if submitted.duplicate:
+            # The same message again: an app_mention's twin message event, or a redelivery under a new event_id.
+            return "duplicate"
+        if self.style.working_reaction:
+            row = reaction_row(
+                submitted.conversation_id, "react_add", message.channel, message.ts, self.style.working_reaction
+            )
+            await s.execute(insert(m.Outbox).values(**row))
+        return "stored"

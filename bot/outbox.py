@@ -1,0 +1,196 @@
+"""The outbox: Web API calls owed to Slack, written in the transaction that caused them, sent exactly once.
+
+Per conversation, rows go out in id order under a Postgres advisory lock held on one connection, so several
+bot processes never send one conversation's rows concurrently, and a crashed sender's lock dies with its
+connection. Before a post, its attempt is committed; a post whose attempt was recorded but never confirmed
+(the process died waiting for Slack's answer) is looked for in the thread by the outbox id carried in its
+message metadata, and only posted if it is not there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+from sqlalchemy import func, insert, select, text, update
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from agents.agent import Roster
+from agents.conversations import TurnCommit
+from bot.mrkdwn import split_text, to_mrkdwn
+from bot.slack_events import parse_conversation_key
+from db import models as m
+
+log = logging.getLogger(__name__)
+
+METADATA_TYPE = "helpdesk_outbox"
+_LOCK_NAMESPACE = 0x0B0C << 48
+_REACTION_OK = {"react_add": "already_reacted", "react_remove": "no_reaction"}
+
+
+@dataclass(frozen=True)
+class ReplyStyle:
+    handoff_notice: str = "_Connecting you with {agent}…_"
+    """Shown to the customer on each handoff; `{agent}` is the agent's title. Empty: no notice."""
+    working_reaction: str = "eyes"
+    done_reaction: str = "white_check_mark"
+
+
+def post_row(conversation_id: int, channel: str, thread_ts: str | None, body: str) -> list[dict[str, Any]]:
+    return [
+        {"conversation_id": conversation_id, "kind": "post", "channel": channel, "thread_ts": thread_ts, "text": part}
+        for part in split_text(to_mrkdwn(body))
+    ]
+
+
+def reaction_row(conversation_id: int, kind: str, channel: str, ts: str, name: str) -> dict[str, Any]:
+    return {"conversation_id": conversation_id, "kind": kind, "channel": channel, "target_ts": ts, "reaction": name}
+
+
+def turn_outbox(roster: Roster, style: ReplyStyle) -> Callable[[AsyncSession, TurnCommit], Awaitable[None]]:
+    """The engine's after_turn hook: what the customer should see of a turn, queued with the turn itself."""
+
+    async def enqueue(s: AsyncSession, commit: TurnCommit) -> None:
+        parsed = parse_conversation_key(commit.key)
+        if parsed is None:
+            return
+        _, channel, thread_ts = parsed
+        cid, result = commit.conversation_id, commit.result
+        rows: list[dict[str, Any]] = []
+        if style.handoff_notice:
+            for handoff in result.handoffs:
+                notice = style.handoff_notice.format(agent=roster.get(handoff.to_agent).title)
+                rows += post_row(cid, channel, thread_ts, notice)
+        if result.reply:
+            rows += post_row(cid, channel, thread_ts, result.reply)
+        if commit.external_id:
+            rows.append(reaction_row(cid, "react_remove", channel, commit.external_id, style.working_reaction))
+            if result.kind != "human":
+                rows.append(reaction_row(cid, "react_add", channel, commit.external_id, style.done_reaction))
+        if rows:
+            await s.execute(insert(m.Outbox), rows)
+
+    return enqueue
+
+
+class OutboxSender:
+    def __init__(self, *, engine: AsyncEngine, client: AsyncWebClient, max_attempts: int = 5) -> None:
+        self.engine = engine
+        self.client = client
+        self.max_attempts = max_attempts
+
+    async def send_pending(self, *, concurrency: int = 8) -> int:
+        """Send every unsent row of every conversation not being sent by someone else; returns rows sent."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                select(m.Outbox.conversation_id)
+                .where(m.Outbox.sent_at.is_(None))
+                .group_by(m.Outbox.conversation_id)
+                .order_by(func.min(m.Outbox.id))
+                .limit(200)
+            )
+            conversations = [r[0] for r in rows]
+        limit = asyncio.Semaphore(concurrency)
+
+        async def one(cid: int | None) -> int:
+            async with limit:
+                return await self._send_conversation(cid)
+
+        return sum(await asyncio.gather(*(one(cid) for cid in conversations)))
+
+    async def _send_conversation(self, conversation_id: int | None) -> int:
+        key = _LOCK_NAMESPACE | (conversation_id or 0)
+        sent = 0
+        async with self.engine.connect() as conn:
+            got = await conn.scalar(text("SELECT pg_try_advisory_lock(:k)"), {"k": key})
+            await conn.commit()
+            if not got:
+                return 0
+            try:
+                while True:
+                    row = (
+                        await conn.execute(
+                            select(m.Outbox)
+                            .where(m.Outbox.conversation_id.is_not_distinct_from(conversation_id))
+                            .where(m.Outbox.sent_at.is_(None))
+                            .order_by(m.Outbox.id)
+                            .limit(1)
+                        )
+                    ).first()
+                    await conn.commit()
+                    if row is None or not await self._deliver(conn, row):
+                        break
+                    sent += 1
+            finally:
+                await conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                await conn.commit()
+        return sent
+
+    async def _deliver(self, conn: Any, row: Any) -> bool:
+        """Send one row; False when it must wait (a transient failure), so later rows keep their order."""
+        found_ts = await self._already_posted(row) if row.kind == "post" and row.attempts > 0 else None
+        if found_ts is not None:
+            await self._mark(conn, row.id, sent_at=func.now(), result_ts=found_ts)
+            return True
+        await self._mark(conn, row.id, attempts=m.Outbox.attempts + 1, attempted_at=func.now())
+        try:
+            result_ts = await self._call(row)
+        except SlackApiError as exc:
+            error = str(exc.response.get("error", exc))
+            if error == _REACTION_OK.get(row.kind):
+                result_ts = None
+            elif row.attempts + 1 >= self.max_attempts or error in ("channel_not_found", "not_in_channel"):
+                log.error("outbox row %s given up: %s", row.id, error)
+                await self._mark(conn, row.id, sent_at=func.now(), last_error=f"gave up: {error}")
+                return True
+            else:
+                await self._mark(conn, row.id, last_error=error)
+                return False
+        except Exception as exc:  # connection failures left after the SDK's own retries: try again later
+            log.warning("outbox row %s failed: %s", row.id, exc)
+            await self._mark(conn, row.id, last_error=repr(exc))
+            return False
+        await self._mark(conn, row.id, sent_at=func.now(), result_ts=result_ts)
+        return True
+
+    async def _call(self, row: Any) -> str | None:
+        match row.kind:
+            case "post":
+                response = await self.client.chat_postMessage(
+                    channel=row.channel,
+                    thread_ts=row.thread_ts,
+                    text=row.text,
+                    metadata={"event_type": METADATA_TYPE, "event_payload": {"outbox_id": row.id}},
+                )
+                return str(response["ts"])
+            case "react_add":
+                await self.client.reactions_add(channel=row.channel, timestamp=row.target_ts, name=row.reaction)
+            case "react_remove":
+                await self.client.reactions_remove(channel=row.channel, timestamp=row.target_ts, name=row.reaction)
+            case _:
+                raise ValueError(f"unknown outbox kind {row.kind}")
+        return None
+
+    async def _already_posted(self, row: Any) -> str | None:
+        if row.thread_ts:
+            response = await self.client.conversations_replies(
+                channel=row.channel, ts=row.thread_ts, include_all_metadata=True, limit=200
+            )
+        else:
+            response = await self.client.conversations_history(channel=row.channel, include_all_metadata=True, limit=50)
+        for message in response.get("messages") or []:
+            metadata = message.get("metadata") or {}
+            payload = metadata.get("event_payload") or {}
+            if metadata.get("event_type") == METADATA_TYPE and payload.get("outbox_id") == row.id:
+                return str(message["ts"])
+        return None
+
+    @staticmethod
+    async def _mark(conn: Any, row_id: int, **values: Any) -> None:
+        await conn.execute(update(m.Outbox).where(m.Outbox.id == row_id).values(**values))
+        await conn.commit()

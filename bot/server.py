@@ -1,0 +1,171 @@
+"""`python -m bot serve` (HTTP) and `python -m bot socket` (Socket Mode): the whole bot in one process.
+
+Both modes share everything but the transport: the Bolt app with its durable-inbox middleware, the turn
+workers and the outbox sender. Several processes against one database scale it out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from aiohttp import web
+from slack_bolt.adapter.aiohttp import to_aiohttp_response
+from slack_bolt.app.async_app import AsyncApp
+from slack_bolt.request.async_request import AsyncBoltRequest
+from sqlalchemy import text
+
+from agents.conversations import Conversations
+from agents.roster import default_roster
+from bot import runtime
+from bot.inbox import Inbox
+from bot.metrics import Metrics
+from bot.outbox import OutboxSender, ReplyStyle, turn_outbox
+from bot.settings import Settings
+from bot.slack_app import build_app, slack_client
+from bot.slack_events import Policy
+from bot.workers import Workers
+
+log = logging.getLogger(__name__)
+
+NO_SLACK = """Slack is not configured, so there is no workspace to serve. Set:
+  SLACK_BOT_TOKEN=xoxb-...        (OAuth & Permissions -> Bot User OAuth Token)
+  SLACK_SIGNING_SECRET=...        (Basic Information -> App Credentials)
+  SLACK_APP_TOKEN=xapp-...        (optional: Socket Mode instead of a public HTTP endpoint)
+in the environment or .env; README "Slack app setup" creates the app from manifest.yml.
+Meanwhile `python -m bot chat` talks to the agents in the terminal."""
+
+
+@dataclass
+class Bot:
+    settings: Settings
+    db: runtime.Database
+    app: AsyncApp
+    workers: Workers
+    metrics: Metrics
+    conversations: Conversations
+    url: str = ""
+    """Where the HTTP endpoints listen, once they do."""
+
+
+@asynccontextmanager
+async def running_bot(settings: Settings) -> AsyncIterator[Bot]:
+    """Database migrated, workers running, Bolt app ready; everything stopped on exit."""
+    assert settings.slack_bot_token is not None and settings.slack_signing_secret is not None
+    if not settings.llm_configured:
+        log.warning("no LLM provider configured: every turn will apologise and escalate (see .env.example)")
+    style = ReplyStyle(settings.handoff_notice, settings.working_reaction, settings.done_reaction)
+    roster = default_roster()
+    model = runtime.chat_model(settings)
+    client = slack_client(token=settings.slack_bot_token.get_secret_value(), base_url=settings.slack_api_url)
+    async with runtime.open_database(settings) as db:
+        conversations = Conversations(
+            sessions=db.sessions,
+            roster=roster,
+            model=model,
+            config=runtime.loop_config(settings),
+            after_turn=turn_outbox(roster, style),
+        )
+        metrics = Metrics()
+        workers = Workers(
+            conversations=conversations,
+            sender=OutboxSender(engine=db.engine, client=client),
+            metrics=metrics,
+            turn_workers=settings.turn_workers,
+        )
+
+        def stored() -> None:
+            workers.wake_turns()
+            workers.wake_sender()
+
+        policy = Policy(None, settings.staff_channel_id, settings.served_channels, settings.slack_answer_bots)
+        inbox = Inbox(
+            sessions=db.sessions,
+            conversations=conversations,
+            policy=policy,
+            style=style,
+            metrics=metrics,
+            on_stored=stored,
+        )
+        app = build_app(client=client, signing_secret=settings.slack_signing_secret.get_secret_value(), inbox=inbox)
+        await workers.start()
+        try:
+            yield Bot(settings, db, app, workers, metrics, conversations)
+        finally:
+            await workers.stop()
+            await model.close()
+
+
+def web_app(bot: Bot) -> web.Application:
+    async def events(request: web.Request) -> web.Response:
+        body = await request.text()
+        try:
+            bolt_request = AsyncBoltRequest(body=body, query=request.query_string, headers=dict(request.headers))
+        except ValueError:  # includes JSONDecodeError: a body that is not what it claims to be
+            return web.json_response({"error": "malformed body"}, status=400)
+        return await to_aiohttp_response(await bot.app.async_dispatch(bolt_request))
+
+    async def healthz(_: web.Request) -> web.Response:
+        try:
+            async with bot.db.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+            database = "ok"
+        except Exception as exc:
+            database = f"error: {type(exc).__name__}"
+        ready = database == "ok" and bot.workers.ready
+        return web.json_response({"database": database, "ready": ready}, status=200 if ready else 503)
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=await bot.metrics.render(bot.db.sessions), content_type="text/plain")
+
+    application = web.Application()
+    application.router.add_post("/slack/events", events)
+    application.router.add_get("/healthz", healthz)
+    application.router.add_get("/metrics", metrics)
+    return application
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def serve(settings: Settings, *, socket_mode: bool = False) -> int:
+    if not settings.slack_configured or (socket_mode and settings.slack_app_token is None):
+        print(NO_SLACK)
+        return 2
+    async with running_bot(settings) as bot:
+        runner = web.AppRunner(web_app(bot), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, settings.host, settings.port).start()
+        log.info(
+            "listening on http://%s:%d (%s)", settings.host, settings.port, "socket mode" if socket_mode else "http"
+        )
+        print(
+            json.dumps({"event": "ready", "port": settings.port, "mode": "socket" if socket_mode else "http"}),
+            flush=True,
+        )
+        handler = None
+        if socket_mode:
+            from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+
+            assert settings.slack_app_token is not None
+            handler = AsyncSocketModeHandler(bot.app, settings.slack_app_token.get_secret_value())
+            await handler.connect_async()  # type: ignore[no-untyped-call]
+        try:
+            await _until_signalled()
+        finally:
+            if handler is not None:
+                await handler.close_async()  # type: ignore[no-untyped-call]
+            await runner.cleanup()
+    return 0

@@ -1,0 +1,53 @@
+"""The Bolt app: Bolt verifies signatures (5-minute window), answers url_verification and drops the bot's
+own events; one middleware then stores each event in the durable inbox and acknowledges it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from slack_bolt.app.async_app import AsyncApp
+from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_bolt.response import BoltResponse
+from slack_sdk.http_retry.builtin_async_handlers import (
+    AsyncConnectionErrorRetryHandler,
+    AsyncRateLimitErrorRetryHandler,
+    AsyncServerErrorRetryHandler,
+)
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.inbox import Inbox
+
+log = logging.getLogger(__name__)
+
+
+def slack_client(*, token: str, base_url: str, timeout_s: int = 30) -> AsyncWebClient:
+    return AsyncWebClient(
+        token=token,
+        base_url=base_url if base_url.endswith("/") else base_url + "/",
+        timeout=timeout_s,
+        retry_handlers=[
+            AsyncRateLimitErrorRetryHandler(max_retry_count=3),  # sleeps for Retry-After
+            AsyncConnectionErrorRetryHandler(max_retry_count=3),
+            AsyncServerErrorRetryHandler(max_retry_count=2),
+        ],
+    )
+
+
+def build_app(*, client: AsyncWebClient, signing_secret: str, inbox: Inbox) -> AsyncApp:
+    app = AsyncApp(client=client, signing_secret=signing_secret, token=client.token)
+
+    @app.middleware
+    async def durable_inbox(
+        req: AsyncBoltRequest, resp: BoltResponse, next: Callable[[], Awaitable[BoltResponse]]
+    ) -> BoltResponse:
+        if req.body.get("type") != "event_callback":
+            return await next()
+        try:
+            await inbox.accept(req.body, bot_user_id=req.context.bot_user_id)
+        except Exception:
+            log.exception("could not store event %s; answering 503 so Slack retries", req.body.get("event_id"))
+            return BoltResponse(status=503, body="inbox unavailable")
+        return BoltResponse(status=200, body="")
+
+    return app

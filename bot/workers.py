@@ -1,0 +1,89 @@
+"""Background work of one bot process: turn workers draining the inbox, and the outbox sender. On start they
+pick up whatever an earlier process left unfinished: unprocessed messages and unsent replies."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from agents.conversations import Conversations
+from bot.metrics import Metrics
+from bot.outbox import OutboxSender
+
+log = logging.getLogger(__name__)
+
+
+class Workers:
+    def __init__(
+        self,
+        *,
+        conversations: Conversations,
+        sender: OutboxSender,
+        metrics: Metrics,
+        turn_workers: int = 4,
+        poll_s: float = 1.0,
+    ) -> None:
+        self.conversations = conversations
+        self.sender = sender
+        self.metrics = metrics
+        self.turn_workers = turn_workers
+        self.poll_s = poll_s
+        """Wake-ups reach this process only; other processes' work is found by polling this often."""
+        self._turns = asyncio.Event()
+        self._sends = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.ready = False
+
+    def wake_turns(self) -> None:
+        self._turns.set()
+        self._turns.clear()
+
+    def wake_sender(self) -> None:
+        self._sends.set()
+        self._sends.clear()
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._turn_loop(), name=f"turns-{i}") for i in range(self.turn_workers)]
+        self._tasks.append(asyncio.create_task(self._send_loop(), name="outbox"))
+        self.ready = True
+
+    async def stop(self) -> None:
+        self.ready = False
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _sleep(self, event: asyncio.Event, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), seconds)
+
+    async def _turn_loop(self) -> None:
+        while True:
+            started = time.perf_counter()
+            try:
+                result = await self.conversations.process_next()
+            except Exception:
+                log.exception("turn failed; the message stays queued")
+                await asyncio.sleep(self.poll_s)
+                continue
+            if result is None:
+                await self._sleep(self._turns, self.poll_s)
+                continue
+            self.metrics.processed.labels(result.kind).inc()
+            self.metrics.turn_seconds.observe(time.perf_counter() - started)
+            self.wake_sender()
+
+    async def _send_loop(self) -> None:
+        while True:
+            try:
+                sent = await self.sender.send_pending()
+            except Exception:
+                log.exception("outbox pass failed")
+                sent = 0
+            self.metrics.outbox_sent.inc(sent)
+            if sent == 0:
+                await self._sleep(self._sends, self.poll_s / 2)

@@ -1,0 +1,79 @@
+"""The typed edge: which Events API payloads become customer messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bot.mrkdwn import split_text, to_mrkdwn
+from bot.slack_events import CustomerMessage, Ignored, Policy, classify, parse_conversation_key
+
+POLICY = Policy(bot_user_id="UBOT", staff_channel="C_STAFF")
+
+
+def envelope(**event: Any) -> dict[str, Any]:
+    base = {"type": "message", "channel": "C1", "user": "U1", "text": "hello", "ts": "100.000001"}
+    return {"type": "event_callback", "team_id": "T1", "event": base | event}
+
+
+def test_top_level_message_starts_a_conversation_keyed_on_team_channel_ts() -> None:
+    message = classify(envelope(), POLICY)
+    assert message == CustomerMessage("T1", "C1", "100.000001", "100.000001", "U1", "hello", False)
+    assert parse_conversation_key(message.conversation_key) == ("T1", "C1", "100.000001")
+
+
+def test_thread_reply_joins_its_thread() -> None:
+    message = classify(envelope(ts="101.0", thread_ts="100.000001"), POLICY)
+    assert isinstance(message, CustomerMessage) and message.thread_ts == "100.000001"
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"bot_id": "B2", "user": "U2"},
+        {"user": "UBOT"},
+        {"subtype": "message_changed"},
+        {"subtype": "message_deleted"},
+        {"subtype": "channel_join"},
+        {"subtype": "bot_message", "bot_id": "B2"},
+        {"hidden": True},
+        {"channel": "C_STAFF"},
+        {"text": "   "},
+        {"type": "reaction_added"},
+    ],
+)
+def test_ignored(event: dict[str, Any]) -> None:
+    assert isinstance(classify(envelope(**event), POLICY), Ignored)
+
+
+def test_other_bots_answered_when_configured() -> None:
+    policy = Policy("UBOT", "C_STAFF", answer_bots=True)
+    assert isinstance(classify(envelope(bot_id="B2", user="U2"), policy), CustomerMessage)
+    assert isinstance(classify(envelope(bot_id="BBOT", user="UBOT"), policy), Ignored)
+
+
+def test_file_share_delivers_its_text_and_mention_is_stripped() -> None:
+    message = classify(envelope(subtype="file_share", text="<@UBOT> photo of the crash", files=[{}]), POLICY)
+    assert isinstance(message, CustomerMessage) and message.text == "photo of the crash"
+
+
+def test_served_channels_and_dms() -> None:
+    policy = Policy("UBOT", "C_STAFF", channels=frozenset({"C9"}))
+    assert isinstance(classify(envelope(), policy), Ignored)
+    dm = classify(envelope(channel="D1", channel_type="im"), policy)
+    assert isinstance(dm, CustomerMessage) and dm.is_dm
+
+
+def test_markdown_becomes_mrkdwn() -> None:
+    assert to_mrkdwn("**Harrier X4** costs $1,299 - see [specs](https://example.com/hx4)") == (
+        "*Harrier X4* costs $1,299 - see <https://example.com/hx4|specs>"
+    )
+
+
+def test_long_text_is_split_below_the_limit_keeping_code_fences() -> None:
+    text = "intro\n\n```\n" + "\n".join(f"line {i}" for i in range(400)) + "\n```\nend"
+    parts = split_text(text, limit=1000)
+    assert len(parts) > 1 and all(len(p) <= 1010 for p in parts)
+    assert all(p.count("```") % 2 == 0 for p in parts)
+    assert "".join(parts).count("line 399") == 1
