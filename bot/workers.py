@@ -33,6 +33,7 @@ class Workers:
         """Wake-ups reach this process only; other processes' work is found by polling this often."""
         self._turns = asyncio.Event()
         self._sends = asyncio.Event()
+        self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.ready = False
 
@@ -49,26 +50,35 @@ class Workers:
         self._tasks.append(asyncio.create_task(self._send_loop(), name="outbox"))
         self.ready = True
 
-    async def stop(self) -> None:
+    async def stop(self, *, grace_s: float = 10.0) -> None:
+        """Let each loop finish what it is doing (a turn, a send) and leave; cancel only after the grace
+        period. Cancelling mid-transaction is safe for the data, but a driver interrupted mid-query can take
+        its connection down with it."""
         self.ready = False
-        for task in self._tasks:
+        self._stopping.set()
+        if not self._tasks:
+            return
+        _, late = await asyncio.wait(self._tasks, timeout=grace_s)
+        for task in late:
             task.cancel()
-        for task in self._tasks:
+        for task in late:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
     async def _sleep(self, event: asyncio.Event, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), seconds)
+        waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stopping.wait())]
+        _, pending = await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in pending:
+            waiter.cancel()
 
     async def _turn_loop(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             started = time.perf_counter()
             try:
                 result = await self.conversations.process_next()
             except Exception:
                 log.exception("turn failed; the message stays queued")
-                await asyncio.sleep(self.poll_s)
+                await self._sleep(self._stopping, self.poll_s)
                 continue
             if result is None:
                 await self._sleep(self._turns, self.poll_s)
@@ -78,7 +88,7 @@ class Workers:
             self.wake_sender()
 
     async def _send_loop(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             try:
                 sent = await self.sender.send_pending()
             except Exception:

@@ -1,0 +1,241 @@
+"""The Slack app over HTTP: signed requests from the emulator into the real bot, Web API calls back to the
+emulator, the fake LLM behind the engine, a real Postgres under all of it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import aiohttp
+from sqlalchemy import func, select, text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from db import models as m
+from fakes.openai_server import FakeOpenAI, RecordedRequest, reply, slow, tool_call, tools
+from fakes.slack_api import BOT_USER_ID, SlackEmulator
+
+Sessions = async_sessionmaker[AsyncSession]
+
+
+async def count(sessions: Sessions, model: Any, *where: Any) -> int:
+    async with sessions() as s:
+        return int(await s.scalar(select(func.count()).select_from(model).where(*where)) or 0)
+
+
+async def replies_in(emulator: SlackEmulator, channel: str, thread_ts: str, n: int, wait_s: float = 10) -> list[str]:
+    posts = await emulator.wait_for(
+        lambda: (p := emulator.posts(channel, thread_ts)) and len(p) >= n and p, timeout=wait_s
+    )
+    return [p.text for p in posts]
+
+
+async def settle(sessions: Sessions) -> None:
+    """Wait until nothing is left to process or send."""
+    for _ in range(200):
+        if not await count(sessions, m.Inbound, m.Inbound.processed_at.is_(None)) and not await count(
+            sessions, m.Outbox, m.Outbox.sent_at.is_(None)
+        ):
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError("work left unfinished")
+
+
+async def test_url_verification(slack_bot: Any, emulator: SlackEmulator) -> None:
+    result = await emulator.url_verification("challenge-123")
+    assert result.status == 200 and result.json()["challenge"] == "challenge-123"
+
+
+async def test_top_level_message_gets_a_threaded_reply(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    fake_llm.script(reply("Hi! I'm the **Driftwing** front desk."))
+    said = await emulator.user_says("C_SUPPORT", "hello there")
+    assert said.result.status == 200
+    assert await replies_in(emulator, "C_SUPPORT", said.ts, 1) == ["Hi! I'm the *Driftwing* front desk."]
+    await settle(sessions)
+    message = emulator.message("C_SUPPORT", said.ts)
+    assert message is not None and dict(message.reactions) == {"white_check_mark": (BOT_USER_ID,)}
+    assert [c.params["name"] for c in emulator.calls_to("reactions.add")] == ["eyes", "white_check_mark"]
+    assert fake_llm.requests[0].last_user == "hello there"
+
+
+async def test_follow_ups_continue_the_conversation_and_its_agent(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI
+) -> None:
+    fake_llm.script(tools(tool_call("transfer_to_sales")), reply("Which budget do you have?"))
+    said = await emulator.user_says("C_SUPPORT", "I want a camera drone")
+    assert await replies_in(emulator, "C_SUPPORT", said.ts, 2) == [
+        "_Connecting you with Sales…_",
+        "Which budget do you have?",
+    ]
+    fake_llm.script(reply("Then the Kestrel Mini 2."))
+    await emulator.user_says("C_SUPPORT", "about $400", thread_ts=said.ts)
+    texts = await replies_in(emulator, "C_SUPPORT", said.ts, 3)
+    assert texts[-1] == "Then the Kestrel Mini 2."
+    assert "You are Sales" in fake_llm.requests[-1].system
+    assert [msg["content"] for msg in fake_llm.requests[-1].messages if msg["role"] == "user"] == [
+        "I want a camera drone",
+        "about $400",
+    ]
+    # Another top-level message is another conversation, back at the front desk.
+    fake_llm.script(reply("Hello again!"))
+    other = await emulator.user_says("C_SUPPORT", "new question")
+    await replies_in(emulator, "C_SUPPORT", other.ts, 1)
+    assert "front desk" in fake_llm.requests[-1].system
+
+
+async def test_retries_and_duplicates_give_one_reply(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    fake_llm.rule = lambda request: reply(f"answer to {request.last_user}")
+    ts = emulator.add_message("C_SUPPORT", f"<@{BOT_USER_ID}> where is my order?").ts
+    event = {
+        "type": "message",
+        "channel": "C_SUPPORT",
+        "user": "U_CUSTOMER",
+        "ts": ts,
+        "text": f"<@{BOT_USER_ID}> where is my order?",
+        "channel_type": "channel",
+    }
+    envelope = emulator.event_envelope(event)
+    results = [await emulator.deliver(envelope)]
+    results.append(await emulator.deliver(envelope, retry_num=1, retry_reason="http_timeout"))
+    results.append(await emulator.deliver(envelope, retry_num=2, retry_reason="http_timeout"))
+    results.append(await emulator.deliver_event(event | {"type": "app_mention"}))  # the mention's twin
+    assert [r.status for r in results] == [200, 200, 200, 200]
+    await replies_in(emulator, "C_SUPPORT", ts, 1)
+    await settle(sessions)
+    await asyncio.sleep(0.3)
+    assert [p.text for p in emulator.posts("C_SUPPORT", ts)] == ["answer to where is my order?"]
+    assert fake_llm.calls == 1
+    async with sessions() as s:
+        dispositions = (await s.scalars(select(m.SlackEvent.disposition).order_by(m.SlackEvent.received_at))).all()
+    assert sorted(dispositions) == ["duplicate", "stored"]
+    assert slack_bot.metrics.events.labels("duplicate")._value.get() == 3
+
+
+async def test_forged_stale_and_malformed_requests_are_refused(
+    slack_bot: Any, emulator: SlackEmulator, sessions: Sessions
+) -> None:
+    envelope = emulator.event_envelope(
+        {"type": "message", "channel": "C_SUPPORT", "user": "U_CUSTOMER", "ts": "1.000001", "text": "hi"}
+    )
+    forged = await emulator.deliver(envelope, signature="v0=" + "0" * 64)
+    stale = await emulator.deliver(envelope, timestamp=int(time.time()) - 6 * 60)
+    malformed = await emulator.deliver(envelope, raw_body=b'{"type": "event_callback", "event": ')
+    async with aiohttp.ClientSession() as http, http.post(f"{slack_bot.url}/slack/events", data=b"{}") as unsigned:
+        unsigned_status = unsigned.status
+    assert (forged.status, stale.status, unsigned_status) == (401, 401, 401)
+    assert malformed.status == 400
+    assert await count(sessions, m.SlackEvent) == 0 and await count(sessions, m.Inbound) == 0
+
+
+async def test_bot_and_subtype_events_are_ignored(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    base = {"type": "message", "channel": "C_SUPPORT", "text": "noise", "channel_type": "channel"}
+    events = [
+        base | {"ts": "10.1", "bot_id": "BOTHER", "user": "U_OTHERBOT"},
+        base | {"ts": "10.2", "user": "U_CUSTOMER", "subtype": "message_changed"},
+        base | {"ts": "10.3", "user": "U_CUSTOMER", "subtype": "message_deleted"},
+        base | {"ts": "10.4", "user": "U_CUSTOMER", "subtype": "channel_join"},
+        base | {"ts": "10.5", "user": "U_CUSTOMER", "hidden": True},
+        base | {"ts": "10.6", "user": "U_STAFF", "channel": "C_STAFF"},
+        {"type": "reaction_added", "user": "U_CUSTOMER", "reaction": "tada", "item": {}},
+    ]
+    for event in events:
+        assert (await emulator.deliver_event(event)).status == 200
+    await asyncio.sleep(0.3)
+    assert await count(sessions, m.Inbound) == 0
+    assert fake_llm.calls == 0 and emulator.calls_to("chat.postMessage") == []
+    assert await count(sessions, m.SlackEvent, m.SlackEvent.disposition.startswith("ignored")) == len(events)
+
+
+async def test_file_share_and_direct_message(slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI) -> None:
+    emulator.add_channel("D_CASEY", "casey-dm", is_im=True)
+    fake_llm.rule = lambda request: reply(f"got: {request.last_user}")
+    shared = await emulator.user_says(
+        "C_SUPPORT", "here is a photo of the crack", files=[{"id": "F1", "name": "a.jpg"}]
+    )
+    dm = await emulator.user_says("D_CASEY", "hi in private")
+    assert await replies_in(emulator, "C_SUPPORT", shared.ts, 1) == ["got: here is a photo of the crack"]
+    assert await replies_in(emulator, "D_CASEY", dm.ts, 1) == ["got: hi in private"]
+
+
+async def test_many_threads_rapid_messages_answered_once_in_order(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    def answer(request: RecordedRequest) -> Any:
+        return slow(0.02, reply(f"re: {request.last_user}"))
+
+    fake_llm.rule = answer
+
+    async def thread(i: int) -> str:
+        root = await emulator.user_says("C_SUPPORT", f"t{i} m0")
+        for j in range(1, 5):
+            await emulator.user_says("C_SUPPORT", f"t{i} m{j}", thread_ts=root.ts)
+        return root.ts
+
+    roots = await asyncio.gather(*(thread(i) for i in range(20)))
+    await emulator.wait_for(lambda: len(emulator.posts("C_SUPPORT")) >= 100, timeout=60)
+    await settle(sessions)
+    for i, root in enumerate(roots):
+        assert [p.text for p in emulator.posts("C_SUPPORT", root)] == [f"re: t{i} m{j}" for j in range(5)]
+    assert len(emulator.posts("C_SUPPORT")) == 100
+    assert fake_llm.calls == 100
+
+
+async def test_rate_limited_post_arrives_after_retry_after(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    emulator.fail_next("chat.postMessage", status=429, retry_after=1)
+    fake_llm.script(reply("Sorry for the wait."))
+    said = await emulator.user_says("C_SUPPORT", "hello?")
+    assert await replies_in(emulator, "C_SUPPORT", said.ts, 1) == ["Sorry for the wait."]
+    first, second = emulator.calls_to("chat.postMessage")
+    assert first.injected and not second.failed
+    assert second.at - first.at >= 0.95
+    await settle(sessions)
+    assert len(emulator.posts("C_SUPPORT", said.ts)) == 1
+
+
+async def test_database_refusing_the_event_answers_an_error_then_the_retry_is_stored(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    fake_llm.script(reply("Stored on the second try."))
+    ts = emulator.add_message("C_SUPPORT", "are you up?").ts
+    envelope = emulator.event_envelope(
+        {"type": "message", "channel": "C_SUPPORT", "user": "U_CUSTOMER", "ts": ts, "text": "are you up?"}
+    )
+    async with sessions() as s, s.begin():
+        await s.execute(text("ALTER TABLE slack_events RENAME TO slack_events_away"))
+    try:
+        refused = await emulator.deliver(envelope)
+    finally:
+        async with sessions() as s, s.begin():
+            await s.execute(text("ALTER TABLE slack_events_away RENAME TO slack_events"))
+    assert refused.status == 503
+    assert await count(sessions, m.Inbound) == 0
+    retried = await emulator.deliver(envelope, retry_num=1, retry_reason="http_error")
+    assert retried.status == 200
+    assert await replies_in(emulator, "C_SUPPORT", ts, 1) == ["Stored on the second try."]
+
+
+async def test_healthz_and_metrics(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    fake_llm.script(reply("hi"))
+    said = await emulator.user_says("C_SUPPORT", "hi")
+    await replies_in(emulator, "C_SUPPORT", said.ts, 1)
+    await settle(sessions)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{slack_bot.url}/healthz") as health:
+            assert health.status == 200 and json.loads(await health.text()) == {"database": "ok", "ready": True}
+        async with http.get(f"{slack_bot.url}/metrics") as metrics:
+            body = await metrics.text()
+    assert 'helpdesk_events_received_total{disposition="stored"} 1.0' in body
+    assert 'helpdesk_messages_processed_total{kind="reply"} 1.0' in body
+    assert "helpdesk_turn_seconds_count 1.0" in body
+    assert "helpdesk_inbox_backlog 0.0" in body and "helpdesk_llm_calls_total 1.0" in body
