@@ -70,3 +70,15 @@ async def test_migrate_command(database_url: str, tmp_path: Path) -> None:
     code, out, err = await run_bot("migrate", env={"DATABASE_URL": database_url}, cwd=tmp_path)
     assert code == 0, err
     assert "migrated to head (DATABASE_URL)" in out
+
+
+async def test_run_without_slack_says_what_to_set(database_url: str, tmp_path: Path) -> None:
+    code, out, _ = await run_bot("run", env={"DATABASE_URL": database_url}, cwd=tmp_path)
+    assert code == 2
+    assert "SLACK_BOT_TOKEN" in out and "SLACK_SIGNING_SECRET" in out and "manifest.yml" in out
+
+
+async def test_socket_mode_needs_an_app_token(database_url: str, tmp_path: Path) -> None:
+    env = {"DATABASE_URL": database_url, "SLACK_BOT_TOKEN": "xoxb-1", "SLACK_SIGNING_SECRET": "s"}
+    code, out, _ = await run_bot("socket", env=env, cwd=tmp_path)
+    assert code == 2 and "SLACK_APP_TOKEN" in out

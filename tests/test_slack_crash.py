@@ -1,0 +1,125 @@
+"""Kill -9 the bot process at the worst moments, restart it: every reply arrives exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from db import models as m
+from fakes.openai_server import FakeOpenAI, reply, slow
+from fakes.slack_api import SlackEmulator
+from tests.conftest import SIGNING_SECRET
+
+Sessions = async_sessionmaker[AsyncSession]
+CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "SLACK_", "DATABASE_URL"))}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+async def bot_process(
+    database_url: str, fake_llm: FakeOpenAI, emulator: SlackEmulator, sessions: Sessions
+) -> AsyncIterator[Callable[[], Any]]:
+    """A factory: each call starts `python -m bot serve` as a real process and waits until it is ready."""
+    port = free_port()
+    env = CLEAN | {
+        "DATABASE_URL": database_url,
+        "OPENAI_API_KEY": "test-key",
+        "OPENAI_BASE_URL": fake_llm.base_url,
+        "OPENAI_MODEL": "fake-model",
+        "OPENAI_MAX_RETRIES": "0",
+        "SLACK_BOT_TOKEN": "xoxb-test",
+        "SLACK_SIGNING_SECRET": SIGNING_SECRET,
+        "SLACK_API_URL": emulator.api_url,
+        "STAFF_CHANNEL_ID": "C_STAFF",
+        "HOST": "127.0.0.1",
+        "PORT": str(port),
+        "LOG_LEVEL": "WARNING",
+    }
+    emulator.events_url = f"http://127.0.0.1:{port}/slack/events"
+    started: list[asyncio.subprocess.Process] = []
+
+    async def start() -> asyncio.subprocess.Process:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", "serve", env=env, stdout=asyncio.subprocess.PIPE
+        )
+        started.append(proc)
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout=30)
+        assert json.loads(line)["event"] == "ready", line
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.returncode is None:
+            proc.terminate()
+            await proc.wait()
+
+
+async def kill(proc: asyncio.subprocess.Process) -> None:
+    proc.kill()
+    await proc.wait()
+
+
+async def test_killed_between_ack_and_reply(
+    bot_process: Callable[[], Any], emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    fake_llm.script(slow(30, reply("never sent")), reply("Here I am, once."))
+    first = await bot_process()
+    said = await emulator.user_says("C_SUPPORT", "is anyone there?")
+    assert said.result.status == 200
+    await emulator.wait_for(lambda: fake_llm.calls == 1)  # mid-turn
+    await kill(first)
+    assert emulator.posts("C_SUPPORT", said.ts) == []
+
+    second = await bot_process()
+    posts = await emulator.wait_for(lambda: emulator.posts("C_SUPPORT", said.ts), timeout=20)
+    await asyncio.sleep(1.0)  # time enough for a duplicate to show up, if one were coming
+    assert [p.text for p in emulator.posts("C_SUPPORT", said.ts)] == ["Here I am, once."] == [p.text for p in posts]
+    async with sessions() as s:
+        assert await s.scalar(select(func.count()).where(m.Inbound.processed_at.is_(None))) == 0
+    await kill(second)
+
+
+async def test_killed_after_slack_accepted_the_post_before_the_answer(
+    bot_process: Callable[[], Any], emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    fake_llm.script(reply("Posted exactly once."))
+    emulator.hold("chat.postMessage")
+    first = await bot_process()
+    said = await emulator.user_says("C_SUPPORT", "hello")
+    await emulator.wait_for(lambda: emulator.calls_to("chat.postMessage"))  # Slack has the post...
+    await kill(first)  # ...and the bot dies before hearing so
+    emulator.release("chat.postMessage")
+
+    second = await bot_process()
+
+    async def outbox_drained() -> bool:
+        async with sessions() as s:
+            return not await s.scalar(select(func.count()).where(m.Outbox.sent_at.is_(None)))
+
+    for _ in range(200):
+        if await outbox_drained():
+            break
+        await asyncio.sleep(0.05)
+    assert await outbox_drained()
+    posts = emulator.posts("C_SUPPORT", said.ts)
+    assert [p.text for p in posts] == ["Posted exactly once."]
+    async with sessions() as s:
+        row = await s.scalar(select(m.Outbox).where(m.Outbox.kind == "post"))
+    assert row is not None and row.result_ts == posts[0].ts and row.attempts == 1
+    assert len(emulator.calls_to("chat.postMessage")) == 1
+    await kill(second)
