@@ -239,3 +239,35 @@ async def test_healthz_and_metrics(
     assert 'helpdesk_messages_processed_total{kind="reply"} 1.0' in body
     assert "helpdesk_turn_seconds_count 1.0" in body
     assert "helpdesk_inbox_backlog 0.0" in body and "helpdesk_llm_calls_total 1.0" in body
+
+
+async def test_two_bot_processes_share_one_database(
+    slack_bot: Any, database_url: str, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    """A second bot (own engine, pool, workers and HTTP server) against the same database: events land on
+    either; each message is answered once, in order within its thread."""
+    from aiohttp import web
+
+    from bot.server import running_bot, web_app
+    from tests.conftest import bot_settings
+
+    fake_llm.rule = lambda request: slow(0.02, reply(f"re: {request.last_user}"))
+    async with running_bot(bot_settings(database_url, fake_llm, emulator)) as other:
+        runner = web.AppRunner(web_app(other), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        urls = [f"{slack_bot.url}/slack/events", f"http://127.0.0.1:{runner.addresses[0][1]}/slack/events"]
+        roots = []
+        for i in range(8):
+            emulator.events_url = urls[i % 2]
+            roots.append((await emulator.user_says("C_SUPPORT", f"t{i} m0")).ts)
+        for j in range(1, 4):
+            for i, root in enumerate(roots):
+                emulator.events_url = urls[(i + j) % 2]
+                await emulator.user_says("C_SUPPORT", f"t{i} m{j}", thread_ts=root)
+        await emulator.wait_for(lambda: len(emulator.posts("C_SUPPORT")) >= 32, timeout=30)
+        await settle(sessions)
+        await runner.cleanup()
+    for i, root in enumerate(roots):
+        assert [p.text for p in emulator.posts("C_SUPPORT", root)] == [f"re: t{i} m{j}" for j in range(4)]
+    assert len(emulator.posts("C_SUPPORT")) == 32
