@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import openai
+from openai import AsyncStream
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from agents.errors import ProviderError
 from agents.messages import ToolCall
@@ -77,12 +79,14 @@ class OpenAIChatModel:
         self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     ) -> ModelResponse:
         started = time.perf_counter()
-        extra: dict[str, Any] = {"tools": tools} if tools else {}
+        body: dict[str, Any] = {"model": model, "messages": messages}
+        if tools:
+            body["tools"] = tools
         try:
             if self.stream:
-                content, calls, usage = await self._streamed(model, messages, extra)
+                content, calls, usage = await self._streamed(body)
             else:
-                response = await self.client.chat.completions.create(model=model, messages=cast(Any, messages), **extra)
+                response = await self._post(body, stream=False)
                 choice = response.choices[0].message
                 content = choice.content
                 calls = tuple(
@@ -95,13 +99,20 @@ class OpenAIChatModel:
             raise _provider_error(exc) from exc
         return ModelResponse(content, calls, usage, (time.perf_counter() - started) * 1000)
 
-    async def _streamed(
-        self, model: str, messages: list[dict[str, Any]], extra: dict[str, Any]
-    ) -> tuple[str | None, tuple[ToolCall, ...], Usage]:
-        create: Any = self.client.chat.completions.create  # the SDK's overloads cannot see `stream` through **extra
-        stream = await create(
-            model=model, messages=messages, stream=True, stream_options={"include_usage": True}, **extra
+    async def _post(self, body: dict[str, Any], *, stream: bool) -> Any:
+        # The client's own `post`, not `chat.completions.create`: `create` walks every message through its
+        # typed-dict transformer, which measured 19.6 ms of CPU per call at 100 history messages against
+        # 1.8 ms for the same request through `post` (same retries, timeout and error types).
+        return await self.client.post(
+            "/chat/completions",
+            body=body,
+            cast_to=ChatCompletion,
+            stream=stream,
+            stream_cls=AsyncStream[ChatCompletionChunk],
         )
+
+    async def _streamed(self, body: dict[str, Any]) -> tuple[str | None, tuple[ToolCall, ...], Usage]:
+        stream = await self._post(body | {"stream": True, "stream_options": {"include_usage": True}}, stream=True)
         text: list[str] = []
         calls: dict[int, dict[str, str]] = {}
         usage = Usage()
