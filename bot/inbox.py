@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import delete, func, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -71,6 +72,14 @@ class Inbox:
         if disposition == "stored":
             self.on_stored()
         return disposition
+
+    async def prune(self, *, keep_hours: float = 72) -> int:
+        """Forget event ids older than Slack ever retries (hours), so the table stays small."""
+        async with self.sessions() as s, s.begin():
+            result = await s.execute(
+                delete(m.SlackEvent).where(m.SlackEvent.received_at < func.now() - timedelta(hours=keep_hours))
+            )
+        return int(getattr(result, "rowcount", 0) or 0)
 
     async def _store(self, s: AsyncSession, message: Any) -> str:
         if not isinstance(message, CustomerMessage):

@@ -78,6 +78,7 @@ async def running_bot(settings: Settings) -> AsyncIterator[Bot]:
             sender=OutboxSender(engine=db.engine, client=client),
             metrics=metrics,
             turn_workers=settings.turn_workers,
+            housekeeping=lambda: inbox.prune(),
         )
 
         def stored() -> None:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from agents.conversations import Conversations
 from bot.metrics import Metrics
@@ -24,6 +25,7 @@ class Workers:
         metrics: Metrics,
         turn_workers: int = 4,
         poll_s: float = 1.0,
+        housekeeping: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self.conversations = conversations
         self.sender = sender
@@ -33,6 +35,7 @@ class Workers:
         """Wake-ups reach this process only; other processes' work is found by polling this often."""
         self._turns = asyncio.Event()
         self._sends = asyncio.Event()
+        self.housekeeping = housekeeping
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.ready = False
@@ -48,6 +51,8 @@ class Workers:
     async def start(self) -> None:
         self._tasks = [asyncio.create_task(self._turn_loop(), name=f"turns-{i}") for i in range(self.turn_workers)]
         self._tasks.append(asyncio.create_task(self._send_loop(), name="outbox"))
+        if self.housekeeping is not None:
+            self._tasks.append(asyncio.create_task(self._housekeeping_loop(self.housekeeping), name="housekeeping"))
         self.ready = True
 
     async def stop(self, *, grace_s: float = 10.0) -> None:
@@ -86,6 +91,14 @@ class Workers:
             self.metrics.processed.labels(result.kind).inc()
             self.metrics.turn_seconds.observe(time.perf_counter() - started)
             self.wake_sender()
+
+    async def _housekeeping_loop(self, job: Callable[[], Awaitable[object]], every_s: float = 600) -> None:
+        while not self._stopping.is_set():
+            try:
+                await job()
+            except Exception:
+                log.exception("housekeeping failed")
+            await self._sleep(self._stopping, every_s)
 
     async def _send_loop(self) -> None:
         while not self._stopping.is_set():

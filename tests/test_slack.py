@@ -271,3 +271,17 @@ async def test_two_bot_processes_share_one_database(
     for i, root in enumerate(roots):
         assert [p.text for p in emulator.posts("C_SUPPORT", root)] == [f"re: t{i} m{j}" for j in range(4)]
     assert len(emulator.posts("C_SUPPORT")) == 32
+
+
+async def test_old_event_ids_are_pruned(slack_bot: Any, sessions: Sessions) -> None:
+    async with sessions() as s, s.begin():
+        await s.execute(
+            text(
+                "INSERT INTO slack_events (event_id, event_type, disposition, received_at) VALUES "
+                "('EvOld', 'message', 'stored', now() - interval '4 days'), ('EvNew', 'message', 'stored', now())"
+            )
+        )
+    assert slack_bot.workers.housekeeping is not None
+    assert await slack_bot.workers.housekeeping() == 1
+    async with sessions() as s:
+        assert (await s.scalars(select(m.SlackEvent.event_id))).all() == ["EvNew"]
