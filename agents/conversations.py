@@ -2,7 +2,7 @@
 at a time per conversation, in arrival order, across processes.
 
     submit()        stores the message (idempotent on external_id) and returns at once
-    process_next()  locks the conversation row (SELECT ... FOR UPDATE), takes its oldest unprocessed message,
+    process_next()  locks the conversation row (SELECT ... FOR NO KEY UPDATE), takes its oldest unprocessed message,
                     runs the turn and commits everything the turn produced in that same transaction
     handle()        submit, then process until this message is done: what the CLI and tests call
 
@@ -12,6 +12,7 @@ A crash mid-turn rolls the transaction back and leaves the message unprocessed, 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -213,7 +214,8 @@ class Conversations:
             try:
                 await self.process_next(submitted.conversation_id, on_event=on_event)
             except Exception:
-                log.exception("turn failed; retrying", extra={"conversation_id": submitted.conversation_id})
+                log.exception("turn failed; retrying")
+                await asyncio.sleep(0.1)
         return result
 
     async def result_of(self, inbound_id: int) -> MessageResult | None:
@@ -246,22 +248,48 @@ class Conversations:
     ) -> MessageResult | None:
         """Run the oldest unprocessed message of one conversation, waiting for its lock; or, with no id, of any
         conversation with waiting messages that no other worker is running (SKIP LOCKED). None when there was
-        nothing to do."""
-        claimed = conversation_id
+        nothing to do.
+
+        Each attempt is counted in its own committed transaction before the turn runs, so a message that keeps
+        failing, even by killing the process, gets the apology and a human after `max_attempts`."""
+        claim: tuple[int, int, int] | None = None  # conversation, message, attempt
         try:
             async with self.sessions() as s, s.begin():
                 conv = await self._lock(s, conversation_id)
-                if conv is None:
+                inbound = None if conv is None else await self._oldest(s, conv.id)
+                if conv is None or inbound is None:
                     return None
-                claimed = conv.id
-                return await self._process_locked(s, conv, on_event)
+                current_conversation.set(conv.key)
+                claim = (conv.id, inbound.id, await self._count_attempt(inbound.id))
+                return await self._process_locked(s, conv, inbound, on_event, give_up=claim[2] > self.max_attempts)
         except Exception:
-            if claimed is None or await self._record_failure(claimed) < self.max_attempts:
+            if claim is None or claim[2] < self.max_attempts:
                 raise
-            log.exception("turn failed %d times; apologising", self.max_attempts)
+            log.exception("turn failed %d times; apologising", claim[2])
             async with self.sessions() as s, s.begin():
-                conv = await self._lock(s, claimed)
-                return None if conv is None else await self._process_locked(s, conv, on_event, give_up=True)
+                conv = await self._lock(s, claim[0])
+                inbound = await s.get(m.Inbound, claim[1])
+                if conv is None or inbound is None or inbound.processed_at is not None:
+                    return None  # another worker got there first
+                return await self._process_locked(s, conv, inbound, on_event, give_up=True)
+
+    async def _oldest(self, s: AsyncSession, conversation_id: int) -> m.Inbound | None:
+        return await s.scalar(
+            select(m.Inbound)
+            .where(m.Inbound.conversation_id == conversation_id, m.Inbound.processed_at.is_(None))
+            .order_by(*_OLDEST_FIRST)
+            .limit(1)
+        )
+
+    async def _count_attempt(self, inbound_id: int) -> int:
+        async with self.sessions() as s, s.begin():
+            attempts = await s.scalar(
+                update(m.Inbound)
+                .where(m.Inbound.id == inbound_id)
+                .values(attempts=m.Inbound.attempts + 1)
+                .returning(m.Inbound.attempts)
+            )
+        return attempts or 0
 
     async def _lock(self, s: AsyncSession, conversation_id: int | None) -> m.Conversation | None:
         # FOR NO KEY UPDATE: turns of one conversation exclude each other, while tools writing rows that
@@ -278,37 +306,37 @@ class Conversations:
         )
 
     async def _process_locked(
-        self, s: AsyncSession, conv: m.Conversation, on_event: EventSink | None, *, give_up: bool = False
-    ) -> MessageResult | None:
-        inbound = await s.scalar(
-            select(m.Inbound)
-            .where(m.Inbound.conversation_id == conv.id, m.Inbound.processed_at.is_(None))
-            .order_by(*_OLDEST_FIRST)
-            .limit(1)
-        )
-        if inbound is None:
-            return None
-        current_conversation.set(conv.key)
+        self,
+        s: AsyncSession,
+        conv: m.Conversation,
+        inbound: m.Inbound,
+        on_event: EventSink | None,
+        *,
+        give_up: bool = False,
+    ) -> MessageResult:
         user = Message("user", inbound.text, author=inbound.author)
         if conv.mode == "closed":
-            conv.mode, conv.active_agent, conv.context = "bot", self.roster.entry, {}
-        if conv.mode != "bot":
+            # Reopened with the bot. Not written to the row until the turn's end: an uncommitted UPDATE of the
+            # conversation row would make every message stored meanwhile wait for this whole turn.
+            agent, context, reopened = self.roster.entry, {}, True
+        else:
+            agent, context, reopened = conv.active_agent, dict(conv.context), False
+        if conv.mode != "bot" and not reopened:
             result = MessageResult(inbound.id, conv.id, "human", None, conv.active_agent)
             await self._store(s, conv, inbound, [user], result)
             return result
         if give_up:
             reason = Escalate("the bot failed repeatedly on this message", "error")
-            apology = Message("assistant", self.config.texts.provider_failure, agent=conv.active_agent)
-            result = MessageResult(
-                inbound.id, conv.id, "escalated", apology.content, conv.active_agent, (), reason.reason
-            )
-            await self._escalate(s, conv, inbound, reason, conv.active_agent)
+            apology = Message("assistant", self.config.texts.provider_failure, agent=agent)
+            result = MessageResult(inbound.id, conv.id, "escalated", apology.content, agent, (), reason.reason)
+            conv.active_agent, conv.context = agent, context
+            await self._escalate(s, conv, inbound, reason, agent)
             await self._store(s, conv, inbound, [user, apology], result)
             return result
 
         history = await self._history(s, conv.id)
         turn = await run_turn(
-            TurnInput(conv.id, inbound.id, conv.active_agent, conv.context, (*history, user)),
+            TurnInput(conv.id, inbound.id, agent, context, (*history, user)),
             roster=self.roster,
             model=self.model,
             config=self.config,
@@ -325,7 +353,7 @@ class Conversations:
             turn.handoffs,
             turn.outcome.reason if isinstance(turn.outcome, Escalate) else None,
         )
-        conv.active_agent, conv.context = turn.agent, turn.context
+        conv.mode, conv.active_agent, conv.context = "bot", turn.agent, turn.context
         if isinstance(turn.outcome, Escalate):
             await self._escalate(s, conv, inbound, turn.outcome, turn.agent)
         await self._audit(s, conv.id, inbound.id, turn)
@@ -412,20 +440,3 @@ class Conversations:
                     for c in turn.llm_calls
                 ],
             )
-
-    async def _record_failure(self, conversation_id: int) -> int:
-        async with self.sessions() as s, s.begin():
-            attempts = await s.scalar(
-                update(m.Inbound)
-                .where(
-                    m.Inbound.id
-                    == select(m.Inbound.id)
-                    .where(m.Inbound.conversation_id == conversation_id, m.Inbound.processed_at.is_(None))
-                    .order_by(*_OLDEST_FIRST)
-                    .limit(1)
-                    .scalar_subquery()
-                )
-                .values(attempts=m.Inbound.attempts + 1)
-                .returning(m.Inbound.attempts)
-            )
-            return attempts or 0

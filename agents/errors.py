@@ -2,7 +2,8 @@
 
     AgentsError
     ├── ConfigError          a roster or tool declared wrongly (caught at start-up, never mid-turn)
-    └── ProviderError        the LLM provider failed after the SDK's retries (timeout, 429, 5xx, refusal)
+    ├── ProviderError        the LLM provider failed after the SDK's retries (timeout, 429, 5xx, refusal)
+    └── ToolArgumentsError   the model's arguments do not fit a tool (agents.tools; goes back to the model)
 
 Budget exhaustion and bad model output are not exceptions: they are turn outcomes (see agents.loop).
 """

@@ -19,7 +19,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal, cast
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -53,6 +53,7 @@ class LoopConfig:
     max_handoffs: int = 3
     max_parallel_tools: int = 4
     token_budget: int = 12_000
+    tool_timeout_s: float = 30.0
     texts: Texts = Texts()
 
 
@@ -64,6 +65,9 @@ class TurnInput:
     context: Mapping[str, Any]
     history: tuple[Message, ...]
     """The transcript the model may see, ending with the customer's new message."""
+
+
+Trigger = Literal["agent", "budget", "ping_pong", "provider", "error"]
 
 
 # The closed set of things one model response can come to.
@@ -81,8 +85,8 @@ class Handoff:
 @dataclass(frozen=True)
 class Escalate:
     reason: str
-    trigger: str
-    """agent, budget, ping_pong or provider: why the turn ended with a human."""
+    trigger: Trigger
+    """Why the turn ended with a human."""
 
 
 @dataclass(frozen=True)
@@ -193,12 +197,17 @@ async def run_turn(
             failure = Escalate(f"LLM provider failure ({exc.kind})", "provider")
             return await finish(failure, config.texts.provider_failure)
         calls.append(LLMCallRecord(agent.name, model_name, True, None, response.usage, response.latency_ms))
-        new.append(Message("assistant", response.content, agent=agent.name, tool_calls=response.tool_calls))
+        if response.tool_calls or (response.content or "").strip():
+            # An empty answer is not kept: providers refuse an assistant message with neither text nor calls.
+            new.append(Message("assistant", response.content, agent=agent.name, tool_calls=response.tool_calls))
 
         if response.tool_calls:
             ctx = ToolContext(turn.conversation_id, turn.inbound_id, agent.name, context, db)
             runs = await asyncio.gather(
-                *(_run_tool(call, agent.name, agent_tools, ctx, limit, emit) for call in response.tool_calls)
+                *(
+                    _run_tool(call, agent.name, agent_tools, ctx, limit, emit, config.tool_timeout_s)
+                    for call in response.tool_calls
+                )
             )
             outcome, runs = _decide(runs, agent, roster, visited, len(handoffs), config)
             tools.extend(runs)
@@ -244,24 +253,26 @@ async def _run_tool(
     ctx: ToolContext,
     limit: asyncio.Semaphore,
     emit: Callable[[Event], Awaitable[None]],
+    timeout_s: float,
 ) -> ToolRecord:
     await emit(ToolStarted(agent, call))
     started = time.perf_counter()
     tool = next((t for t in available if t.name == call.name), None)
     result: HandoffTo | EscalateTo | None = None
     if tool is None:
-        ok, output = (
-            False,
-            f"Error: there is no tool named {call.name!r}. Available: {[t.name for t in available]}",
-        )
+        names = [t.name for t in available]
+        ok, output = False, f"Error: there is no tool named {call.name!r}. Available: {names}"
     else:
         try:
-            async with limit:
+            async with limit, asyncio.timeout(timeout_s):
                 value = await tool.invoke(ctx, call.arguments)
-            ok, output = True, value if isinstance(value, str) else ""
-            result = None if isinstance(value, str) else value
+            ok = True
+            result = value if isinstance(value, HandoffTo | EscalateTo) else None
+            output = "" if result is not None else value if isinstance(value, str) else str(value)
         except ToolArgumentsError as exc:
             ok, output = False, f"Error: {exc}. Call {call.name} again with corrected arguments."
+        except TimeoutError:
+            ok, output = False, f"Error: {call.name} did not answer within {timeout_s:g} s."
         except Exception as exc:  # a tool's failure is news for the model, not a crash of the turn
             ok, output = False, f"Error: {call.name} failed: {type(exc).__name__}: {exc}"
     return ToolRecord(agent, call, ok, output, (time.perf_counter() - started) * 1000, result)
@@ -276,35 +287,41 @@ def _decide(
     config: LoopConfig,
 ) -> tuple[TurnOutcome, list[ToolRecord]]:
     """Apply the transfer policy to one response's tool results: the outcome, and the records with the text
-    each transfer call gets back."""
+    each transfer call gets back. An escalation wins; otherwise the first valid transfer is taken; if every
+    transfer was refused and one of them for a budget (handoffs, ping-pong), the turn escalates."""
     out = list(runs)
     movers = [i for i, r in enumerate(out) if r.result is not None]
     if not movers:
         return RunAgain(), out
-    escalations = [i for i in movers if isinstance(out[i].result, EscalateTo)]
-    chosen = escalations[0] if escalations else movers[0]
-    outcome: TurnOutcome = RunAgain()
-    match out[chosen].result:
-        case EscalateTo(reason):
-            outcome = Escalate(reason, "agent")
-            out[chosen] = replace(out[chosen], output="Escalated to a human colleague.")
-        case HandoffTo(target, reason):
-            if target in visited:
-                outcome = Escalate(f"ping-pong: {' -> '.join([*visited, target])}", "ping_pong")
-                out[chosen] = replace(out[chosen], ok=False, output="Not performed: ping-pong; escalated.")
-            elif handoffs_so_far >= config.max_handoffs:
-                outcome = Escalate("handoff budget for one message ran out", "budget")
-                out[chosen] = replace(out[chosen], ok=False, output="Not performed: handoff budget; escalated.")
-            else:
+    refused: dict[int, str] = {}
+    stop: Escalate | None = None
+    chosen = next((i for i in movers if isinstance(out[i].result, EscalateTo)), None)
+    for i in movers if chosen is None else ():
+        target = cast(HandoffTo, out[i].result).agent
+        if target not in agent.handoffs or target not in roster.agents:
+            refused[i] = f"Error: {agent.name} cannot transfer to {target!r}; allowed: {list(agent.handoffs)}."
+        elif target in visited:
+            stop = stop or Escalate(f"ping-pong: {' -> '.join([*visited, target])}", "ping_pong")
+            refused[i] = "Not performed: that agent already handled this message (ping-pong)."
+        elif handoffs_so_far >= config.max_handoffs:
+            stop = stop or Escalate("handoff budget for one message ran out", "budget")
+            refused[i] = "Not performed: the handoff budget for this message ran out."
+        else:
+            chosen = i
+            break
+    outcome: TurnOutcome = stop or RunAgain()
+    if chosen is not None:
+        record = out[chosen]
+        match record.result:
+            case EscalateTo(reason):
+                outcome = Escalate(reason, "agent")
+                out[chosen] = replace(record, output="Escalated to a human colleague.")
+            case HandoffTo(target, reason):
                 outcome = Handoff(target, reason)
                 title = roster[target].title
-                out[chosen] = replace(out[chosen], output=f"Transferred to {title}. {title} now continues.")
+                out[chosen] = replace(record, output=f"Transferred to {title}. {title} now continues.")
     for i in movers:
         if i != chosen:
-            out[i] = replace(
-                out[i],
-                ok=False,
-                result=None,
-                output="Error: not performed: only one transfer or escalation per response is taken.",
-            )
+            default = "Error: not performed: only one transfer or escalation per response is taken."
+            out[i] = replace(out[i], ok=False, result=None, output=refused.get(i, default))
     return outcome, out

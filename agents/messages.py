@@ -40,7 +40,11 @@ class Message:
         if self.role == "tool":
             return {"role": "tool", "tool_call_id": self.tool_call_id, "content": self.content or ""}
         if self.role == "assistant":
-            out: dict[str, Any] = {"role": "assistant", "content": self.content}
+            # Providers take null content only beside tool calls.
+            out: dict[str, Any] = {
+                "role": "assistant",
+                "content": self.content if self.tool_calls else self.content or "",
+            }
             if self.tool_calls:
                 out["tool_calls"] = [
                     {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}

@@ -17,7 +17,7 @@ from typing import Any, get_type_hints
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from agents.errors import ConfigError
+from agents.errors import AgentsError, ConfigError
 
 
 @dataclass
@@ -85,7 +85,7 @@ class Tool:
         return await (self.fn(ctx, **kwargs) if self.wants_context else self.fn(**kwargs))
 
 
-class ToolArgumentsError(Exception):
+class ToolArgumentsError(AgentsError):
     """The model's arguments did not fit the tool's signature; the message goes back to the model."""
 
 

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
 from agents.roster import default_roster
+from agents.tools import HandoffTo
 from db import models as m
 from fakes.openai_server import FakeOpenAI, RecordedRequest, error, reply, slow, tool_call, tools
 from tests.conftest import CONFIG, make_model
@@ -461,3 +462,89 @@ async def test_duplicate_external_id_is_stored_once(service: Conversations, fake
     assert again.duplicate and again.inbound_id == first.inbound_id
     assert await service.result_of(again.inbound_id) == first
     assert fake_llm.calls == 1
+
+
+async def test_storing_a_message_never_waits_for_a_reopened_turn(
+    service: Conversations, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    from sqlalchemy import update
+
+    fake_llm.script(reply("first"))
+    await service.handle("t:1", "hello")
+    async with sessions() as s, s.begin():
+        await s.execute(update(m.Conversation).values(mode="closed", active_agent="sales"))
+    fake_llm.script(slow(1.5, reply("welcome back")), reply("and again"))
+    turn = asyncio.create_task(service.handle("t:1", "I'm back"))
+    await asyncio.sleep(0.3)  # the reopened turn is now waiting on the model, holding the conversation lock
+    await service.submit("t:1", "one more thing")
+    assert not turn.done()  # the message was stored while the turn was still running
+    result = await turn
+    assert (result.reply, result.agent) == ("welcome back", "triage")
+    state = await service.state("t:1")
+    assert state is not None and state.mode == "bot"
+
+
+async def test_an_empty_answer_is_asked_again_and_not_kept(
+    service: Conversations, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    fake_llm.script(reply(""), reply("Here you go."))
+    result = await service.handle("t:1", "hi")
+    assert result.reply == "Here you go."
+    assert all(msg.get("content") is not None for msg in fake_llm.requests[1].messages)
+    assert [r.content for r in await rows(sessions, m.Message)] == ["hi", "Here you go."]
+
+
+async def test_first_valid_transfer_wins_over_a_refused_one(service: Conversations, fake_llm: FakeOpenAI) -> None:
+    fake_llm.script(
+        tools(tool_call("transfer_to_support")),
+        tools(tool_call("transfer_to_triage"), tool_call("transfer_to_sales")),  # back to triage is ping-pong
+        reply("Sales here."),
+    )
+    result = await service.handle("t:1", "help")
+    assert result.kind == "reply" and result.agent == "sales"
+    refused, taken = tool_messages(fake_llm.requests[2])[-2:]
+    assert "ping-pong" in refused["content"] and "Transferred to Sales" in taken["content"]
+
+
+async def test_tool_handing_to_a_forbidden_agent_or_hanging_goes_back_as_error(
+    sessions: Sessions, fake_llm: FakeOpenAI, model: Any
+) -> None:
+    from dataclasses import replace
+
+    from agents.agent import Agent, Roster
+    from agents.tools import function_tool
+
+    @function_tool
+    async def sneaky() -> HandoffTo:
+        """Tries to move the conversation somewhere it may not go."""
+        return HandoffTo("billing")
+
+    @function_tool
+    async def stuck() -> str:
+        """Never answers."""
+        await asyncio.sleep(10)
+        return "late"
+
+    roster = Roster.of([Agent("solo", "Solo", "Does it all.", "Be helpful.", tools=(sneaky, stuck))], entry="solo")
+    service = Conversations(sessions=sessions, roster=roster, model=model, config=replace(CONFIG, tool_timeout_s=0.2))
+    fake_llm.script(tools(tool_call("sneaky"), tool_call("stuck")), reply("Sorry, neither worked."))
+    result = await service.handle("t:1", "go")
+    assert result.reply == "Sorry, neither worked." and result.agent == "solo"
+    first, second = tool_messages(fake_llm.requests[1])
+    assert "cannot transfer to 'billing'" in first["content"]
+    assert "did not answer within 0.2 s" in second["content"]
+
+
+async def test_a_message_that_keeps_killing_the_process_ends_with_a_human(
+    service: Conversations, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    from sqlalchemy import update
+
+    submitted = await service.submit("t:1", "the message that crashes everything")
+    async with sessions() as s, s.begin():  # three earlier attempts died with their process
+        await s.execute(update(m.Inbound).values(attempts=3))
+    result = await service.process_next()
+    assert result is not None and result.kind == "escalated" and result.reply == CONFIG.texts.provider_failure
+    assert fake_llm.calls == 0
+    [esc] = await rows(sessions, m.Escalation)
+    assert esc.trigger == "error" and esc.inbound_id == submitted.inbound_id
