@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -15,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from agents.conversations import Conversations
 from bot.metrics import Metrics
 from bot.outbox import ReplyStyle, reaction_row
-from bot.slack_events import CustomerMessage, Policy, classify
+from bot.slack_events import CustomerMessage, Ignored, Policy, classify, delivery_of
 from db import models as m
 
 log = logging.getLogger(__name__)
@@ -42,20 +43,16 @@ class Inbox:
     async def accept(self, envelope: Mapping[str, Any], *, bot_user_id: str | None) -> str:
         """Store one event_callback in a single transaction; returns its disposition. Raises if the database
         cannot take it, so the caller answers with an error and Slack retries."""
-        event = envelope.get("event") or {}
-        event_id = str(envelope.get("event_id") or f"{event.get('channel')}:{event.get('ts')}:{event.get('type')}")
-        policy = (
-            self.policy
-            if bot_user_id is None
-            else Policy(bot_user_id, self.policy.staff_channel, self.policy.channels, self.policy.answer_bots)
-        )
+        delivery = delivery_of(envelope)
+        policy = self.policy if bot_user_id is None else replace(self.policy, bot_user_id=bot_user_id)
+        message = classify(envelope, policy)
         async with self.sessions() as s, s.begin():
             fresh = await s.scalar(
                 insert(m.SlackEvent)
                 .values(
-                    event_id=event_id,
-                    team_id=envelope.get("team_id"),
-                    event_type=str(event.get("type")),
+                    event_id=delivery.event_id,
+                    team_id=delivery.team_id,
+                    event_type=delivery.event_type,
                     disposition="received",
                 )
                 .on_conflict_do_nothing()
@@ -64,11 +61,13 @@ class Inbox:
             if fresh is None:
                 disposition = "duplicate"
             else:
-                disposition = await self._store(s, classify(envelope, policy))
+                disposition = await self._store(s, message)
                 await s.execute(
-                    update(m.SlackEvent).where(m.SlackEvent.event_id == event_id).values(disposition=disposition)
+                    update(m.SlackEvent)
+                    .where(m.SlackEvent.event_id == delivery.event_id)
+                    .values(disposition=disposition)
                 )
-        self.metrics.events.labels(disposition).inc()
+        self.metrics.events.labels(disposition.split(":")[0]).inc()
         if disposition == "stored":
             self.on_stored()
         return disposition
@@ -81,18 +80,29 @@ class Inbox:
             )
         return int(getattr(result, "rowcount", 0) or 0)
 
-    async def _store(self, s: AsyncSession, message: Any) -> str:
-        if not isinstance(message, CustomerMessage):
-            return f"ignored: {message.reason}"
-        submitted = await self.conversations.submit_in(
-            s, message.conversation_key, message.text, author=message.user, external_id=message.ts, order_key=message.ts
-        )
+    async def _store(self, s: AsyncSession, message: CustomerMessage | Ignored) -> str:
+        match message:
+            case Ignored(reason=reason):
+                return f"ignored: {reason}"
+            case CustomerMessage():
+                submitted = await self.conversations.submit_in(
+                    s,
+                    message.conversation_key,
+                    message.text,
+                    author=message.user,
+                    external_id=message.ts,
+                    order_key=message.ts,
+                )
         if submitted.duplicate:
             # The same message again: an app_mention's twin message event, or a redelivery under a new event_id.
             return "duplicate"
         if self.style.working_reaction:
             row = reaction_row(
-                submitted.conversation_id, "react_add", message.channel, message.ts, self.style.working_reaction
+                conversation_id=submitted.conversation_id,
+                kind="react_add",
+                channel=message.channel,
+                ts=message.ts,
+                name=self.style.working_reaction,
             )
             await s.execute(insert(m.Outbox).values(**row))
         return "stored"

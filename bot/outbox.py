@@ -13,12 +13,14 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import func, insert, select, text, update
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from agents.agent import Roster
 from agents.conversations import TurnCommit
@@ -41,14 +43,14 @@ class ReplyStyle:
     done_reaction: str = "white_check_mark"
 
 
-def post_row(conversation_id: int, channel: str, thread_ts: str | None, body: str) -> list[dict[str, Any]]:
+def post_row(*, conversation_id: int, channel: str, thread_ts: str | None, body: str) -> list[dict[str, Any]]:
     return [
         {"conversation_id": conversation_id, "kind": "post", "channel": channel, "thread_ts": thread_ts, "text": part}
         for part in split_text(to_mrkdwn(body))
     ]
 
 
-def reaction_row(conversation_id: int, kind: str, channel: str, ts: str, name: str) -> dict[str, Any]:
+def reaction_row(*, conversation_id: int, kind: str, channel: str, ts: str, name: str) -> dict[str, Any]:
     return {"conversation_id": conversation_id, "kind": kind, "channel": channel, "target_ts": ts, "reaction": name}
 
 
@@ -65,27 +67,52 @@ def turn_outbox(roster: Roster, style: ReplyStyle) -> Callable[[AsyncSession, Tu
         if style.handoff_notice:
             for handoff in result.handoffs:
                 notice = style.handoff_notice.format(agent=roster.get(handoff.to_agent).title)
-                rows += post_row(cid, channel, thread_ts, notice)
+                rows += post_row(conversation_id=cid, channel=channel, thread_ts=thread_ts, body=notice)
         if result.reply:
-            rows += post_row(cid, channel, thread_ts, result.reply)
+            rows += post_row(conversation_id=cid, channel=channel, thread_ts=thread_ts, body=result.reply)
         if commit.external_id:
-            rows.append(reaction_row(cid, "react_remove", channel, commit.external_id, style.working_reaction))
-            if result.kind != "human":
-                rows.append(reaction_row(cid, "react_add", channel, commit.external_id, style.done_reaction))
+            ts = commit.external_id
+            done = (style.working_reaction, "react_remove"), (style.done_reaction, "react_add")
+            rows += [
+                reaction_row(conversation_id=cid, kind=kind, channel=channel, ts=ts, name=name)
+                for name, kind in done
+                if name and (kind == "react_remove" or result.kind != "human")
+            ]
         if rows:
             await s.execute(insert(m.Outbox), rows)
 
     return enqueue
 
 
+# Errors that no retry will mend: the row is given up at once (logged), so it never blocks its conversation.
+PERMANENT_ERRORS = frozenset(
+    {
+        "channel_not_found",
+        "not_in_channel",
+        "is_archived",
+        "msg_too_long",
+        "no_text",
+        "invalid_blocks",
+        "message_not_found",
+        "cant_update_message",
+        "cant_delete_message",
+        "thread_not_found",
+    }
+)
+
+
 class OutboxSender:
-    def __init__(self, *, engine: AsyncEngine, client: AsyncWebClient, max_attempts: int = 5) -> None:
+    def __init__(
+        self, *, engine: AsyncEngine, client: AsyncWebClient, give_up_after: timedelta = timedelta(hours=24)
+    ) -> None:
         self.engine = engine
         self.client = client
-        self.max_attempts = max_attempts
+        """Should retry only 429s by itself: a post retried after a connection error inside the SDK could land
+        twice, while one retried here is first looked for in the thread."""
+        self.give_up_after = give_up_after
 
     async def send_pending(self, *, concurrency: int = 8) -> int:
-        """Send every unsent row of every conversation not being sent by someone else; returns rows sent."""
+        """Send every due row of every conversation not being sent by someone else; returns rows sent."""
         async with self.engine.connect() as conn:
             rows = await conn.execute(
                 select(m.Outbox.conversation_id)
@@ -101,7 +128,10 @@ class OutboxSender:
             async with limit:
                 return await self._send_conversation(cid)
 
-        return sum(await asyncio.gather(*(one(cid) for cid in conversations)))
+        results = await asyncio.gather(*(one(cid) for cid in conversations), return_exceptions=True)
+        for failure in (r for r in results if isinstance(r, BaseException)):
+            log.error("outbox: sending a conversation failed", exc_info=failure)
+        return sum(r for r in results if isinstance(r, int))
 
     async def _send_conversation(self, conversation_id: int | None) -> int:
         key = _LOCK_NAMESPACE | (conversation_id or 0)
@@ -123,7 +153,9 @@ class OutboxSender:
                         )
                     ).first()
                     await conn.commit()
-                    if row is None or not await self._deliver(conn, row):
+                    if row is None or (row.next_attempt_at and row.next_attempt_at > datetime.now(UTC)):
+                        break  # nothing left, or the head waits out its backoff and the rest wait behind it
+                    if not await self._deliver(conn, row):
                         break
                     sent += 1
             finally:
@@ -131,34 +163,38 @@ class OutboxSender:
                 await conn.commit()
         return sent
 
-    async def _deliver(self, conn: Any, row: Any) -> bool:
+    async def _deliver(self, conn: AsyncConnection, row: Row[Any]) -> bool:
         """Send one row; False when it must wait (a transient failure), so later rows keep their order."""
-        found_ts = await self._already_posted(row) if row.kind == "post" and row.attempts > 0 else None
-        if found_ts is not None:
-            await self._mark(conn, row.id, sent_at=func.now(), result_ts=found_ts)
-            return True
-        await self._mark(conn, row.id, attempts=m.Outbox.attempts + 1, attempted_at=func.now())
         try:
+            found_ts = await self._already_posted(row) if row.kind == "post" and row.attempts > 0 else None
+            if found_ts is not None:
+                await self._mark(conn, row.id, sent_at=func.now(), result_ts=found_ts)
+                return True
+            await self._mark(conn, row.id, attempts=m.Outbox.attempts + 1, attempted_at=func.now())
             result_ts = await self._call(row)
         except SlackApiError as exc:
-            error = str(exc.response.get("error", exc))
+            error = str(exc.response.get("error") or exc)
             if error == _REACTION_OK.get(row.kind):
                 result_ts = None
-            elif row.attempts + 1 >= self.max_attempts or error in ("channel_not_found", "not_in_channel"):
+            elif error in PERMANENT_ERRORS or datetime.now(UTC) - row.created_at > self.give_up_after:
                 log.error("outbox row %s given up: %s", row.id, error)
                 await self._mark(conn, row.id, sent_at=func.now(), last_error=f"gave up: {error}")
                 return True
             else:
-                await self._mark(conn, row.id, last_error=error)
+                await self._backoff(conn, row, error)
                 return False
-        except Exception as exc:  # connection failures left after the SDK's own retries: try again later
-            log.warning("outbox row %s failed: %s", row.id, exc)
-            await self._mark(conn, row.id, last_error=repr(exc))
+        except Exception as exc:  # connection failures and timeouts: tried again after a backoff
+            await self._backoff(conn, row, repr(exc))
             return False
         await self._mark(conn, row.id, sent_at=func.now(), result_ts=result_ts)
         return True
 
-    async def _call(self, row: Any) -> str | None:
+    async def _backoff(self, conn: AsyncConnection, row: Row[Any], error: str) -> None:
+        delay = timedelta(seconds=min(2 ** (row.attempts + 1), 300))
+        log.warning("outbox row %s failed (%s); next try in %s", row.id, error, delay)
+        await self._mark(conn, row.id, last_error=error, next_attempt_at=func.now() + delay)
+
+    async def _call(self, row: Row[Any]) -> str | None:
         match row.kind:
             case "post":
                 response = await self.client.chat_postMessage(
@@ -176,13 +212,18 @@ class OutboxSender:
                 raise ValueError(f"unknown outbox kind {row.kind}")
         return None
 
-    async def _already_posted(self, row: Any) -> str | None:
+    async def _already_posted(self, row: Row[Any]) -> str | None:
+        """The ts of this row's post if Slack has it: searched from a minute before the row was written, so
+        long threads are not read from their start."""
+        oldest = f"{row.created_at.timestamp() - 60:.6f}"
         if row.thread_ts:
             response = await self.client.conversations_replies(
-                channel=row.channel, ts=row.thread_ts, include_all_metadata=True, limit=200
+                channel=row.channel, ts=row.thread_ts, oldest=oldest, include_all_metadata=True, limit=200
             )
         else:
-            response = await self.client.conversations_history(channel=row.channel, include_all_metadata=True, limit=50)
+            response = await self.client.conversations_history(
+                channel=row.channel, oldest=oldest, include_all_metadata=True, limit=200
+            )
         for message in response.get("messages") or []:
             metadata = message.get("metadata") or {}
             payload = metadata.get("event_payload") or {}
@@ -191,6 +232,6 @@ class OutboxSender:
         return None
 
     @staticmethod
-    async def _mark(conn: Any, row_id: int, **values: Any) -> None:
+    async def _mark(conn: AsyncConnection, row_id: int, **values: Any) -> None:
         await conn.execute(update(m.Outbox).where(m.Outbox.id == row_id).values(**values))
         await conn.commit()

@@ -63,7 +63,8 @@ async def running_bot(settings: Settings) -> AsyncIterator[Bot]:
     style = ReplyStyle(settings.handoff_notice, settings.working_reaction, settings.done_reaction)
     roster = default_roster()
     model = runtime.chat_model(settings)
-    client = slack_client(token=settings.slack_bot_token.get_secret_value(), base_url=settings.slack_api_url)
+    token, api = settings.slack_bot_token.get_secret_value(), settings.slack_api_url
+    client = slack_client(token=token, base_url=api)
     async with runtime.open_database(settings) as db:
         conversations = Conversations(
             sessions=db.sessions,
@@ -73,18 +74,10 @@ async def running_bot(settings: Settings) -> AsyncIterator[Bot]:
             after_turn=turn_outbox(roster, style),
         )
         metrics = Metrics()
+        sender = OutboxSender(engine=db.engine, client=slack_client(token=token, base_url=api, idempotent_only=True))
         workers = Workers(
-            conversations=conversations,
-            sender=OutboxSender(engine=db.engine, client=client),
-            metrics=metrics,
-            turn_workers=settings.turn_workers,
-            housekeeping=lambda: inbox.prune(),
+            conversations=conversations, sender=sender, metrics=metrics, turn_workers=settings.turn_workers
         )
-
-        def stored() -> None:
-            workers.wake_turns()
-            workers.wake_sender()
-
         policy = Policy(None, settings.staff_channel_id, settings.served_channels, settings.slack_answer_bots)
         inbox = Inbox(
             sessions=db.sessions,
@@ -92,8 +85,9 @@ async def running_bot(settings: Settings) -> AsyncIterator[Bot]:
             policy=policy,
             style=style,
             metrics=metrics,
-            on_stored=stored,
+            on_stored=workers.wake_all,
         )
+        workers.housekeeping = inbox.prune
         app = build_app(client=client, signing_secret=settings.slack_signing_secret.get_secret_value(), inbox=inbox)
         await workers.start()
         try:

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_bolt.response import BoltResponse
+from slack_sdk.http_retry.async_handler import AsyncRetryHandler
 from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncConnectionErrorRetryHandler,
     AsyncRateLimitErrorRetryHandler,
@@ -21,21 +22,26 @@ from bot.inbox import Inbox
 log = logging.getLogger(__name__)
 
 
-def slack_client(*, token: str, base_url: str, timeout_s: int = 30) -> AsyncWebClient:
+def slack_client(*, token: str, base_url: str, timeout_s: int = 30, idempotent_only: bool = False) -> AsyncWebClient:
+    """A Web API client that waits out 429s (Retry-After). Unless `idempotent_only`, it also retries
+    connection errors and 5xx; the outbox's client must not, since a post retried blindly can land twice
+    (the outbox retries it itself, after looking for it in the thread)."""
+    handlers: list[AsyncRetryHandler] = [AsyncRateLimitErrorRetryHandler(max_retry_count=3)]
+    if not idempotent_only:
+        handlers += [
+            AsyncConnectionErrorRetryHandler(max_retry_count=3),
+            AsyncServerErrorRetryHandler(max_retry_count=2),
+        ]
     return AsyncWebClient(
         token=token,
         base_url=base_url if base_url.endswith("/") else base_url + "/",
         timeout=timeout_s,
-        retry_handlers=[
-            AsyncRateLimitErrorRetryHandler(max_retry_count=3),  # sleeps for Retry-After
-            AsyncConnectionErrorRetryHandler(max_retry_count=3),
-            AsyncServerErrorRetryHandler(max_retry_count=2),
-        ],
+        retry_handlers=handlers,
     )
 
 
 def build_app(*, client: AsyncWebClient, signing_secret: str, inbox: Inbox) -> AsyncApp:
-    app = AsyncApp(client=client, signing_secret=signing_secret, token=client.token)
+    app = AsyncApp(client=client, signing_secret=signing_secret)
 
     @app.middleware
     async def durable_inbox(

@@ -16,7 +16,8 @@ class CustomerMessage:
     team: str
     channel: str
     thread_ts: str
-    """The thread's root: the conversation is (team, channel, thread_ts), since a ts is unique per channel."""
+    """The thread's root: the conversation is (team, channel, thread_ts), since a ts is unique per channel.
+    `DM` for direct messages, which are one conversation per DM channel."""
     ts: str
     user: str
     text: str
@@ -43,15 +44,38 @@ class Policy:
     answer_bots: bool = False
 
 
+DM = "dm"
+"""The thread part of a direct message's key: a DM is one conversation, answered without threads."""
+
+
 def conversation_key(team: str, channel: str, thread_ts: str) -> str:
     return f"slack:{team}:{channel}:{thread_ts}"
 
 
-def parse_conversation_key(key: str) -> tuple[str, str, str] | None:
+def parse_conversation_key(key: str) -> tuple[str, str, str | None] | None:
+    """(team, channel, thread to reply in: None for a direct message) of a Slack conversation key."""
     parts = key.split(":")
     if len(parts) != 4 or parts[0] != "slack":
         return None
-    return parts[1], parts[2], parts[3]
+    return parts[1], parts[2], None if parts[3] == DM else parts[3]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What identifies one Events API delivery, whatever its event."""
+
+    event_id: str
+    event_type: str
+    team_id: str | None
+
+
+def delivery_of(envelope: Mapping[str, Any]) -> Delivery:
+    event = envelope.get("event")
+    event = event if isinstance(event, Mapping) else {}
+    # Slack always sends event_id; the fallback only keeps a malformed delivery from crashing the inbox.
+    event_id = envelope.get("event_id") or f"{event.get('channel')}:{event.get('ts')}:{event.get('type')}"
+    team = envelope.get("team_id")
+    return Delivery(str(event_id), str(event.get("type")), None if team is None else str(team))
 
 
 def _strip_mention(text: str, bot_user_id: str | None) -> str:
@@ -90,5 +114,5 @@ def classify(envelope: Mapping[str, Any], policy: Policy) -> CustomerMessage | I
     if not text:
         return Ignored("no text")
     team = envelope.get("team_id") or event.get("team") or "T?"
-    thread_ts = event.get("thread_ts") or ts
+    thread_ts = DM if is_dm else event.get("thread_ts") or ts
     return CustomerMessage(str(team), channel, str(thread_ts), ts, user, text, is_dm)

@@ -44,6 +44,10 @@ class Workers:
         self._turns.set()
         self._turns.clear()
 
+    def wake_all(self) -> None:
+        self.wake_turns()
+        self.wake_sender()
+
     def wake_sender(self) -> None:
         self._sends.set()
         self._sends.clear()

@@ -185,6 +185,8 @@ class Outbox(Base):
     reaction: Mapped[str | None] = mapped_column(Text)
     attempts: Mapped[int] = mapped_column(Integer, server_default="0")
     attempted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    """After a transient failure, not before this (exponential backoff); later rows of the conversation wait."""
     sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     result_ts: Mapped[str | None] = mapped_column(Text)
     last_error: Mapped[str | None] = mapped_column(Text)

@@ -159,9 +159,15 @@ async def test_file_share_and_direct_message(slack_bot: Any, emulator: SlackEmul
     shared = await emulator.user_says(
         "C_SUPPORT", "here is a photo of the crack", files=[{"id": "F1", "name": "a.jpg"}]
     )
-    dm = await emulator.user_says("D_CASEY", "hi in private")
     assert await replies_in(emulator, "C_SUPPORT", shared.ts, 1) == ["got: here is a photo of the crack"]
-    assert await replies_in(emulator, "D_CASEY", dm.ts, 1) == ["got: hi in private"]
+    # A direct message is one conversation, answered in the DM itself rather than in threads.
+    await emulator.user_says("D_CASEY", "hi in private")
+    await emulator.wait_for(lambda: len(emulator.posts("D_CASEY")) == 1)
+    await emulator.user_says("D_CASEY", "second message")
+    posts = await emulator.wait_for(lambda: (p := emulator.posts("D_CASEY")) and len(p) == 2 and p)
+    assert [(p.text, p.thread_ts) for p in posts] == [("got: hi in private", None), ("got: second message", None)]
+    users = [msg["content"] for msg in fake_llm.requests[-1].messages if msg["role"] == "user"]
+    assert users == ["hi in private", "second message"]
 
 
 async def test_many_threads_rapid_messages_answered_once_in_order(
@@ -282,6 +288,24 @@ async def test_old_event_ids_are_pruned(slack_bot: Any, sessions: Sessions) -> N
             )
         )
     assert slack_bot.workers.housekeeping is not None
-    assert await slack_bot.workers.housekeeping() == 1
+    await slack_bot.workers.housekeeping()  # the loop may have run it already; either way, once is enough
     async with sessions() as s:
         assert (await s.scalars(select(m.SlackEvent.event_id))).all() == ["EvNew"]
+
+
+async def test_failed_post_is_looked_for_then_retried_after_a_backoff(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    emulator.fail_next("chat.postMessage", status=500, error="internal_error")
+    fake_llm.script(reply("Second time lucky."))
+    said = await emulator.user_says("C_SUPPORT", "hello")
+    assert await replies_in(emulator, "C_SUPPORT", said.ts, 1, wait_s=15) == ["Second time lucky."]
+    failed, ok = emulator.calls_to("chat.postMessage")
+    assert failed.injected and not ok.failed
+    # Before posting again, the sender checked that the first try had not landed after all.
+    [lookup] = emulator.calls_to("conversations.replies")
+    assert failed.at < lookup.at < ok.at
+    await settle(sessions)
+    async with sessions() as s:
+        row = await s.scalar(select(m.Outbox).where(m.Outbox.kind == "post"))
+    assert row is not None and row.attempts == 2 and row.last_error == "internal_error"

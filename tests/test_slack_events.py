@@ -63,6 +63,7 @@ def test_served_channels_and_dms() -> None:
     assert isinstance(classify(envelope(), policy), Ignored)
     dm = classify(envelope(channel="D1", channel_type="im"), policy)
     assert isinstance(dm, CustomerMessage) and dm.is_dm
+    assert parse_conversation_key(dm.conversation_key) == ("T1", "D1", None)
 
 
 def test_markdown_becomes_mrkdwn() -> None:
