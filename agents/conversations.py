@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from sqlalchemy import func, insert, select, update
@@ -49,12 +49,15 @@ class MessageResult:
 
     inbound_id: int
     conversation_id: int
-    kind: Literal["reply", "escalated", "human"]
-    """reply: an agent answered; escalated: the turn ended with a human; human: a human already owns it."""
+    kind: Literal["reply", "escalated", "human", "staff"]
+    """reply: an agent answered; escalated: the turn ended with a human; human: a human owns the conversation
+    and the customer's message waits for them; staff: a human colleague's message for the customer."""
     reply: str | None
     agent: str
     handoffs: tuple[HandoffRecord, ...] = ()
     escalation_reason: str | None = None
+    escalation_id: int | None = None
+    """The escalation this message opened or belongs to."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,6 +66,7 @@ class MessageResult:
             "agent": self.agent,
             "handoffs": [[h.from_agent, h.to_agent, h.reason] for h in self.handoffs],
             "escalation_reason": self.escalation_reason,
+            "escalation_id": self.escalation_id,
         }
 
     @classmethod
@@ -75,6 +79,7 @@ class MessageResult:
             raw["agent"],
             tuple(HandoffRecord(*h) for h in raw["handoffs"]),
             raw["escalation_reason"],
+            raw.get("escalation_id"),
         )
 
 
@@ -94,6 +99,9 @@ class TurnCommit:
     key: str
     conversation_id: int
     external_id: str | None
+    author: str | None
+    text: str
+    """The message as it came in (a customer's, or a colleague's for `staff` results)."""
     result: MessageResult
 
 
@@ -169,6 +177,7 @@ class Conversations:
         author: str | None = None,
         external_id: str | None = None,
         order_key: str | None = None,
+        kind: Literal["customer", "staff"] = "customer",
     ) -> Submitted:
         """Store a customer message inside the caller's transaction (so it can be one write with the caller's
         own rows). `order_key` orders messages of one conversation when arrival order may differ from the
@@ -185,7 +194,12 @@ class Conversations:
         inbound_id = await s.scalar(
             pg_insert(m.Inbound)
             .values(
-                conversation_id=conversation_id, text=text, author=author, external_id=external_id, order_key=order_key
+                conversation_id=conversation_id,
+                text=text,
+                author=author,
+                external_id=external_id,
+                order_key=order_key,
+                kind=kind,
             )
             .on_conflict_do_nothing(index_elements=["conversation_id", "external_id"])
             .returning(m.Inbound.id)
@@ -314,6 +328,8 @@ class Conversations:
         *,
         give_up: bool = False,
     ) -> MessageResult:
+        if inbound.kind == "staff":
+            return await self._staff_message(s, conv, inbound)
         user = Message("user", inbound.text, author=inbound.author)
         if conv.mode == "closed":
             # Reopened with the bot. Not written to the row until the turn's end: an uncommitted UPDATE of the
@@ -322,7 +338,15 @@ class Conversations:
         else:
             agent, context, reopened = conv.active_agent, dict(conv.context), False
         if conv.mode != "bot" and not reopened:
-            result = MessageResult(inbound.id, conv.id, "human", None, conv.active_agent)
+            escalation = await self._open_escalation(s, conv.id)
+            result = MessageResult(
+                inbound.id,
+                conv.id,
+                "human",
+                None,
+                conv.active_agent,
+                escalation_id=escalation.id if escalation else None,
+            )
             await self._store(s, conv, inbound, [user], result)
             return result
         if give_up:
@@ -330,7 +354,7 @@ class Conversations:
             apology = Message("assistant", self.config.texts.provider_failure, agent=agent)
             result = MessageResult(inbound.id, conv.id, "escalated", apology.content, agent, (), reason.reason)
             conv.active_agent, conv.context = agent, context
-            await self._escalate(s, conv, inbound, reason, agent)
+            result = replace(result, escalation_id=await self._escalate(s, conv, inbound, reason, agent))
             await self._store(s, conv, inbound, [user, apology], result)
             return result
 
@@ -355,7 +379,7 @@ class Conversations:
         )
         conv.mode, conv.active_agent, conv.context = "bot", turn.agent, turn.context
         if isinstance(turn.outcome, Escalate):
-            await self._escalate(s, conv, inbound, turn.outcome, turn.agent)
+            result = replace(result, escalation_id=await self._escalate(s, conv, inbound, turn.outcome, turn.agent))
         await self._audit(s, conv.id, inbound.id, turn)
         await self._store(s, conv, inbound, [user, *turn.messages], result)
         return result
@@ -379,21 +403,55 @@ class Conversations:
         inbound.processed_at = func.now()
         inbound.outcome = result.to_json()
         if self.after_turn is not None:
-            await self.after_turn(s, TurnCommit(conv.key, conv.id, inbound.external_id, result))
+            await self.after_turn(
+                s, TurnCommit(conv.key, conv.id, inbound.external_id, inbound.author, inbound.text, result)
+            )
 
     async def _escalate(
         self, s: AsyncSession, conv: m.Conversation, inbound: m.Inbound, outcome: Escalate, agent: str
-    ) -> None:
+    ) -> int:
         conv.mode = "awaiting_human"
-        s.add(
-            m.Escalation(
-                conversation_id=conv.id,
-                inbound_id=inbound.id,
-                reason=outcome.reason,
-                trigger=outcome.trigger,
-                agent=agent,
-            )
+        escalation = m.Escalation(
+            conversation_id=conv.id,
+            inbound_id=inbound.id,
+            reason=outcome.reason,
+            trigger=outcome.trigger,
+            agent=agent,
+            customer=inbound.author,
         )
+        s.add(escalation)
+        await s.flush()
+        return escalation.id
+
+    async def _open_escalation(self, s: AsyncSession, conversation_id: int) -> m.Escalation | None:
+        return await s.scalar(
+            select(m.Escalation)
+            .where(m.Escalation.conversation_id == conversation_id, m.Escalation.status.in_(("open", "claimed")))
+            .order_by(m.Escalation.id.desc())
+            .limit(1)
+        )
+
+    async def _staff_message(self, s: AsyncSession, conv: m.Conversation, inbound: m.Inbound) -> MessageResult:
+        """A colleague's reply: kept in the transcript (so agents know what was said after a hand back) and
+        relayed; the first one claims the case for its author if nobody has."""
+        escalation = await self._open_escalation(s, conv.id)
+        if escalation is None or conv.mode not in ("awaiting_human", "human"):
+            # The case was handed back or closed meanwhile: nothing to relay any more.
+            result = MessageResult(inbound.id, conv.id, "human", None, conv.active_agent)
+            inbound.processed_at, inbound.outcome = func.now(), result.to_json()
+            return result
+        conv.mode = "human"
+        now = func.now()
+        if escalation.claimed_by is None:
+            escalation.claimed_by, escalation.claimed_at, escalation.status = inbound.author, now, "claimed"
+        if escalation.first_response_at is None:
+            escalation.first_response_at = now
+        result = MessageResult(
+            inbound.id, conv.id, "staff", inbound.text, conv.active_agent, escalation_id=escalation.id
+        )
+        staff = Message("staff", inbound.text, author=inbound.author)
+        await self._store(s, conv, inbound, [staff], result)
+        return result
 
     async def _audit(self, s: AsyncSession, conversation_id: int, inbound_id: int, turn: TurnResult) -> None:
         ids = {"conversation_id": conversation_id, "inbound_id": inbound_id}

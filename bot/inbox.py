@@ -9,15 +9,26 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
 from bot.metrics import Metrics
 from bot.outbox import ReplyStyle, reaction_row
-from bot.slack_events import CustomerMessage, Ignored, Policy, classify, delivery_of
+from bot.slack_events import (
+    CustomerMessage,
+    Ignored,
+    Incoming,
+    Policy,
+    StaffDelete,
+    StaffEdit,
+    StaffReply,
+    classify,
+    delivery_of,
+)
 from db import models as m
+from escalation.policy import EscalationPolicy
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +41,7 @@ class Inbox:
         conversations: Conversations,
         policy: Policy,
         style: ReplyStyle,
+        escalation: EscalationPolicy,
         metrics: Metrics,
         on_stored: Callable[[], None],
     ) -> None:
@@ -37,6 +49,7 @@ class Inbox:
         self.conversations = conversations
         self.policy = policy
         self.style = style
+        self.escalation = escalation
         self.metrics = metrics
         self.on_stored = on_stored
 
@@ -80,10 +93,12 @@ class Inbox:
             )
         return int(getattr(result, "rowcount", 0) or 0)
 
-    async def _store(self, s: AsyncSession, message: CustomerMessage | Ignored) -> str:
+    async def _store(self, s: AsyncSession, message: Incoming) -> str:
         match message:
             case Ignored(reason=reason):
                 return f"ignored: {reason}"
+            case StaffReply() | StaffEdit() | StaffDelete():
+                return await self._store_staff(s, message)
             case CustomerMessage():
                 submitted = await self.conversations.submit_in(
                     s,
@@ -106,3 +121,49 @@ class Inbox:
             )
             await s.execute(insert(m.Outbox).values(**row))
         return "stored"
+
+    async def _store_staff(self, s: AsyncSession, message: StaffReply | StaffEdit | StaffDelete) -> str:
+        case = (
+            await s.execute(
+                select(m.Escalation.id, m.Escalation.status, m.Conversation.id, m.Conversation.key)
+                .join(m.Conversation, m.Conversation.id == m.Escalation.conversation_id)
+                .where(m.Escalation.case_channel == message.channel, m.Escalation.case_ts == message.case_ts)
+            )
+        ).first()
+        if case is None:
+            return "ignored: not a case thread"
+        escalation_id, status, conversation_id, key = case
+        ids = {"conversation_id": conversation_id, "escalation_id": escalation_id, "source_ts": message.ts}
+        match message:
+            case StaffReply() if self.escalation.is_note(message.text):
+                row = reaction_row(
+                    conversation_id=conversation_id,
+                    kind="react_add",
+                    channel=message.channel,
+                    ts=message.ts,
+                    name="memo",
+                )
+                await s.execute(insert(m.Outbox).values(**row))
+                return "note"
+            case StaffReply() if status in ("open", "claimed"):
+                submitted = await self.conversations.submit_in(
+                    s,
+                    key,
+                    message.text,
+                    author=message.user,
+                    external_id=message.ts,
+                    order_key=message.ts,
+                    kind="staff",
+                )
+                return "duplicate" if submitted.duplicate else "stored"
+            case StaffReply():
+                return f"ignored: case {status}"
+            case StaffEdit():
+                await s.execute(
+                    insert(m.Outbox).values(ids | {"kind": "update_relay", "channel": "", "text": message.text})
+                )
+                return "stored"
+            case StaffDelete():
+                await s.execute(insert(m.Outbox).values(ids | {"kind": "delete_relay", "channel": ""}))
+                return "stored"
+        return "ignored"

@@ -27,6 +27,9 @@ from agents.conversations import TurnCommit
 from bot.mrkdwn import split_text, to_mrkdwn
 from bot.slack_events import parse_conversation_key
 from db import models as m
+from escalation.delivery import KINDS as ESCALATION_KINDS
+from escalation.delivery import POSTING_KINDS, THREADED_IN_CASE, CaseDelivery
+from escalation.policy import EscalationPolicy
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +57,14 @@ def reaction_row(*, conversation_id: int, kind: str, channel: str, ts: str, name
     return {"conversation_id": conversation_id, "kind": kind, "channel": channel, "target_ts": ts, "reaction": name}
 
 
-def turn_outbox(roster: Roster, style: ReplyStyle) -> Callable[[AsyncSession, TurnCommit], Awaitable[None]]:
-    """The engine's after_turn hook: what the customer should see of a turn, queued with the turn itself."""
+def turn_outbox(
+    roster: Roster,
+    style: ReplyStyle,
+    policy: EscalationPolicy,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> Callable[[AsyncSession, TurnCommit], Awaitable[None]]:
+    """The engine's after_turn hook: what Slack should see of a turn (the customer's replies, the case for
+    staff, relays both ways), queued in the turn's own transaction."""
 
     async def enqueue(s: AsyncSession, commit: TurnCommit) -> None:
         parsed = parse_conversation_key(commit.key)
@@ -68,9 +77,30 @@ def turn_outbox(roster: Roster, style: ReplyStyle) -> Callable[[AsyncSession, Tu
             for handoff in result.handoffs:
                 notice = style.handoff_notice.format(agent=roster.get(handoff.to_agent).title)
                 rows += post_row(conversation_id=cid, channel=channel, thread_ts=thread_ts, body=notice)
-        if result.reply:
+        escalation = {"conversation_id": cid, "escalation_id": result.escalation_id, "author": commit.author}
+        staff_channel = policy.staff_channel or ""
+        if result.kind == "staff":
+            rows.append(
+                escalation
+                | {
+                    "kind": "relay_to_customer",
+                    "channel": channel,
+                    "thread_ts": thread_ts,
+                    "text": to_mrkdwn(commit.text),
+                    "source_ts": commit.external_id,
+                }
+            )
+            rows.append(escalation | {"kind": "update_case", "channel": staff_channel})
+        elif result.reply:
             rows += post_row(conversation_id=cid, channel=channel, thread_ts=thread_ts, body=result.reply)
-        if commit.external_id:
+        if result.kind == "escalated" and policy.staff_channel:
+            if policy.hours is not None and not policy.hours.is_open(clock()):
+                notice = policy.off_hours_message.format(hours=policy.hours.label)
+                rows += post_row(conversation_id=cid, channel=channel, thread_ts=thread_ts, body=notice)
+            rows.append(escalation | {"kind": "case", "channel": staff_channel})
+        if result.kind == "human" and result.escalation_id and policy.staff_channel:
+            rows.append(escalation | {"kind": "relay_to_staff", "channel": staff_channel, "text": commit.text})
+        if commit.external_id and result.kind != "staff":
             ts = commit.external_id
             done = (style.working_reaction, "react_remove"), (style.done_reaction, "react_add")
             rows += [
@@ -79,9 +109,28 @@ def turn_outbox(roster: Roster, style: ReplyStyle) -> Callable[[AsyncSession, Tu
                 if name and (kind == "react_remove" or result.kind != "human")
             ]
         if rows:
-            await s.execute(insert(m.Outbox), rows)
+            # render_nulls: rows of different kinds set different columns; still one INSERT.
+            await s.execute(insert(m.Outbox).execution_options(render_nulls=True), [_full(r) for r in rows])
 
     return enqueue
+
+
+_COLUMNS = (
+    "conversation_id",
+    "kind",
+    "channel",
+    "thread_ts",
+    "target_ts",
+    "text",
+    "reaction",
+    "escalation_id",
+    "author",
+    "source_ts",
+)
+
+
+def _full(row: dict[str, Any]) -> dict[str, Any]:
+    return {column: row.get(column) for column in _COLUMNS}
 
 
 # Errors that no retry will mend: the row is given up at once (logged), so it never blocks its conversation.
@@ -103,9 +152,15 @@ PERMANENT_ERRORS = frozenset(
 
 class OutboxSender:
     def __init__(
-        self, *, engine: AsyncEngine, client: AsyncWebClient, give_up_after: timedelta = timedelta(hours=24)
+        self,
+        *,
+        engine: AsyncEngine,
+        client: AsyncWebClient,
+        cases: CaseDelivery | None = None,
+        give_up_after: timedelta = timedelta(hours=24),
     ) -> None:
         self.engine = engine
+        self.cases = cases
         self.client = client
         """Should retry only 429s by itself: a post retried after a connection error inside the SDK could land
         twice, while one retried here is first looked for in the thread."""
@@ -166,9 +221,12 @@ class OutboxSender:
     async def _deliver(self, conn: AsyncConnection, row: Row[Any]) -> bool:
         """Send one row; False when it must wait (a transient failure), so later rows keep their order."""
         try:
-            found_ts = await self._already_posted(row) if row.kind == "post" and row.attempts > 0 else None
+            if row.kind in THREADED_IN_CASE and row.thread_ts is None:
+                row = await self._into_case_thread(conn, row)
+            posting = row.kind == "post" or row.kind in POSTING_KINDS
+            found_ts = await self._already_posted(row) if posting and row.attempts > 0 else None
             if found_ts is not None:
-                await self._mark(conn, row.id, sent_at=func.now(), result_ts=found_ts)
+                await self._sent(conn, row, found_ts)
                 return True
             await self._mark(conn, row.id, attempts=m.Outbox.attempts + 1, attempted_at=func.now())
             result_ts = await self._call(row)
@@ -186,8 +244,25 @@ class OutboxSender:
         except Exception as exc:  # connection failures and timeouts: tried again after a backoff
             await self._backoff(conn, row, repr(exc))
             return False
-        await self._mark(conn, row.id, sent_at=func.now(), result_ts=result_ts)
+        await self._sent(conn, row, result_ts)
         return True
+
+    async def _sent(self, conn: AsyncConnection, row: Row[Any], ts: str | None) -> None:
+        if self.cases is not None and ts is not None:
+            await self.cases.posted(row, ts)
+        await self._mark(conn, row.id, sent_at=func.now(), result_ts=ts)
+
+    async def _into_case_thread(self, conn: AsyncConnection, row: Row[Any]) -> Row[Any]:
+        """Relays and reminders go to the case's thread, known only once the case message is out; it always is
+        by now, since it was queued earlier in the same conversation."""
+        where = None if self.cases is None else await self.cases.case_thread(row.escalation_id)
+        if where is None:
+            raise SlackApiError("no case thread", {"ok": False, "error": "thread_not_found"})  # type: ignore[no-untyped-call]
+        await self._mark(conn, row.id, channel=where[0], thread_ts=where[1])
+        refreshed = (await conn.execute(select(m.Outbox).where(m.Outbox.id == row.id))).first()
+        await conn.commit()
+        assert refreshed is not None
+        return refreshed
 
     async def _backoff(self, conn: AsyncConnection, row: Row[Any], error: str) -> None:
         delay = timedelta(seconds=min(2 ** (row.attempts + 1), 300))
@@ -208,6 +283,8 @@ class OutboxSender:
                 await self.client.reactions_add(channel=row.channel, timestamp=row.target_ts, name=row.reaction)
             case "react_remove":
                 await self.client.reactions_remove(channel=row.channel, timestamp=row.target_ts, name=row.reaction)
+            case kind if self.cases is not None and kind in ESCALATION_KINDS:
+                return await self.cases.send(row)
             case _:
                 raise ValueError(f"unknown outbox kind {row.kind}")
         return None

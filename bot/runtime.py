@@ -13,7 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
-from agents.loop import LoopConfig
+from agents.loop import LoopConfig, Texts
 from agents.model import OpenAIChatModel
 from agents.roster import default_roster
 from bot.settings import Settings
@@ -61,6 +61,7 @@ def loop_config(settings: Settings) -> LoopConfig:
         max_handoffs=settings.max_handoffs_per_message,
         max_parallel_tools=settings.max_parallel_tools,
         token_budget=settings.context_token_budget,
+        texts=Texts(escalated=settings.escalation_message),
     )
 
 

@@ -11,9 +11,10 @@ import contextlib
 import json
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
@@ -22,6 +23,7 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from sqlalchemy import text
 
 from agents.conversations import Conversations
+from agents.model import OpenAIChatModel
 from agents.roster import default_roster
 from bot import runtime
 from bot.inbox import Inbox
@@ -31,6 +33,9 @@ from bot.settings import Settings
 from bot.slack_app import build_app, slack_client
 from bot.slack_events import Policy
 from bot.workers import Workers
+from escalation.delivery import CaseDelivery, Summarizer
+from escalation.desk import CaseDesk
+from escalation.policy import BusinessHours, EscalationPolicy
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +55,53 @@ class Bot:
     workers: Workers
     metrics: Metrics
     conversations: Conversations
+    desk: CaseDesk
     url: str = ""
     """Where the HTTP endpoints listen, once they do."""
 
 
+def escalation_policy(settings: Settings) -> EscalationPolicy:
+    return EscalationPolicy(
+        staff_channel=settings.staff_channel_id,
+        note_marker=settings.note_marker,
+        hours=BusinessHours.parse(settings.business_hours, settings.business_timezone),
+        off_hours_message=settings.off_hours_message,
+        resolved_message=settings.resolved_message,
+        handed_back_message=settings.handed_back_message,
+        reminder_after_s=settings.case_reminder_minutes * 60,
+        max_reminders=settings.case_max_reminders,
+        llm_summary=settings.case_summary == "llm" and settings.llm_configured,
+    )
+
+
+def llm_summarizer(model: OpenAIChatModel, model_name: str) -> Summarizer:
+    async def summarize(lines: list[tuple[str, str]]) -> str:
+        transcript = "\n".join(f"{who}: {text}" for who, text in lines)
+        prompt = (
+            "Summarise this customer-service conversation for the colleague taking it over: who the customer "
+            "is, what they need, what was tried, and what is still open. At most four short bullet points."
+        )
+        response = await model.complete(
+            model=model_name,
+            messages=[{"role": "system", "content": prompt}, {"role": "user", "content": transcript}],
+            tools=[],
+        )
+        return response.content or ""
+
+    return summarize
+
+
 @asynccontextmanager
-async def running_bot(settings: Settings) -> AsyncIterator[Bot]:
+async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | None = None) -> AsyncIterator[Bot]:
     """Database migrated, workers running, Bolt app ready; everything stopped on exit."""
     assert settings.slack_bot_token is not None and settings.slack_signing_secret is not None
     if not settings.llm_configured:
         log.warning("no LLM provider configured: every turn will apologise and escalate (see .env.example)")
+    if not settings.staff_channel_id:
+        log.warning("STAFF_CHANNEL_ID is not set: escalated conversations wait for a human nobody is told about")
+    now = clock or (lambda: datetime.now(UTC))
     style = ReplyStyle(settings.handoff_notice, settings.working_reaction, settings.done_reaction)
+    policy = escalation_policy(settings)
     roster = default_roster()
     model = runtime.chat_model(settings)
     token, api = settings.slack_bot_token.get_secret_value(), settings.slack_api_url
@@ -71,27 +112,38 @@ async def running_bot(settings: Settings) -> AsyncIterator[Bot]:
             roster=roster,
             model=model,
             config=runtime.loop_config(settings),
-            after_turn=turn_outbox(roster, style),
+            after_turn=turn_outbox(roster, style, policy, clock=now),
         )
         metrics = Metrics()
-        sender = OutboxSender(engine=db.engine, client=slack_client(token=token, base_url=api, idempotent_only=True))
+        cases = CaseDelivery(
+            client=client,
+            sessions=db.sessions,
+            staff_channel=settings.staff_channel_id,
+            summarize=llm_summarizer(model, settings.openai_model) if policy.llm_summary else None,
+        )
+        sender = OutboxSender(
+            engine=db.engine, client=slack_client(token=token, base_url=api, idempotent_only=True), cases=cases
+        )
         workers = Workers(
             conversations=conversations, sender=sender, metrics=metrics, turn_workers=settings.turn_workers
         )
-        policy = Policy(None, settings.staff_channel_id, settings.served_channels, settings.slack_answer_bots)
+        desk = CaseDesk(sessions=db.sessions, policy=policy, on_change=workers.wake_sender)
         inbox = Inbox(
             sessions=db.sessions,
             conversations=conversations,
-            policy=policy,
+            policy=Policy(None, settings.staff_channel_id, settings.served_channels, settings.slack_answer_bots),
             style=style,
+            escalation=policy,
             metrics=metrics,
             on_stored=workers.wake_all,
         )
-        workers.housekeeping = inbox.prune
-        app = build_app(client=client, signing_secret=settings.slack_signing_secret.get_secret_value(), inbox=inbox)
+        workers.housekeeping = [(inbox.prune, 600), (lambda: desk.remind(now=now()), 30)]
+        app = build_app(
+            client=client, signing_secret=settings.slack_signing_secret.get_secret_value(), inbox=inbox, desk=desk
+        )
         await workers.start()
         try:
-            yield Bot(settings, db, app, workers, metrics, conversations)
+            yield Bot(settings, db, app, workers, metrics, conversations, desk)
         finally:
             await workers.stop()
             await model.close()

@@ -53,6 +53,18 @@ class Settings(BaseSettings):
     done_reaction: str = "white_check_mark"
     turn_workers: int = 4
 
+    # Human takeover
+    escalation_message: str = "I've asked a colleague to join. A person will reply here shortly."
+    business_hours: str = ""
+    business_timezone: str = "UTC"
+    off_hours_message: str = "Our team is available {hours}; a colleague will reply as soon as they are back."
+    resolved_message: str = "This conversation is now closed. If you need anything else, just write here again."
+    handed_back_message: str = "You're back with our assistant; ask away. A colleague is one message away if needed."
+    note_marker: str = "note:"
+    case_reminder_minutes: float = 15
+    case_max_reminders: int = 2
+    case_summary: str = "llm"
+
     log_level: str = "INFO"
 
     @property

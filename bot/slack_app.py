@@ -4,9 +4,13 @@ own events; one middleware then stores each event in the durable inbox and ackno
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from slack_bolt.app.async_app import AsyncApp
+from slack_bolt.context.ack.async_ack import AsyncAck
+from slack_bolt.context.respond.async_respond import AsyncRespond
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_bolt.response import BoltResponse
 from slack_sdk.http_retry.async_handler import AsyncRetryHandler
@@ -18,6 +22,9 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.inbox import Inbox
+from bot.slack_events import case_action_of
+from escalation.desk import Action, CaseDesk
+from escalation.views import ACTION_CLAIM, ACTION_HAND_BACK, ACTION_RESOLVE
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +47,28 @@ def slack_client(*, token: str, base_url: str, timeout_s: int = 30, idempotent_o
     )
 
 
-def build_app(*, client: AsyncWebClient, signing_secret: str, inbox: Inbox) -> AsyncApp:
+CASE_ACTIONS: dict[str, Action] = {ACTION_CLAIM: "claim", ACTION_RESOLVE: "resolve", ACTION_HAND_BACK: "hand_back"}
+
+
+def build_app(*, client: AsyncWebClient, signing_secret: str, inbox: Inbox, desk: CaseDesk) -> AsyncApp:
     app = AsyncApp(client=client, signing_secret=signing_secret)
+
+    @app.action(re.compile("^case_"))
+    async def case_button(ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond) -> None:
+        action = case_action_of(body)
+        if action is None or action.action_id not in CASE_ACTIONS:
+            await ack()
+            return
+        # The change is written before the ack (well within 3 s); Slack then shows the button as handled.
+        result = await desk.act(
+            escalation_id=action.escalation_id,
+            action=CASE_ACTIONS[action.action_id],
+            user=action.user,
+            channel=action.channel,
+        )
+        await ack()
+        if not result.ok:
+            await respond(text=result.message, response_type="ephemeral", replace_original=False)
 
     @app.middleware
     async def durable_inbox(

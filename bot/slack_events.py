@@ -29,8 +29,60 @@ class CustomerMessage:
 
 
 @dataclass(frozen=True)
+class StaffReply:
+    """A colleague writing in a case thread of the staff channel."""
+
+    channel: str
+    case_ts: str
+    ts: str
+    user: str
+    text: str
+
+
+@dataclass(frozen=True)
+class StaffEdit:
+    channel: str
+    case_ts: str
+    ts: str
+    text: str
+
+
+@dataclass(frozen=True)
+class StaffDelete:
+    channel: str
+    case_ts: str
+    ts: str
+
+
+@dataclass(frozen=True)
 class Ignored:
     reason: str
+
+
+Incoming = CustomerMessage | StaffReply | StaffEdit | StaffDelete | Ignored
+
+
+@dataclass(frozen=True)
+class CaseAction:
+    """A button pressed on a case message."""
+
+    action_id: str
+    escalation_id: int
+    user: str
+    channel: str | None
+
+
+def case_action_of(body: Mapping[str, Any]) -> CaseAction | None:
+    actions = body.get("actions") or []
+    if not actions or not isinstance(actions[0], Mapping):
+        return None
+    try:
+        escalation_id = int(actions[0].get("value") or "")
+    except ValueError:
+        return None
+    user = (body.get("user") or {}).get("id")
+    channel = (body.get("channel") or {}).get("id")
+    return CaseAction(str(actions[0].get("action_id")), escalation_id, str(user), channel)
 
 
 @dataclass(frozen=True)
@@ -84,14 +136,40 @@ def _strip_mention(text: str, bot_user_id: str | None) -> str:
     return text.strip()
 
 
-def classify(envelope: Mapping[str, Any], policy: Policy) -> CustomerMessage | Ignored:
-    """Decide what one event_callback envelope is: a customer's message to answer, or something to ignore."""
+def _classify_staff(event: Mapping[str, Any], channel: str) -> Incoming:
+    """Staff channel traffic: only colleagues' messages in case threads matter (bots never: no relay loops)."""
+    subtype = event.get("subtype")
+    inner = event.get("message") if subtype == "message_changed" else event.get("previous_message")
+    message: Mapping[str, Any] = (
+        inner if subtype in ("message_changed", "message_deleted") and isinstance(inner, Mapping) else event
+    )
+    ts, thread = message.get("ts"), message.get("thread_ts")
+    if message.get("bot_id") or message.get("bot_profile") or event.get("bot_id"):
+        return Ignored("bot message in the staff channel")
+    if not isinstance(ts, str) or not isinstance(thread, str) or thread == ts:
+        return Ignored("staff channel, not in a case thread")
+    match subtype:
+        case "message_changed":
+            return StaffEdit(channel, thread, ts, str(message.get("text") or ""))
+        case "message_deleted":
+            return StaffDelete(channel, thread, str(event.get("deleted_ts") or ts))
+        case None | "file_share" | "thread_broadcast" if isinstance(message.get("user"), str):
+            text = str(message.get("text") or "").strip()
+            return StaffReply(channel, thread, ts, str(message["user"]), text) if text else Ignored("no text")
+    return Ignored(f"staff channel subtype {subtype}")
+
+
+def classify(envelope: Mapping[str, Any], policy: Policy) -> Incoming:
+    """Decide what one event_callback envelope is: a customer's message to answer, a colleague's message in a
+    case thread, or something to ignore."""
     event = envelope.get("event")
     if not isinstance(event, Mapping):
         return Ignored("no event")
     kind = event.get("type")
     if kind not in ("message", "app_mention"):
         return Ignored(f"event type {kind}")
+    if kind == "message" and policy.staff_channel and event.get("channel") == policy.staff_channel:
+        return _classify_staff(event, policy.staff_channel)
     if event.get("subtype") not in _DELIVERED_SUBTYPES:
         return Ignored(f"subtype {event.get('subtype')}")
     if event.get("hidden"):

@@ -25,7 +25,7 @@ class Workers:
         metrics: Metrics,
         turn_workers: int = 4,
         poll_s: float = 1.0,
-        housekeeping: Callable[[], Awaitable[object]] | None = None,
+        housekeeping: list[tuple[Callable[[], Awaitable[object]], float]] | None = None,
     ) -> None:
         self.conversations = conversations
         self.sender = sender
@@ -35,7 +35,8 @@ class Workers:
         """Wake-ups reach this process only; other processes' work is found by polling this often."""
         self._turns = asyncio.Event()
         self._sends = asyncio.Event()
-        self.housekeeping = housekeeping
+        self.housekeeping = housekeeping or []
+        """Periodic jobs and their period in seconds (event-id pruning, case reminders)."""
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.ready = False
@@ -55,8 +56,8 @@ class Workers:
     async def start(self) -> None:
         self._tasks = [asyncio.create_task(self._turn_loop(), name=f"turns-{i}") for i in range(self.turn_workers)]
         self._tasks.append(asyncio.create_task(self._send_loop(), name="outbox"))
-        if self.housekeeping is not None:
-            self._tasks.append(asyncio.create_task(self._housekeeping_loop(self.housekeeping), name="housekeeping"))
+        for job, every_s in self.housekeeping:
+            self._tasks.append(asyncio.create_task(self._housekeeping_loop(job, every_s), name="housekeeping"))
         self.ready = True
 
     async def stop(self, *, grace_s: float = 10.0) -> None:
@@ -96,7 +97,7 @@ class Workers:
             self.metrics.turn_seconds.observe(time.perf_counter() - started)
             self.wake_sender()
 
-    async def _housekeeping_loop(self, job: Callable[[], Awaitable[object]], every_s: float = 600) -> None:
+    async def _housekeeping_loop(self, job: Callable[[], Awaitable[object]], every_s: float) -> None:
         while not self._stopping.is_set():
             try:
                 await job()

@@ -61,6 +61,8 @@ class Inbound(Base):
     author: Mapped[str | None] = mapped_column(Text)
     text: Mapped[str] = mapped_column(Text)
     order_key: Mapped[str | None] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(Text, server_default="customer")
+    """customer, or staff: a human colleague's reply, relayed to the customer and kept in the transcript."""
     attempts: Mapped[int] = mapped_column(Integer, server_default="0")
     received_at: Mapped[datetime] = _now()
     processed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -130,7 +132,10 @@ class LLMCall(Base):
 
 
 class Escalation(Base):
+    """One hand-over to humans: open -> claimed -> resolved or handed_back, with who and when."""
+
     __tablename__ = "escalations"
+    __table_args__ = (UniqueConstraint("case_channel", "case_ts"),)
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
@@ -139,6 +144,17 @@ class Escalation(Base):
     reason: Mapped[str] = mapped_column(Text)
     trigger: Mapped[str] = mapped_column(Text)
     agent: Mapped[str] = mapped_column(Text)
+    customer: Mapped[str | None] = mapped_column(Text)
+    """Who wrote the message that escalated (a Slack user id)."""
+    case_channel: Mapped[str | None] = mapped_column(Text)
+    case_ts: Mapped[str | None] = mapped_column(Text)
+    """The case message in the staff channel; its thread is where staff talk to the customer."""
+    claimed_by: Mapped[str | None] = mapped_column(Text)
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    first_response_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    closed_by: Mapped[str | None] = mapped_column(Text)
+    closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    reminders_sent: Mapped[int] = mapped_column(Integer, server_default="0")
     created_at: Mapped[datetime] = _now()
 
 
@@ -183,6 +199,11 @@ class Outbox(Base):
     """The message a reaction goes on."""
     text: Mapped[str | None] = mapped_column(Text)
     reaction: Mapped[str | None] = mapped_column(Text)
+    escalation_id: Mapped[int | None] = mapped_column(ForeignKey("escalations.id", ondelete="CASCADE"))
+    author: Mapped[str | None] = mapped_column(Text)
+    """The Slack user a relayed message is attributed to."""
+    source_ts: Mapped[str | None] = mapped_column(Text)
+    """The staff message a relay copies, so edits and deletions of it reach the copy."""
     attempts: Mapped[int] = mapped_column(Integer, server_default="0")
     attempted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -133,6 +133,7 @@ def bot_settings(database_url: str, fake: FakeOpenAI, emulator: Any, **overrides
         "slack_api_url": emulator.api_url,
         "staff_channel_id": "C_STAFF",
         "turn_workers": 4,
+        "case_summary": "transcript",
     }
     return Settings(_env_file=None, **(values | overrides))  # type: ignore[call-arg]
 

@@ -1,0 +1,102 @@
+"""Block Kit for the case message in the staff channel, and the texts of relayed messages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ACTION_CLAIM = "case_claim"
+ACTION_RESOLVE = "case_resolve"
+ACTION_HAND_BACK = "case_hand_back"
+
+
+@dataclass(frozen=True)
+class CaseView:
+    escalation_id: int
+    customer: str
+    """The customer's display name (or their user id when the profile could not be read)."""
+    channel: str
+    permalink: str | None
+    reason: str
+    summary: str
+    agent: str
+    status: str
+    claimed_by: str | None = None
+    closed_by: str | None = None
+
+
+def _status_line(case: CaseView) -> str:
+    match case.status:
+        case "open":
+            return ":large_orange_circle: *Waiting for a colleague*"
+        case "claimed":
+            return f":large_blue_circle: *Claimed by <@{case.claimed_by}>*"
+        case "resolved":
+            return f":white_check_mark: *Resolved by <@{case.closed_by}>*"
+        case "handed_back":
+            return f":robot_face: *Handed back to the bot by <@{case.closed_by}>*"
+    return case.status
+
+
+def case_text(case: CaseView) -> str:
+    """The notification text (and the fallback where blocks do not render)."""
+    return f"Case #{case.escalation_id}: {case.customer} needs a person ({case.reason})"
+
+
+def case_blocks(case: CaseView) -> list[dict[str, Any]]:
+    where = f"<#{case.channel}>" + (f" · <{case.permalink}|open the thread>" if case.permalink else "")
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": f"Case #{case.escalation_id}: {case.customer}"}},
+        {
+            "type": "section",
+            "fields": [
+                {"type": "mrkdwn", "text": f"*Customer*\n{case.customer}"},
+                {"type": "mrkdwn", "text": f"*Where*\n{where}"},
+                {"type": "mrkdwn", "text": f"*Reason*\n{case.reason}"},
+                {"type": "mrkdwn", "text": f"*Escalated by*\n{case.agent} agent"},
+            ],
+        },
+        {"type": "section", "text": {"type": "mrkdwn", "text": f"*Summary*\n{case.summary[:2900]}"}},
+        {"type": "context", "elements": [{"type": "mrkdwn", "text": _status_line(case)}]},
+    ]
+    if case.status in ("open", "claimed"):
+        value = str(case.escalation_id)
+        buttons = [
+            {
+                "type": "button",
+                "action_id": ACTION_RESOLVE,
+                "value": value,
+                "style": "primary",
+                "text": {"type": "plain_text", "text": "Resolve"},
+            },
+            {
+                "type": "button",
+                "action_id": ACTION_HAND_BACK,
+                "value": value,
+                "text": {"type": "plain_text", "text": "Hand back to bot"},
+            },
+        ]
+        if case.status == "open":
+            buttons.insert(
+                0,
+                {
+                    "type": "button",
+                    "action_id": ACTION_CLAIM,
+                    "value": value,
+                    "text": {"type": "plain_text", "text": "Claim"},
+                },
+            )
+        blocks.append({"type": "actions", "block_id": f"case-{case.escalation_id}", "elements": buttons})
+    blocks.append(
+        {
+            "type": "context",
+            "elements": [
+                {
+                    "type": "mrkdwn",
+                    "text": "Reply in this thread to talk to the customer. "
+                    "Start a message with `note:` to keep it internal.",
+                }
+            ],
+        }
+    )
+    return blocks
