@@ -50,7 +50,7 @@ class CaseDelivery:
             try:
                 profile = (await self.client.users_info(user=user))["user"]
                 details = profile.get("profile") or {}
-                name = details.get("display_name") or details.get("real_name") or profile.get("real_name") or user
+                name = details.get("real_name") or profile.get("real_name") or details.get("display_name") or user
                 self._people[user] = (str(name), details.get("image_192") or details.get("image_72"))
             except SlackApiError:
                 return user, None

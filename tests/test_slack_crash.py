@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from db import models as m
-from fakes.openai_server import FakeOpenAI, reply, slow
+from fakes.openai_server import FakeOpenAI, reply, slow, tool_call, tools
 from fakes.slack_api import SlackEmulator
 from tests.conftest import SIGNING_SECRET
 
@@ -48,6 +48,7 @@ async def bot_process(
         "HOST": "127.0.0.1",
         "PORT": str(port),
         "LOG_LEVEL": "WARNING",
+        "CASE_SUMMARY": "transcript",
     }
     emulator.events_url = f"http://127.0.0.1:{port}/slack/events"
     started: list[asyncio.subprocess.Process] = []
@@ -122,4 +123,30 @@ async def test_killed_after_slack_accepted_the_post_before_the_answer(
         row = await s.scalar(select(m.Outbox).where(m.Outbox.kind == "post"))
     assert row is not None and row.result_ts == posts[0].ts and row.attempts == 1
     assert len(emulator.calls_to("chat.postMessage")) == 1
+    await kill(second)
+
+
+async def test_killed_between_a_staff_reply_and_its_relay(
+    bot_process: Callable[[], Any], emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    fake_llm.script(tools(tool_call("escalate_to_human", {"reason": "wants a person"})))
+    first = await bot_process()
+    said = await emulator.user_says("C_SUPPORT", "a human please")
+    [case] = await emulator.wait_for(lambda: [p for p in emulator.posts("C_STAFF") if not p.thread_ts], timeout=20)
+    posts_before = len(emulator.calls_to("chat.postMessage"))
+
+    emulator.hold("chat.postMessage")
+    staff = await emulator.user_says("C_STAFF", "Hello, Sam from the team here.", user="U_STAFF", thread_ts=case.ts)
+    assert staff.result.status == 200
+    await emulator.wait_for(lambda: len(emulator.calls_to("chat.postMessage")) > posts_before)  # relay in flight
+    await kill(first)
+    emulator.release("chat.postMessage")
+
+    second = await bot_process()
+    relays = await emulator.wait_for(
+        lambda: [p for p in emulator.posts("C_SUPPORT", said.ts) if p.username], timeout=20
+    )
+    await asyncio.sleep(1.5)  # time enough for a duplicate to show up, if one were coming
+    assert [p.text for p in emulator.posts("C_SUPPORT", said.ts) if p.username] == [relays[0].text]
+    assert relays[0].text == "Hello, Sam from the team here."
     await kill(second)

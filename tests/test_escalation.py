@@ -1,0 +1,264 @@
+"""Human takeover over HTTP: the case in the staff channel, relays both ways, claim, resolve, hand back,
+notes, edits, deletions, reminders, and what is refused. The emulator plays Slack; the fake LLM the agents."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from db import models as m
+from escalation.policy import BusinessHours
+from escalation.views import ACTION_CLAIM, ACTION_HAND_BACK, ACTION_RESOLVE
+from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
+from fakes.slack_api import BOT_ID, Msg, SlackEmulator
+from tests.test_slack import settle
+
+Sessions = async_sessionmaker[AsyncSession]
+STAFF, SUPPORT = "C_STAFF", "C_SUPPORT"
+
+
+async def escalation_row(sessions: Sessions) -> m.Escalation:
+    async with sessions() as s:
+        row = await s.scalar(select(m.Escalation).order_by(m.Escalation.id.desc()))
+    assert row is not None
+    return row
+
+
+async def escalate(emulator: SlackEmulator, fake: FakeOpenAI, sessions: Sessions) -> tuple[str, Msg]:
+    """A customer asks for a person in their own words; the agent escalates; the case appears for staff."""
+    fake.script(tools(tool_call("escalate_to_human", {"reason": "customer asked for a person"})))
+    said = await emulator.user_says(SUPPORT, "this is going nowhere, can I talk to an actual human being?")
+    case = await emulator.wait_for(lambda: [p for p in emulator.posts(STAFF) if not p.thread_ts])
+    await settle(sessions)
+    return said.ts, case[0]
+
+
+def relays_to_customer(emulator: SlackEmulator, thread: str) -> list[str]:
+    return [p.text for p in emulator.posts(SUPPORT, thread) if p.username]
+
+
+def case_thread(emulator: SlackEmulator, case: Msg) -> list[str]:
+    return [p.text for p in emulator.posts(STAFF, case.ts) if p.thread_ts == case.ts]
+
+
+def actions_of(emulator: SlackEmulator, case: Msg) -> list[str]:
+    message = emulator.message(STAFF, case.ts)
+    assert message is not None and message.blocks is not None
+    return [e["action_id"] for b in message.blocks if b["type"] == "actions" for e in b["elements"]]
+
+
+async def test_escalation_relay_claim_and_hand_back(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    thread, case = await escalate(emulator, fake_llm, sessions)
+    assert [p.text for p in emulator.posts(SUPPORT, thread)] == [
+        "I've asked a colleague to join. A person will reply here shortly."
+    ]
+    blocks = json.dumps(case.blocks)
+    assert "Casey Customer" in blocks and "customer asked for a person" in blocks and "triage agent" in blocks
+    assert f"https://driftwing.slack.com/archives/{SUPPORT}/p{thread.replace('.', '')}" in blocks
+    assert "can I talk to an actual human being?" in blocks  # the summary: the conversation's last messages
+    assert actions_of(emulator, case) == [ACTION_CLAIM, ACTION_RESOLVE, ACTION_HAND_BACK]
+    row = await escalation_row(sessions)
+    assert (row.status, row.case_channel, row.case_ts, row.customer) == ("open", STAFF, case.ts, "U_CUSTOMER")
+
+    # The customer writes again: relayed to the case thread, and the bot stays quiet.
+    await emulator.user_says(SUPPORT, "hello? anyone?", thread_ts=thread)
+    assert await emulator.wait_for(lambda: case_thread(emulator, case)) == [
+        "*Casey Customer* (customer): hello? anyone?"
+    ]
+    assert fake_llm.calls == 1
+
+    # Claim: recorded, and the case message shows it.
+    assert (await emulator.click(ACTION_CLAIM, str(row.id), message_ts=case.ts)).status == 200
+    await settle(sessions)
+    row = await escalation_row(sessions)
+    assert (row.status, row.claimed_by) == ("claimed", "U_STAFF") and row.claimed_at is not None
+    assert actions_of(emulator, case) == [ACTION_RESOLVE, ACTION_HAND_BACK]
+    assert "Claimed by <@U_STAFF>" in json.dumps(emulator.message(STAFF, case.ts).blocks)  # type: ignore[union-attr]
+
+    # Staff reply in the case thread: relayed under the colleague's name and avatar. A note is not.
+    await emulator.user_says(STAFF, "Hi Casey, Sam here. Which drone is it?", user="U_STAFF", thread_ts=case.ts)
+    note = await emulator.user_says(STAFF, "note: probably a warranty case", user="U_STAFF", thread_ts=case.ts)
+    relayed = await emulator.wait_for(lambda: [p for p in emulator.posts(SUPPORT, thread) if p.username])
+    await settle(sessions)
+    assert [(p.text, p.username) for p in relayed] == [
+        ("Hi Casey, Sam here. Which drone is it?", "Sam Staff (Driftwing team)")
+    ]
+    assert relayed[0].icon_url is not None
+    assert dict(emulator.message(STAFF, note.ts).reactions) == {"memo": ("UBOT",)}  # type: ignore[union-attr]
+
+    # Hand back: the customer is told, the bot answers again and knows what the colleague said.
+    await emulator.click(ACTION_HAND_BACK, str(row.id), message_ts=case.ts)
+    await settle(sessions)
+    assert emulator.posts(SUPPORT, thread)[-1].text.startswith("You're back with our assistant")
+    assert actions_of(emulator, case) == []
+    fake_llm.script(reply("The Kestrel Mini 2 is covered; let's book the repair."))
+    await emulator.user_says(SUPPORT, "It's a Kestrel Mini 2", thread_ts=thread)
+    await emulator.wait_for(lambda: emulator.posts(SUPPORT, thread)[-1].text.startswith("The Kestrel"))
+    contents = [str(msg.get("content")) for msg in fake_llm.requests[-1].messages]
+    assert "[U_STAFF (human colleague)]: Hi Casey, Sam here. Which drone is it?" in contents
+    assert "hello? anyone?" in contents and not any("warranty case" in c for c in contents)
+    row = await escalation_row(sessions)
+    assert (row.status, row.closed_by) == ("handed_back", "U_STAFF") and row.first_response_at is not None
+
+
+async def test_resolve_closes_and_a_later_message_reopens_with_the_bot(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    thread, case = await escalate(emulator, fake_llm, sessions)
+    # A first staff reply claims the case implicitly.
+    await emulator.user_says(STAFF, "On it!", user="U_STAFF", thread_ts=case.ts)
+    await emulator.wait_for(lambda: relays_to_customer(emulator, thread))
+    await settle(sessions)
+    row = await escalation_row(sessions)
+    assert (row.status, row.claimed_by) == ("claimed", "U_STAFF") and row.first_response_at is not None
+    await emulator.click(ACTION_RESOLVE, str(row.id), message_ts=case.ts)
+    await settle(sessions)
+    assert emulator.posts(SUPPORT, thread)[-1].text.startswith("This conversation is now closed")
+    assert "Resolved by <@U_STAFF>" in json.dumps(emulator.message(STAFF, case.ts).blocks)  # type: ignore[union-attr]
+    row = await escalation_row(sessions)
+    assert row.status == "resolved" and row.closed_at is not None
+
+    fake_llm.script(reply("Welcome back! How can I help?"))
+    await emulator.user_says(SUPPORT, "one more question", thread_ts=thread)
+    await emulator.wait_for(lambda: emulator.posts(SUPPORT, thread)[-1].text == "Welcome back! How can I help?")
+    assert "front desk" in fake_llm.requests[-1].system
+
+
+async def test_relays_keep_order_both_ways_and_duplicates_relay_once(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    thread, case = await escalate(emulator, fake_llm, sessions)
+    for i in range(4):
+        await emulator.user_says(SUPPORT, f"customer {i}", thread_ts=thread)
+    staff = [await emulator.user_says(STAFF, f"staff {i}", user="U_STAFF", thread_ts=case.ts) for i in range(4)]
+    # Slack retries the first staff message, and delivers it once more under a new event id.
+    retried = {
+        "type": "message",
+        "channel": STAFF,
+        "user": "U_STAFF",
+        "text": "staff 0",
+        "ts": staff[0].ts,
+        "thread_ts": case.ts,
+    }
+    assert (await emulator.deliver_event(retried, retry_num=1)).status == 200
+    await emulator.wait_for(lambda: len(relays_to_customer(emulator, thread)) >= 4)
+    await emulator.wait_for(lambda: len(case_thread(emulator, case)) >= 4)
+    await settle(sessions)
+    assert relays_to_customer(emulator, thread) == [f"staff {i}" for i in range(4)]
+    assert case_thread(emulator, case) == [f"*Casey Customer* (customer): customer {i}" for i in range(4)]
+
+
+async def test_editing_and_deleting_a_staff_message_reaches_the_copy(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    thread, case = await escalate(emulator, fake_llm, sessions)
+    said = await emulator.user_says(STAFF, "Your refund is $30", user="U_STAFF", thread_ts=case.ts)
+    [copy] = await emulator.wait_for(lambda: [p for p in emulator.posts(SUPPORT, thread) if p.username])
+    edited = {
+        "type": "message",
+        "subtype": "message_changed",
+        "channel": STAFF,
+        "hidden": True,
+        "message": {
+            "type": "message",
+            "user": "U_STAFF",
+            "text": "Your refund is $300",
+            "ts": said.ts,
+            "thread_ts": case.ts,
+        },
+        "previous_message": {"user": "U_STAFF", "text": "Your refund is $30", "ts": said.ts},
+    }
+    await emulator.deliver_event(edited)
+    await emulator.wait_for(lambda: emulator.message(SUPPORT, copy.ts).text == "Your refund is $300")  # type: ignore[union-attr]
+    deleted = {
+        "type": "message",
+        "subtype": "message_deleted",
+        "channel": STAFF,
+        "hidden": True,
+        "deleted_ts": said.ts,
+        "previous_message": {"user": "U_STAFF", "ts": said.ts, "thread_ts": case.ts},
+    }
+    await emulator.deliver_event(deleted)
+    await emulator.wait_for(lambda: emulator.message(SUPPORT, copy.ts).deleted)  # type: ignore[union-attr]
+    await settle(sessions)
+    assert relays_to_customer(emulator, thread) == []
+
+
+async def test_reminders_follow_the_clock(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    _, case = await escalate(emulator, fake_llm, sessions)
+    row = await escalation_row(sessions)
+    desk = slack_bot.desk
+    assert await desk.remind(now=row.created_at + timedelta(minutes=14)) == 0
+    assert await desk.remind(now=row.created_at + timedelta(minutes=16)) == 1
+    assert await desk.remind(now=row.created_at + timedelta(minutes=20)) == 0  # the next one is due at 30
+    assert await desk.remind(now=row.created_at + timedelta(minutes=31)) == 1
+    assert await desk.remind(now=row.created_at + timedelta(hours=5)) == 0  # at most two
+    reminders = await emulator.wait_for(
+        lambda: (r := [p for p in emulator.posts(STAFF, case.ts) if "waited" in p.text]) and len(r) == 2 and r
+    )
+    assert "Case #" in reminders[0].text and "16 min" in reminders[0].text
+    # Answered cases get no reminder.
+    await emulator.user_says(STAFF, "Here now", user="U_STAFF", thread_ts=case.ts)
+    await settle(sessions)
+
+
+async def test_messages_outside_case_threads_and_bots_are_ignored(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    thread, case = await escalate(emulator, fake_llm, sessions)
+    top = await emulator.user_says(STAFF, "lunch anyone?", user="U_STAFF")
+    await emulator.user_says(STAFF, "sure", user="U_STAFF", thread_ts=top.ts)  # a thread, but not a case's
+    bot_like = {
+        "type": "message",
+        "channel": STAFF,
+        "bot_id": "B_OTHER",
+        "user": "U_OTHERBOT",
+        "text": "beep",
+        "ts": "1999999999.000001",
+        "thread_ts": case.ts,
+    }
+    await emulator.deliver_event(bot_like)
+    await settle(sessions)
+    assert relays_to_customer(emulator, thread) == []
+    async with sessions() as s:
+        dispositions = set((await s.scalars(select(m.SlackEvent.disposition))).all())
+    assert "ignored: not a case thread" in dispositions and "ignored: bot message in the staff channel" in dispositions
+    # Our own relays into the case thread are echoed back by Slack and never relayed again (no loops).
+    assert all(p.bot_id == BOT_ID for p in emulator.posts(STAFF))
+
+
+async def test_case_button_outside_the_staff_channel_is_refused(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    _, case = await escalate(emulator, fake_llm, sessions)
+    row = await escalation_row(sessions)
+    result = await emulator.click(ACTION_RESOLVE, str(row.id), message_ts=case.ts, channel=SUPPORT, user="U_CUSTOMER")
+    assert result.status == 200
+    await emulator.wait_for(lambda: emulator.responses)
+    assert emulator.responses[-1]["text"] == "Case buttons work only in the staff channel."
+    assert (await escalation_row(sessions)).status == "open"
+    # And a second claim of a claimed case is politely refused too.
+    await emulator.click(ACTION_CLAIM, str(row.id), message_ts=case.ts)
+    await emulator.click(ACTION_CLAIM, str(row.id), message_ts=case.ts, user="U_CUSTOMER")
+    await emulator.wait_for(lambda: len(emulator.responses) == 2)
+    assert "already claimed by <@U_STAFF>" in emulator.responses[-1]["text"]
+
+
+def test_business_hours() -> None:
+    hours = BusinessHours.parse("Mon-Fri 09:00-17:00", "Europe/Berlin")
+    assert hours is not None
+    assert hours.is_open(datetime(2026, 11, 23, 9, 30, tzinfo=UTC))  # Monday 10:30 in Berlin
+    assert not hours.is_open(datetime(2026, 11, 22, 12, 0, tzinfo=UTC))  # Sunday
+    assert not hours.is_open(datetime(2026, 11, 23, 16, 30, tzinfo=UTC))  # 17:30 in Berlin
+    assert BusinessHours.parse("") is None
+    with pytest.raises(ValueError, match="Mon-Fri"):
+        BusinessHours.parse("weekdays 9 to 5")
