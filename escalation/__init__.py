@@ -1,5 +1,3 @@
-"""The staff side of human takeover: cases in the staff channel and the two-way relay (escalation issue).
-
-The engine already ends a turn with `Escalate` and sets the conversation to `awaiting_human`; this package
-will post the case and relay messages.
-"""
+"""The staff side of human takeover: cases in the staff channel, the two-way relay, claim, resolve, hand back
+and reminders. The engine ends a turn with `Escalate` and owns the conversation's mode; this package tells
+staff and relays between them and the customer."""
