@@ -26,7 +26,10 @@ from db.engine import make_engine, make_sessions
 from db.url import async_url
 from fakes.openai_server import FakeOpenAI
 
-TABLES = "conversations, inbound, messages, handoffs, tool_runs, llm_calls, escalations, refunds, slack_events, outbox"
+TABLES = (
+    "conversations, inbound, messages, handoffs, tool_runs, llm_calls, escalations, refunds, slack_events, outbox, "
+    "kb_collections, kb_documents, kb_chunks"
+)
 
 
 def _with_database(server_url: str, name: str) -> str:

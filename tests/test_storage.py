@@ -38,7 +38,14 @@ def test_non_postgres_url_is_refused() -> None:
 
 
 def _diff(connection: Connection) -> list[object]:
-    return list(compare_metadata(MigrationContext.configure(connection, opts={"compare_type": True}), Base.metadata))
+    return list(
+        compare_metadata(
+            MigrationContext.configure(
+                connection, opts={"compare_type": True, "include_object": migrate.include_object}
+            ),
+            Base.metadata,
+        )
+    )
 
 
 async def test_migrations_match_models_and_downgrade_cleanly(server_url: str) -> None:
