@@ -1,0 +1,151 @@
+"""Reading Markdown, plain text and HTML into titled sections."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+
+SUFFIXES = {".md": "markdown", ".markdown": "markdown", ".txt": "text", ".html": "html", ".htm": "html"}
+
+
+@dataclass(frozen=True)
+class Section:
+    heading: str | None
+    """The nearest heading above the text (None before the first one)."""
+    text: str
+
+
+@dataclass(frozen=True)
+class Document:
+    source: str
+    title: str
+    sections: tuple[Section, ...]
+    content_hash: str
+
+
+def _hash(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def read_markdown(source: str, raw: str) -> Document:
+    title: str | None = None
+    heading: str | None = None
+    sections: list[Section] = []
+    buffer: list[str] = []
+    in_code = False
+
+    def flush() -> None:
+        text = "\n".join(buffer).strip()
+        if text:
+            sections.append(Section(heading, text))
+        buffer.clear()
+
+    for line in raw.splitlines():
+        if line.strip().startswith("```"):
+            in_code = not in_code
+        match = None if in_code else re.match(r"^(#{1,6})\s+(.*?)\s*#*\s*$", line)
+        if match:
+            flush()
+            if len(match[1]) == 1 and title is None:
+                title = match[2]
+            heading = match[2] if len(match[1]) > 1 or title != match[2] else None
+            continue
+        buffer.append(line)
+    flush()
+    return Document(source, title or Path(source).stem.replace("-", " ").title(), tuple(sections), _hash(raw))
+
+
+def read_text(source: str, raw: str) -> Document:
+    lines = raw.strip().splitlines()
+    # A plain-text file's first line is its title when it stands alone, as it usually does.
+    if len(lines) > 1 and lines[0].strip() and not lines[1].strip():
+        title, body = lines[0].strip(), "\n".join(lines[2:])
+    else:
+        title, body = Path(source).stem.replace("-", " ").title(), raw
+    return Document(source, title, (Section(None, body.strip()),) if body.strip() else (), _hash(raw))
+
+
+class _HtmlSections(HTMLParser):
+    _BLOCKS = frozenset({"p", "li", "tr", "br", "div", "section", "article", "table", "ul", "ol", "dd", "dt"})
+    _SKIP = frozenset({"script", "style", "nav", "footer", "head"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.title: str | None = None
+        self.heading: str | None = None
+        self.sections: list[Section] = []
+        self.text: list[str] = []
+        self.capture: list[str] | None = None
+        self.level = 0
+        self.skipping = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in self._SKIP:
+            self.skipping += 1
+        elif re.fullmatch(r"h[1-6]|title", tag):
+            self._flush()
+            self.capture, self.level = [], 0 if tag == "title" else int(tag[1])
+        elif tag in self._BLOCKS:
+            self.text.append("\n")
+        elif tag in ("td", "th"):
+            self.text.append(" | ")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in self._SKIP:
+            self.skipping = max(0, self.skipping - 1)
+        elif self.capture is not None and re.fullmatch(r"h[1-6]|title", tag):
+            text = " ".join("".join(self.capture).split())
+            if self.level <= 1 and self.title is None:
+                self.title = text
+            else:
+                self.heading = text
+            self.capture = None
+
+    def handle_data(self, data: str) -> None:
+        if self.skipping:
+            return
+        (self.capture if self.capture is not None else self.text).append(data)
+
+    def _flush(self) -> None:
+        lines = [" ".join(line.split()) for line in "".join(self.text).splitlines()]
+        text = "\n".join(line.strip(" |") for line in lines if line.strip(" |"))
+        if text:
+            self.sections.append(Section(self.heading, text))
+        self.text = []
+
+    def close(self) -> None:
+        super().close()
+        self._flush()
+
+
+def read_html(source: str, raw: str) -> Document:
+    parser = _HtmlSections()
+    parser.feed(raw)
+    parser.close()
+    title = parser.title or Path(source).stem.replace("-", " ").title()
+    return Document(source, title, tuple(parser.sections), _hash(raw))
+
+
+def read_document(path: Path, *, source: str | None = None) -> Document:
+    kind = SUFFIXES.get(path.suffix.lower())
+    if kind is None:
+        raise ValueError(f"{path}: unsupported file type (supported: {', '.join(sorted(SUFFIXES))})")
+    raw = path.read_text(encoding="utf-8", errors="replace")
+    reader = {"markdown": read_markdown, "text": read_text, "html": read_html}[kind]
+    return reader(source or str(path), raw)
+
+
+def find_documents(paths: list[Path]) -> list[Path]:
+    """Files under the given paths that a reader understands, in a stable order."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found += sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES)
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise FileNotFoundError(f"{path}: no such file or folder")
+    return [p for p in found if p.name.lower() != "readme.md"]

@@ -1,0 +1,85 @@
+"""The knowledge base on real Postgres: reading each format, idempotent ingestion, prune, hybrid search,
+and embedder mismatches refused. Embeddings come from the fake OpenAI server over HTTP."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import openai
+import pytest
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from agents.knowledge.documents import read_document
+from agents.knowledge.embedders import OpenAIEmbedder
+from agents.knowledge.store import EmbedderMismatch, KnowledgeBase
+from bot.settings import PROJECT_ROOT
+from fakes.openai_server import EMBEDDING_DIM, FakeOpenAI
+
+SAMPLE = PROJECT_ROOT / "knowledge" / "sample"
+Sessions = async_sessionmaker[AsyncSession]
+
+
+@pytest.fixture
+async def kb(sessions: Sessions, fake_llm: FakeOpenAI) -> AsyncIterator[KnowledgeBase]:
+    client = openai.AsyncOpenAI(api_key="test", base_url=fake_llm.base_url, max_retries=0)
+    yield KnowledgeBase(
+        sessions=sessions, embedder=OpenAIEmbedder(client=client, model="fake-embed", dim=EMBEDDING_DIM)
+    )
+    await client.close()
+
+
+def test_each_format_reads_into_titled_sections() -> None:
+    md = read_document(SAMPLE / "support" / "warranty.md")
+    assert md.title == "Warranty and Driftwing Care"
+    assert "Standard warranty periods" in [s.heading for s in md.sections]
+    html = read_document(SAMPLE / "catalogue" / "accessories-bundles.html")
+    assert any(s.heading and "RC-2S" in s.heading for s in html.sections)
+    assert all("<" not in s.text for s in html.sections)
+    txt = read_document(SAMPLE / "catalogue" / "chargers.txt")
+    assert txt.title.startswith("DRIFTWING DRONES") and "CH-65Q" in txt.sections[0].text
+
+
+async def test_ingest_is_idempotent_replaces_changes_and_prunes(kb: KnowledgeBase, tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    shutil.copytree(SAMPLE / "support", docs)
+    first = await kb.ingest([docs], collection="support", root=docs)
+    assert (first.added, first.replaced, first.unchanged) == (7, 0, 0) and first.chunks > 40
+    again = await kb.ingest([docs], collection="support", root=docs)
+    assert (again.added, again.replaced, again.unchanged, again.chunks) == (0, 0, 7, 0)
+
+    (docs / "shipping.md").write_text("# Shipping\n\n## Rates\n\nShipping is now free to the Moon via ZX-9 rocket.\n")
+    (docs / "firmware.md").unlink()
+    changed = await kb.ingest([docs], collection="support", root=docs, prune=True)
+    assert (changed.added, changed.replaced, changed.unchanged, changed.pruned) == (0, 1, 5, 1)
+    [hit] = await kb.search("ZX-9 rocket", collections=["support"], k=1)
+    assert hit.source == "shipping.md" and hit.heading == "Rates"
+    assert not [
+        h for h in await kb.search("firmware rollback", collections=["support"], k=10) if h.source == "firmware.md"
+    ]
+    [stats] = await kb.stats()
+    assert stats["documents"] == 6
+
+
+async def test_exact_product_code_is_found_by_full_text(kb: KnowledgeBase) -> None:
+    await kb.ingest([SAMPLE / "catalogue"], collection="catalogue", root=SAMPLE)
+    hits = await kb.search("does the CH-65Q work for me", collections=["catalogue"], k=3, mode="text")
+    assert hits and "CH-65Q" in hits[0].text
+    hybrid = await kb.search("does the CH-65Q work for me", collections=["catalogue"], k=3)
+    assert "CH-65Q" in hybrid[0].text
+    assert hybrid[0].source == "catalogue/chargers.txt" and "chargers.txt" in hybrid[0].citation
+
+
+async def test_querying_with_another_embedder_is_refused(
+    kb: KnowledgeBase, sessions: Sessions, fake_llm: FakeOpenAI
+) -> None:
+    await kb.ingest([SAMPLE / "support" / "warranty.md"], collection="support", root=SAMPLE)
+    client = openai.AsyncOpenAI(api_key="test", base_url=fake_llm.base_url, max_retries=0)
+    other = KnowledgeBase(sessions=sessions, embedder=OpenAIEmbedder(client=client, model="other-embed", dim=32))
+    with pytest.raises(EmbedderMismatch, match=r"kb delete --collection support.*kb ingest"):
+        await other.search("warranty", collections=["support"])
+    with pytest.raises(EmbedderMismatch):
+        await other.ingest([SAMPLE / "support" / "warranty.md"], collection="support")
+    assert await other.search("warranty") == []  # unnamed: only collections this embedder can read
+    await client.close()
