@@ -8,11 +8,14 @@ functions of the shared context and tools are typed functions: both are checked 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Annotated, Any
 
 from pydantic import Field
 
 from agents.agent import Agent, Roster
+from agents.knowledge.store import KnowledgeBase
+from agents.knowledge.tool import search_knowledge_tool
 from agents.shop import SALES_TOOLS, SUPPORT_TOOLS
 from agents.tools import ToolContext, function_tool
 
@@ -96,5 +99,23 @@ SUPPORT = Agent(
 )
 
 
-def default_roster() -> Roster:
-    return Roster.of((TRIAGE, SALES, SUPPORT), entry="triage")
+def default_roster(knowledge: KnowledgeBase | None = None, *, min_similarity: float = 0.35) -> Roster:
+    """The three agents; with a knowledge base, sales searches the catalogue and support the after-sales
+    documents (`search_knowledge`), and their instructions say to cite sources."""
+    if knowledge is None:
+        return Roster.of((TRIAGE, SALES, SUPPORT), entry="triage")
+    cite = (
+        " For product facts and policies, use search_knowledge first and cite the passages you use as "
+        "[n] Title; if it finds nothing, say so and offer a colleague."
+    )
+
+    def grounded(agent: Agent, collections: tuple[str, ...]) -> Agent:
+        search = search_knowledge_tool(knowledge, collections=collections, min_similarity=min_similarity)
+        base = agent.instructions
+        return replace(
+            agent,
+            tools=(*agent.tools, search),
+            instructions=lambda context: (base(context) if callable(base) else base) + cite,
+        )
+
+    return Roster.of((TRIAGE, grounded(SALES, ("catalogue",)), grounded(SUPPORT, ("support",))), entry="triage")

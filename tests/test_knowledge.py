@@ -83,3 +83,32 @@ async def test_querying_with_another_embedder_is_refused(
         await other.ingest([SAMPLE / "support" / "warranty.md"], collection="support")
     assert await other.search("warranty") == []  # unnamed: only collections this embedder can read
     await client.close()
+
+
+async def test_search_knowledge_tool_cites_sources_or_says_nothing_found(
+    kb: KnowledgeBase, sessions: Sessions, fake_llm: FakeOpenAI, model: object
+) -> None:
+    from agents.conversations import Conversations
+    from agents.roster import default_roster
+    from fakes.openai_server import reply, tool_call, tools
+    from tests.conftest import CONFIG
+
+    await kb.ingest([SAMPLE / "support"], collection="support", root=SAMPLE)
+    roster = default_roster(kb, min_similarity=0.3)
+    assert "search_knowledge" in [t.name for t in roster.tools_of("support")]
+    service = Conversations(sessions=sessions, roster=roster, model=model, config=CONFIG)  # type: ignore[arg-type]
+    fake_llm.script(
+        tools(tool_call("transfer_to_support")),
+        tools(tool_call("search_knowledge", {"query": "how long is the standard warranty period"})),
+        reply("12 months [1]."),
+    )
+    await service.handle("t:1", "how long is the warranty?")
+    output = [msg for msg in fake_llm.requests[-1].messages if msg["role"] == "tool"][-1]["content"]
+    assert "[1] Warranty and Driftwing Care › " in output and "(support/warranty.md)" in output
+    assert "cite" in output
+    assert "search_knowledge first and cite" in fake_llm.requests[-1].system
+
+    fake_llm.script(tools(tool_call("search_knowledge", {"query": "xyzzy plugh qwerty"})), reply("I couldn't find it."))
+    await service.handle("t:1", "xyzzy plugh qwerty?")
+    output = [msg for msg in fake_llm.requests[-1].messages if msg["role"] == "tool"][-1]["content"]
+    assert output.startswith("No article in the knowledge base answers this")

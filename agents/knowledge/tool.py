@@ -1,0 +1,57 @@
+"""`search_knowledge`: the agents' window on the knowledge base, with sources to cite."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Annotated
+
+from pydantic import Field
+
+from agents.knowledge.store import Hit, KnowledgeBase
+from agents.tools import Tool, function_tool
+
+NOTHING_FOUND = (
+    "No article in the knowledge base answers this. Tell the customer plainly that you could not find it, "
+    "do not guess, and offer to bring in a colleague (escalate_to_human) if they want."
+)
+_CODE = re.compile(r"\b[A-Z]{1,4}-[A-Z0-9]{1,6}\b")
+
+
+def relevant(hits: Sequence[Hit], query: str, min_similarity: float) -> list[Hit]:
+    """Hits close enough to the question in meaning, or that contain a product code the question names
+    (embeddings blur codes; an exact match is the strongest evidence there is)."""
+    codes = set(_CODE.findall(query.upper()))
+    return [
+        h
+        for h in hits
+        if (h.similarity is not None and h.similarity >= min_similarity) or any(c in h.text.upper() for c in codes)
+    ]
+
+
+def format_hits(hits: Sequence[Hit]) -> str:
+    return "\n\n".join(f"[{n}] {hit.citation}\n{hit.text}" for n, hit in enumerate(hits, 1))
+
+
+def search_knowledge_tool(
+    kb: KnowledgeBase, *, collections: Sequence[str], k: int = 4, min_similarity: float = 0.35
+) -> Tool:
+    scope = ", ".join(collections) or "all collections"
+
+    async def search_knowledge(
+        query: Annotated[str, Field(min_length=2, description="What to look up, in the customer's terms")],
+    ) -> str:
+        hits = relevant(await kb.search(query, collections=collections, k=k), query, min_similarity)
+        if not hits:
+            return NOTHING_FOUND
+        return (
+            "Answer only from these passages and cite the ones you use as [n] with their title "
+            "(and link, if any):\n\n" + format_hits(hits)
+        )
+
+    tool: Tool = function_tool(
+        search_knowledge,
+        description=f"Search the company's documents ({scope}) for facts to answer the customer. "
+        "Returns passages with their sources.",
+    )
+    return tool
