@@ -7,6 +7,7 @@ import asyncio
 import logging
 
 from agents.logcontext import current_conversation
+from bot import kb
 from bot.settings import get_settings
 
 
@@ -19,6 +20,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", help="serve Slack over HTTP on PORT (/slack/events, /healthz, /metrics)")
     sub.add_parser("socket", help="serve Slack over Socket Mode (SLACK_APP_TOKEN)")
     sub.add_parser("run", help="run the bot with what is configured (what `make run` calls)")
+    kb.add_commands(sub)
     return parser
 
 
@@ -63,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(serve(settings))
         case "socket":
             return asyncio.run(serve(settings, socket_mode=True))
+        case "kb":
+            return asyncio.run(kb.run(settings, args))
         case "run":
             return asyncio.run(serve(settings, socket_mode=settings.slack_app_token is not None))
     return 2

@@ -9,10 +9,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import openai
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
+from agents.knowledge.embedders import Embedder, OpenAIEmbedder
 from agents.loop import LoopConfig, Texts
 from agents.model import OpenAIChatModel
 from agents.roster import default_roster
@@ -77,3 +79,18 @@ def chat_model(settings: Settings) -> OpenAIChatModel:
 
 def conversations(settings: Settings, db: Database, model: OpenAIChatModel) -> Conversations:
     return Conversations(sessions=db.sessions, roster=default_roster(), model=model, config=loop_config(settings))
+
+
+def embedder(settings: Settings) -> Embedder:
+    use_openai = settings.embeddings == "openai" or (settings.embeddings == "auto" and settings.openai_api_key)
+    if use_openai:
+        client = openai.AsyncOpenAI(
+            api_key=settings.openai_api_key.get_secret_value() if settings.openai_api_key else "not-needed",
+            base_url=settings.openai_base_url,
+            timeout=settings.openai_timeout_s,
+            max_retries=settings.openai_max_retries,
+        )
+        return OpenAIEmbedder(client=client, model=settings.openai_embedding_model, dim=settings.openai_embedding_dim)
+    from agents.knowledge.local import LocalEmbedder  # loads a model: only when it is the one used
+
+    return LocalEmbedder()

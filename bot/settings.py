@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     openai_timeout_s: float = 30.0
     openai_max_retries: int = 2
     openai_stream: bool = False
+    embeddings: str = "auto"
+    openai_embedding_model: str = "text-embedding-3-small"
+    openai_embedding_dim: int = 1536
+    kb_min_similarity: float = 0.35
 
     # Engine budgets, per customer message
     max_llm_calls_per_message: int = 8

@@ -112,3 +112,46 @@ async def test_search_knowledge_tool_cites_sources_or_says_nothing_found(
     await service.handle("t:1", "xyzzy plugh qwerty?")
     output = [msg for msg in fake_llm.requests[-1].messages if msg["role"] == "tool"][-1]["content"]
     assert output.startswith("No article in the knowledge base answers this")
+
+
+@pytest.fixture(scope="module")
+def minilm() -> object:
+    from agents.knowledge.local import MiniLM
+
+    return MiniLM()
+
+
+def test_local_model_loads_offline_and_embeds_meaningfully(minilm: object) -> None:
+    from agents.knowledge.local import MiniLM
+
+    assert isinstance(minilm, MiniLM)
+    vectors = minilm.encode(
+        ["How long does a refund take?", "Refunds reach your card in 3-5 business days.", "battery storage voltage"]
+    )
+    assert vectors.shape == (3, 384)
+    assert abs(float((vectors[0] ** 2).sum()) - 1.0) < 1e-5
+    # Same meaning is closer than a different topic; values as sentence-transformers gives for this model.
+    assert round(float(vectors[0] @ vectors[1]), 3) == 0.763
+    assert float(vectors[0] @ vectors[1]) > float(vectors[0] @ vectors[2]) + 0.3
+
+
+async def test_hybrid_finds_a_paraphrase_that_full_text_misses(sessions: Sessions, minilm: object) -> None:
+    from agents.knowledge.local import LocalEmbedder
+
+    kb = KnowledgeBase(sessions=sessions, embedder=LocalEmbedder(minilm))  # type: ignore[arg-type]
+    await kb.ingest([SAMPLE / "support"], collection="support", root=SAMPLE)
+    # The FAQ's heading is "My battery runs out faster than expected": no word of the question is in it.
+    question = "only getting 20 min per battery on my harrier, not 45 like advertised"
+    expected = "My battery runs out faster than expected"
+    text_only = await kb.search(question, collections=["support"], k=5, mode="text")
+    assert not any(h.heading == expected for h in text_only)
+    hybrid = await kb.search(question, collections=["support"], k=1)
+    assert hybrid[0].heading == expected
+    # And the reverse: an exact product code that the embedding alone does not place first.
+    await kb.ingest([SAMPLE / "catalogue"], collection="catalogue", root=SAMPLE)
+    code = "PR-O8Q"
+    question = f"how much is the {code}?"
+    vector_only = await kb.search(question, collections=["catalogue"], k=1, mode="vector")
+    hybrid_code = await kb.search(question, collections=["catalogue"], k=1)
+    assert code in hybrid_code[0].text
+    assert code not in vector_only[0].text

@@ -265,6 +265,15 @@ class KnowledgeBase:
                 for n, e, d, docs, chunks in rows
             ]
 
+    async def sources(self) -> list[str]:
+        async with self.sessions() as s:
+            rows = await s.execute(
+                select(m.KnowledgeDocument.collection, m.KnowledgeDocument.source).order_by(
+                    m.KnowledgeDocument.collection, m.KnowledgeDocument.source
+                )
+            )
+            return [f"{collection}: {source}" for collection, source in rows]
+
     async def delete_collection(self, collection: str) -> bool:
         async with self.sessions() as s, s.begin():
             result = await s.execute(

@@ -1,0 +1,98 @@
+"""`python -m bot kb ...`: ingest, list, stats, delete and search the knowledge base."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from agents.knowledge.store import EmbedderMismatch, KnowledgeBase
+from bot import runtime
+from bot.settings import Settings
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    kb = sub.add_parser("kb", help="the knowledge base: ingest, list, stats, delete, search").add_subparsers(
+        dest="kb_command", required=True
+    )
+    ingest = kb.add_parser("ingest", help="read, chunk, embed and store documents (Markdown, text, HTML)")
+    ingest.add_argument("paths", nargs="+", type=Path)
+    ingest.add_argument("--collection", required=True)
+    ingest.add_argument("--prune", action="store_true", help="remove documents that are no longer among PATHS")
+    kb.add_parser("list", help="collections and their documents")
+    kb.add_parser("stats", help="documents and chunks per collection, and the embedder of each")
+    delete = kb.add_parser("delete", help="delete a collection (to re-embed it, ingest again)")
+    delete.add_argument("--collection", required=True)
+    search = kb.add_parser("search", help="hybrid search, as the agents' tool does it")
+    search.add_argument("query")
+    search.add_argument("--collection", action="append", default=[])
+    search.add_argument("--k", type=int, default=5)
+    search.add_argument("--mode", choices=["hybrid", "vector", "text"], default="hybrid")
+    search.add_argument("--json", action="store_true")
+
+
+def _progress(done: int, total: int, source: str) -> None:
+    width = 30
+    filled = width * done // max(total, 1)
+    end = "\n" if done == total else ""
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {source[:50]:<50}{end}")
+    sys.stderr.flush()
+
+
+def _root(paths: list[Path]) -> Path | None:
+    """Sources are stored relative to the common folder, so a moved checkout re-ingests as unchanged."""
+    folders = [p.resolve() if p.is_dir() else p.resolve().parent for p in paths]
+    common = Path(*Path(folders[0]).parts) if len(folders) == 1 else Path(*_common_parts(folders))
+    return common if common.parts else None
+
+
+def _common_parts(folders: list[Path]) -> list[str]:
+    parts: list[str] = []
+    for group in zip(*(f.parts for f in folders), strict=False):
+        if len(set(group)) != 1:
+            break
+        parts.append(group[0])
+    return parts
+
+
+async def run(settings: Settings, args: argparse.Namespace) -> int:
+    async with runtime.open_database(settings) as db:
+        embedder = runtime.embedder(settings)
+        kb = KnowledgeBase(sessions=db.sessions, embedder=embedder)
+        try:
+            match args.kb_command:
+                case "ingest":
+                    paths = [p.resolve() for p in args.paths]
+                    report = await kb.ingest(
+                        paths, collection=args.collection, prune=args.prune, root=_root(paths), progress=_progress
+                    )
+                    print(
+                        f"{args.collection}: {report.added} added, {report.replaced} replaced, "
+                        f"{report.unchanged} unchanged, {report.pruned} pruned; {report.chunks} chunks embedded "
+                        f"with {embedder.name}"
+                    )
+                case "list" | "stats":
+                    for row in await kb.stats():
+                        print(
+                            f"{row['collection']}: {row['documents']} documents, {row['chunks']} chunks, "
+                            f"embedded with {row['embedder']} ({row['dim']} dimensions)"
+                        )
+                    if args.kb_command == "list":
+                        for source in await kb.sources():
+                            print(f"  {source}")
+                case "delete":
+                    gone = await kb.delete_collection(args.collection)
+                    print(f"deleted {args.collection}" if gone else f"no collection {args.collection}")
+                    return 0 if gone else 1
+                case "search":
+                    hits = await kb.search(args.query, collections=args.collection, k=args.k, mode=args.mode)
+                    if args.json:
+                        print(json.dumps([asdict(h) for h in hits], indent=2, ensure_ascii=False))
+                    for n, hit in enumerate([] if args.json else hits, 1):
+                        print(f"[{n}] {hit.citation}  (score {hit.score:.4f})\n    {hit.text[:300]}\n")
+        except EmbedderMismatch as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    return 0
