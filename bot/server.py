@@ -33,6 +33,7 @@ from bot.settings import Settings
 from bot.slack_app import build_app, slack_client
 from bot.slack_events import Policy
 from bot.workers import Workers
+from db.engine import make_engine, make_sessions
 from escalation.delivery import CaseDelivery, Summarizer
 from escalation.desk import CaseDesk
 from escalation.policy import BusinessHours, EscalationPolicy
@@ -128,8 +129,11 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             conversations=conversations, sender=sender, metrics=metrics, turn_workers=settings.turn_workers
         )
         desk = CaseDesk(sessions=db.sessions, policy=policy, on_change=workers.wake_sender)
+        # The acknowledgement path gets its own small pool: turns hold connections for as long as the LLM
+        # takes, and a burst of events must never queue behind them for Slack's 3 seconds.
+        ack_engine = make_engine(db.url, pool_size=settings.ack_pool_size)
         inbox = Inbox(
-            sessions=db.sessions,
+            sessions=make_sessions(ack_engine),
             conversations=conversations,
             policy=Policy(None, settings.staff_channel_id, settings.served_channels, settings.slack_answer_bots),
             style=style,
@@ -147,6 +151,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
         finally:
             await workers.stop()
             await model.close()
+            await ack_engine.dispose()
 
 
 def web_app(bot: Bot) -> web.Application:

@@ -22,6 +22,7 @@ class Settings(BaseSettings):
     database_url: str | None = Field(default=None, description="Postgres URL; unset starts an embedded one.")
     data_dir: Path = Field(default=PROJECT_ROOT / ".data", description="Where the embedded Postgres lives.")
     db_pool_size: int = 20
+    ack_pool_size: int = 10
 
     # LLM provider
     openai_api_key: SecretStr | None = None
