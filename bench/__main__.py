@@ -7,10 +7,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import engine
+from bench import engine, slack
+from bench.setup import RESULTS
 
 Benchmark = Callable[..., dict[str, Any]]
-BENCHMARKS: dict[str, Benchmark] = {"engine": engine.main}
+BENCHMARKS: dict[str, Benchmark] = {"engine": engine.main, "slack": slack.main}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -18,7 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"benchmarks to run: {', '.join(BENCHMARKS)}")
     parser.add_argument("--quick", action="store_true", help="a smaller run (under 30 s) to check that it works")
     parser.add_argument(
-        "--results", type=Path, default=engine.RESULTS, help="folder for the JSON results (default: bench/results)"
+        "--results", type=Path, default=RESULTS, help="folder for the JSON results (default: bench/results)"
     )
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in BENCHMARKS]

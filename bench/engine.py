@@ -22,42 +22,40 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
-import math
 import os
-import platform
 import sys
-import tempfile
 import time
-import uuid
-import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import openai
-import sqlalchemy
 from sqlalchemy import event, func, select, text
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
-from sqlalchemy.pool import NullPool
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations, MessageResult
 from agents.loop import LoopConfig
 from agents.model import OpenAIChatModel
 from agents.roster import default_roster
 from bench.conversations import LOAD_CYCLE, SCRIPTS, growth_messages, policy
-from db import migrate
+from bench.setup import (
+    RESULTS,
+    admin,
+    postgres_server,
+    quiet,
+    section,
+    summary,
+    table,
+    throwaway_database,
+)
+from bench.setup import machine as base_machine
 from db import models as m
-from db.embedded import start_embedded
 from db.engine import make_engine, make_sessions
-from db.url import async_url
 from fakes.openai_server import FakeOpenAI, reply
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TABLES = "conversations, inbound, messages, handoffs, tool_runs, llm_calls, escalations, refunds"
 GROWTH_SAMPLES = (1, 5, 10, 20, 30, 40, 50)
 
@@ -133,40 +131,9 @@ class Bench:
     counters: Counters
 
 
-@contextmanager
-def postgres_server() -> Iterator[tuple[str, str]]:
-    """(server URL, where it came from): BENCH_DATABASE_URL's server, or a private embedded one."""
-    external = os.environ.get("BENCH_DATABASE_URL")
-    if external:
-        yield external, "BENCH_DATABASE_URL"
-        return
-    with tempfile.TemporaryDirectory(prefix="helpdesk-bench-pg-") as tmp:
-        url, server = start_embedded(Path(tmp), cleanup="delete")
-        try:
-            yield url, "embedded pgserver"
-        finally:
-            server.cleanup()
-
-
-async def _admin(url: str, sql: str) -> str | None:
-    engine = create_async_engine(async_url(url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    try:
-        async with engine.connect() as conn:
-            result = await conn.execute(text(sql))
-            value = result.scalar() if result.returns_rows else None
-            return None if value is None else str(value)
-    finally:
-        await engine.dispose()
-
-
 @asynccontextmanager
 async def bench_environment(server_url: str, params: Params) -> AsyncIterator[Bench]:
-    name = f"helpdesk_bench_{uuid.uuid4().hex[:8]}"
-    await _admin(server_url, f'CREATE DATABASE "{name}"')
-    url = async_url(server_url).set(database=name).render_as_string(hide_password=False)
-    try:
-        await _admin(url, "CREATE EXTENSION IF NOT EXISTS vector")
-        await asyncio.to_thread(migrate.upgrade, url)
+    async with throwaway_database(server_url) as url:
         engine = make_engine(url, pool_size=params.pool_size)
         counters = Counters()
         _count(engine, counters)
@@ -181,8 +148,6 @@ async def bench_environment(server_url: str, params: Params) -> AsyncIterator[Be
             finally:
                 await model.close()
                 await engine.dispose()
-    finally:
-        await _admin(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _count(engine: AsyncEngine, counters: Counters) -> None:
@@ -248,49 +213,6 @@ async def llm_use(sessions: Sessions, inbound_ids: Sequence[int]) -> dict[int, L
             if inbound_id is not None
         }
     return {i: found.get(i, LLMUse(0, 0.0, 0)) for i in inbound_ids}
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def summary(values: Sequence[float]) -> dict[str, float]:
-    return {
-        "p50": round(percentile(values, 50), 2),
-        "p90": round(percentile(values, 90), 2),
-        "p99": round(percentile(values, 99), 2),
-        "mean": round(sum(values) / len(values), 2) if values else math.nan,
-        "max": round(max(values), 2) if values else math.nan,
-    }
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    cells = [[str(h) for h in headers], *[[_cell(v) for v in row] for row in rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-
-    def line(row: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-
-    return "\n".join([line(cells[0]), line(["-" * w for w in widths]), *(line(r) for r in cells[1:])])
-
-
-def _cell(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:,.2f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
-
-
-def section(title: str) -> None:
-    print(f"\n== {title} ==", flush=True)
 
 
 # ------------------------------------------------------------------------------------------------ figures
@@ -640,16 +562,7 @@ def print_growth(figures: dict[str, Any]) -> None:
 
 
 def machine(database: str, server_version: str | None) -> dict[str, Any]:
-    return {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "cpu_count": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "postgres": server_version,
-        "database": database,
-        "sqlalchemy": sqlalchemy.__version__,
-        "openai": openai.__version__,
-    }
+    return base_machine(database, server_version, openai=openai.__version__)
 
 
 # ------------------------------------------------------------------------------------------------ entry
@@ -657,7 +570,7 @@ def machine(database: str, server_version: str | None) -> dict[str, Any]:
 
 async def run(server_url: str, database: str, params: Params) -> dict[str, Any]:
     started = time.perf_counter()
-    version = await _admin(server_url, "SELECT current_setting('server_version')")
+    version = await admin(server_url, "SELECT current_setting('server_version')")
     async with bench_environment(server_url, params) as bench:
         print(f"set-up (database, migrations, fake LLM): {time.perf_counter() - started:.1f} s", flush=True)
         sequential = await load_sequential(bench, params)
@@ -697,9 +610,7 @@ async def run(server_url: str, database: str, params: Params) -> dict[str, Any]:
 
 def main(*, quick: bool = False, results: Path = RESULTS) -> dict[str, Any]:
     """Run the engine benchmark, print its tables and write `results/engine.json`."""
-    warnings.filterwarnings("ignore", category=DeprecationWarning, module="pgserver")
-    warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    quiet()
     params = Params.of(quick)
     print(f"engine benchmark{' (quick)' if quick else ''}: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
     with postgres_server() as (server_url, database):

@@ -7,11 +7,13 @@ import json
 import sys
 import uuid
 
+from agents.conversations import Conversations
 from agents.loop import Escalate, Event, HandoffRecord, Reply, ToolRecord, ToolStarted
 from bot import runtime
 from bot.settings import Settings
 
-NO_PROVIDER = """No LLM provider is configured, so there is nobody to answer yet. Set one of:
+OFFLINE = """Offline mode: no LLM provider is configured, so answers are the knowledge base's best passages.
+For the agents themselves, set one of:
   OPENAI_API_KEY=sk-...                      (OpenAI; optionally OPENAI_MODEL, default gpt-4o-mini)
   OPENAI_BASE_URL=http://localhost:11434/v1  (any OpenAI-compatible server: Ollama, vLLM, LiteLLM, Azure)
 in the environment or in .env (see .env.example)."""
@@ -38,13 +40,14 @@ async def _show(event: Event) -> None:
 
 
 async def chat(settings: Settings, *, conversation: str | None) -> int:
-    if not settings.llm_configured:
-        print(NO_PROVIDER, file=sys.stderr)
-        return 2
     key = f"cli:{conversation or uuid.uuid4().hex[:8]}"
-    model = runtime.chat_model(settings)
     async with runtime.open_database(settings) as db:
-        service = runtime.conversations(settings, db, model)
+        brain = await runtime.brain(settings, db)
+        if brain.offline:
+            print(OFFLINE, file=sys.stderr)
+        service = Conversations(
+            sessions=db.sessions, roster=brain.roster, model=brain.model, config=runtime.loop_config(settings)
+        )
         print(f"Conversation {key!r} (resume it with --conversation {key[4:]}). Ctrl-D to quit.")
         state = await service.state(key)
         if state is not None:
@@ -63,5 +66,5 @@ async def chat(settings: Settings, *, conversation: str | None) -> int:
             elif result.reply:
                 title = service.roster.get(result.agent).title
                 print(f"{_style('36', title)}> {result.reply}")
-    await model.close()
+        await brain.close()
     return 0

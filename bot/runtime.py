@@ -7,16 +7,19 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import openai
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from agents.conversations import Conversations
+from agents.agent import Roster
 from agents.knowledge.embedders import Embedder, OpenAIEmbedder
+from agents.knowledge.store import KnowledgeBase
 from agents.loop import LoopConfig, Texts
-from agents.model import OpenAIChatModel
+from agents.model import Model, OpenAIChatModel
+from agents.offline import FallbackModel, OfflineModel, SimilarityRouter
 from agents.roster import default_roster
 from bot.settings import Settings
 from db import migrate
@@ -77,10 +80,6 @@ def chat_model(settings: Settings) -> OpenAIChatModel:
     )
 
 
-def conversations(settings: Settings, db: Database, model: OpenAIChatModel) -> Conversations:
-    return Conversations(sessions=db.sessions, roster=default_roster(), model=model, config=loop_config(settings))
-
-
 def embedder(settings: Settings) -> Embedder:
     use_openai = settings.embeddings == "openai" or (settings.embeddings == "auto" and settings.openai_api_key)
     if use_openai:
@@ -94,3 +93,41 @@ def embedder(settings: Settings) -> Embedder:
     from agents.knowledge.local import LocalEmbedder  # loads a model: only when it is the one used
 
     return LocalEmbedder()
+
+
+SAMPLE_KNOWLEDGE = Path(__file__).resolve().parent.parent / "knowledge" / "sample"
+
+
+async def ensure_sample_knowledge(kb: KnowledgeBase) -> None:
+    """First start on an empty knowledge base: ingest the sample (catalogue and support collections)."""
+    if await kb.stats():
+        return
+    for collection in ("catalogue", "support"):
+        report = await kb.ingest([SAMPLE_KNOWLEDGE / collection], collection=collection, root=SAMPLE_KNOWLEDGE)
+        log.info("ingested the sample %s: %d documents, %d chunks", collection, report.added, report.chunks)
+
+
+@dataclass
+class Brain:
+    """What answers: the roster, grounded on the knowledge base, and the model (or the offline stand-in)."""
+
+    roster: Roster
+    model: Model
+    knowledge: KnowledgeBase
+    offline: bool
+
+    async def close(self) -> None:
+        closer = getattr(self.model, "close", None) or getattr(getattr(self.model, "primary", None), "close", None)
+        if closer is not None:
+            await closer()
+
+
+async def brain(settings: Settings, db: Database) -> Brain:
+    knowledge = KnowledgeBase(sessions=db.sessions, embedder=embedder(settings))
+    await ensure_sample_knowledge(knowledge)
+    roster = default_roster(knowledge, min_similarity=settings.kb_min_similarity)
+    router = SimilarityRouter(knowledge.embedder, {name: a.description for name, a in roster.agents.items()})
+    offline = OfflineModel(router)
+    if not settings.llm_configured:
+        return Brain(roster, offline, knowledge, offline=True)
+    return Brain(roster, FallbackModel(chat_model(settings), offline), knowledge, offline=False)

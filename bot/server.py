@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import signal
@@ -23,8 +24,7 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from sqlalchemy import text
 
 from agents.conversations import Conversations
-from agents.model import OpenAIChatModel
-from agents.roster import default_roster
+from agents.model import Model
 from bot import runtime
 from bot.inbox import Inbox
 from bot.metrics import Metrics
@@ -75,7 +75,7 @@ def escalation_policy(settings: Settings) -> EscalationPolicy:
     )
 
 
-def llm_summarizer(model: OpenAIChatModel, model_name: str) -> Summarizer:
+def llm_summarizer(model: Model, model_name: str) -> Summarizer:
     async def summarize(lines: list[tuple[str, str]]) -> str:
         transcript = "\n".join(f"{who}: {text}" for who, text in lines)
         prompt = (
@@ -97,17 +97,17 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
     """Database migrated, workers running, Bolt app ready; everything stopped on exit."""
     assert settings.slack_bot_token is not None and settings.slack_signing_secret is not None
     if not settings.llm_configured:
-        log.warning("no LLM provider configured: every turn will apologise and escalate (see .env.example)")
+        log.warning("no LLM provider configured: answering from the knowledge base (offline mode)")
     if not settings.staff_channel_id:
         log.warning("STAFF_CHANNEL_ID is not set: escalated conversations wait for a human nobody is told about")
     now = clock or (lambda: datetime.now(UTC))
     style = ReplyStyle(settings.handoff_notice, settings.working_reaction, settings.done_reaction)
     policy = escalation_policy(settings)
-    roster = default_roster()
-    model = runtime.chat_model(settings)
     token, api = settings.slack_bot_token.get_secret_value(), settings.slack_api_url
     client = slack_client(token=token, base_url=api)
     async with runtime.open_database(settings) as db:
+        brain = await runtime.brain(settings, db)
+        roster, model = brain.roster, brain.model
         conversations = Conversations(
             sessions=db.sessions,
             roster=roster,
@@ -120,7 +120,9 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             client=client,
             sessions=db.sessions,
             staff_channel=settings.staff_channel_id,
-            summarize=llm_summarizer(model, settings.openai_model) if policy.llm_summary else None,
+            summarize=llm_summarizer(runtime.chat_model(settings), settings.openai_model)
+            if policy.llm_summary
+            else None,
         )
         sender = OutboxSender(
             engine=db.engine, client=slack_client(token=token, base_url=api, idempotent_only=True), cases=cases
@@ -150,7 +152,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             yield Bot(settings, db, app, workers, metrics, conversations, desk)
         finally:
             await workers.stop()
-            await model.close()
+            await brain.close()
             await ack_engine.dispose()
 
 
@@ -203,6 +205,7 @@ async def serve(settings: Settings, *, socket_mode: bool = False) -> int:
         log.info(
             "listening on http://%s:%d (%s)", settings.host, settings.port, "socket mode" if socket_mode else "http"
         )
+        gc.freeze()  # start-up objects live forever: keep them out of full collections, which stall every ack
         print(
             json.dumps({"event": "ready", "port": settings.port, "mode": "socket" if socket_mode else "http"}),
             flush=True,

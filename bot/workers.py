@@ -42,8 +42,9 @@ class Workers:
         self.ready = False
 
     def wake_turns(self) -> None:
+        # Left set until a loop starts looking for work, so a wake-up that comes while every loop is busy is
+        # not lost until the next poll.
         self._turns.set()
-        self._turns.clear()
 
     def wake_all(self) -> None:
         self.wake_turns()
@@ -51,7 +52,6 @@ class Workers:
 
     def wake_sender(self) -> None:
         self._sends.set()
-        self._sends.clear()
 
     async def start(self) -> None:
         self._tasks = [asyncio.create_task(self._turn_loop(), name=f"turns-{i}") for i in range(self.turn_workers)]
@@ -84,6 +84,7 @@ class Workers:
     async def _turn_loop(self) -> None:
         while not self._stopping.is_set():
             started = time.perf_counter()
+            self._turns.clear()
             try:
                 result = await self.conversations.process_next()
             except Exception:
@@ -107,6 +108,7 @@ class Workers:
 
     async def _send_loop(self) -> None:
         while not self._stopping.is_set():
+            self._sends.clear()
             try:
                 sent = await self.sender.send_pending()
             except Exception:

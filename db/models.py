@@ -189,7 +189,10 @@ class Outbox(Base):
     crash is found in the thread instead of being sent twice."""
 
     __tablename__ = "outbox"
-    __table_args__ = (Index("ix_outbox_unsent", "id", postgresql_where="sent_at IS NULL"),)
+    __table_args__ = (
+        Index("ix_outbox_unsent", "id", postgresql_where="sent_at IS NULL"),
+        Index("ix_outbox_unsent_by_conversation", "conversation_id", "id", postgresql_where="sent_at IS NULL"),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     conversation_id: Mapped[int | None] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))

@@ -137,6 +137,9 @@ def bot_settings(database_url: str, fake: FakeOpenAI, emulator: Any, **overrides
         "staff_channel_id": "C_STAFF",
         "turn_workers": 4,
         "case_summary": "transcript",
+        "embeddings": "openai",
+        "openai_embedding_model": "fake-embed",
+        "openai_embedding_dim": 64,
     }
     return Settings(_env_file=None, **(values | overrides))  # type: ignore[call-arg]
 

@@ -14,7 +14,9 @@ from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
 CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "SLACK_", "DATABASE_URL"))}
 
 
-async def run_bot(*args: str, env: dict[str, str], stdin: str = "", cwd: Path) -> tuple[int, str, str]:
+async def run_bot(
+    *args: str, env: dict[str, str], stdin: str = "", cwd: Path, wait_s: float = 60
+) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -26,14 +28,23 @@ async def run_bot(*args: str, env: dict[str, str], stdin: str = "", cwd: Path) -
         env={**CLEAN, **env},
         cwd=cwd,
     )
-    out, err = await asyncio.wait_for(proc.communicate(stdin.encode()), timeout=60)
+    out, err = await asyncio.wait_for(proc.communicate(stdin.encode()), timeout=wait_s)
     return proc.returncode or 0, out.decode(), err.decode()
 
 
-async def test_chat_without_provider_says_what_to_set(database_url: str, tmp_path: Path) -> None:
-    code, _, err = await run_bot("chat", env={"DATABASE_URL": database_url}, cwd=tmp_path)
-    assert code == 2
-    assert "OPENAI_API_KEY" in err and "OPENAI_BASE_URL" in err
+async def test_chat_without_provider_answers_from_the_knowledge_base(
+    database_url: str, sessions: async_sessionmaker[AsyncSession], tmp_path: Path
+) -> None:
+    stdin = "how long is the warranty on a new drone?\nthis is useless, let me talk to a real person\n"
+    # The first start embeds the sample knowledge base with the local model: give it time on a busy machine.
+    env = {"DATABASE_URL": database_url}
+    code, out, err = await run_bot("chat", env=env, cwd=tmp_path, stdin=stdin, wait_s=300)
+    assert code == 0, err
+    assert "Offline mode" in err and "OPENAI_API_KEY" in err and "OPENAI_BASE_URL" in err
+    assert "handoff triage -> support" in out  # routed by similarity to the agents' descriptions
+    assert "calls search_knowledge" in out
+    assert "Here is what I found in our help articles" in out and "_Source: Warranty and Driftwing Care" in out
+    assert "escalated to a human (agent): the customer asked for a person" in out
 
 
 async def test_chat_shows_agents_handoffs_and_tools(
@@ -47,7 +58,13 @@ async def test_chat_shows_agents_handoffs_and_tools(
         reply("Your Harrier X4 has shipped."),
         reply("You're welcome, Ada."),
     )
-    env = {"DATABASE_URL": database_url, "OPENAI_BASE_URL": fake_llm.base_url, "OPENAI_MODEL": "fake-model"}
+    env = {
+        "DATABASE_URL": database_url,
+        "OPENAI_BASE_URL": fake_llm.base_url,
+        "OPENAI_MODEL": "fake-model",
+        "EMBEDDINGS": "openai",
+        "OPENAI_EMBEDDING_DIM": "64",
+    }
     code, out, err = await run_bot(
         "chat", "--conversation", "demo", env=env, cwd=tmp_path, stdin="I'm Ada, where is DW-1002?\nthanks\n"
     )

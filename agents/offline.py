@@ -1,0 +1,127 @@
+"""Serving without an LLM: a `Model` that answers from the knowledge base.
+
+It speaks the same protocol as a real model, so the engine runs unchanged (handoffs, tools, escalation,
+audit trail): it asks for a person with `escalate_to_human` when the customer wants one, routes with
+`transfer_to_<agent>` by embedding similarity of the message to the agents' descriptions, looks the question
+up with `search_knowledge`, and replies with the passages found and their sources, worded as found articles.
+When nothing matches, it escalates. `FallbackModel` uses it while the real provider is failing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from agents.errors import ProviderError
+from agents.knowledge.embedders import Embedder
+from agents.knowledge.tool import NOTHING_FOUND
+from agents.messages import ToolCall
+from agents.model import Model, ModelResponse, Usage
+
+ASKS_FOR_PERSON = re.compile(
+    r"\b(human|person|real (?:person|people)|someone real|somebody|agent|representative|operator|manager|"
+    r"supervisor|staff|colleague|talk to (?:a|an|some)one|speak (?:to|with) (?:a|an|some)one)\b",
+    re.IGNORECASE,
+)
+
+
+class SimilarityRouter:
+    """Routes a message to the agent whose description it is most similar to."""
+
+    def __init__(self, embedder: Embedder, descriptions: Mapping[str, str]) -> None:
+        self.embedder = embedder
+        self.descriptions = dict(descriptions)
+        self._vectors: np.ndarray[Any, Any] | None = None
+
+    async def route(self, text: str) -> tuple[str, float]:
+        names = list(self.descriptions)
+        if self._vectors is None:
+            self._vectors = np.array(await self.embedder.embed([self.descriptions[n] for n in names]))
+        query = np.array((await self.embedder.embed([text]))[0])
+        scores = self._vectors @ query
+        best = int(np.argmax(scores))
+        return names[best], float(scores[best])
+
+
+def _call(name: str, arguments: dict[str, Any], n: int) -> ModelResponse:
+    return ModelResponse(None, (ToolCall(f"offline_{n}", name, json.dumps(arguments)),), Usage(), 0.0)
+
+
+def _reply(text: str) -> ModelResponse:
+    return ModelResponse(text, (), Usage(), 0.0)
+
+
+def _found_articles(result: str) -> str:
+    passages = re.split(r"\n\n(?=\[\d+\] )", result.split("\n\n", 1)[1]) if "\n\n" in result else []
+    lines = ["Here is what I found in our help articles:"]
+    for passage in passages[:2]:
+        head, _, body = passage.partition("\n")
+        excerpt = body.strip()
+        excerpt = excerpt if len(excerpt) < 700 else excerpt[:700].rsplit(" ", 1)[0] + "…"
+        source = re.sub(r"^\[\d+\] ", "", head)
+        lines.append(f"> {excerpt}\n_Source: {source}_")
+    lines.append("If this doesn't answer your question, say so and I'll bring in a colleague.")
+    return "\n\n".join(lines)
+
+
+class OfflineModel:
+    """Answers from the knowledge base; `min_route_score` is the similarity needed to transfer."""
+
+    def __init__(self, router: SimilarityRouter, *, min_route_score: float = 0.25) -> None:
+        self.router = router
+        self.min_route_score = min_route_score
+
+    async def complete(
+        self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> ModelResponse:
+        available = {t["function"]["name"] for t in tools}
+        turn = _current_turn(messages)
+        question = str(turn[0].get("content") or "") if turn else ""
+        results = [m for m in turn if m.get("role") == "tool"]
+        calls = sum(len(m.get("tool_calls") or []) for m in turn)
+        if ASKS_FOR_PERSON.search(question) and "escalate_to_human" in available:
+            return _call("escalate_to_human", {"reason": "the customer asked for a person"}, calls)
+        searched = [r for r in results if not str(r.get("content", "")).startswith(("Transferred", "Error"))]
+        if searched:
+            found = str(searched[-1]["content"])
+            if found.startswith(NOTHING_FOUND[:30]):
+                return _call("escalate_to_human", {"reason": "no help article matches the question"}, calls)
+            return _reply(_found_articles(found))
+        if not any(str(r.get("content", "")).startswith("Transferred") for r in results):
+            target, score = await self.router.route(question)
+            if f"transfer_to_{target}" in available and score >= self.min_route_score:
+                return _call(f"transfer_to_{target}", {"reason": f"similar to {target} ({score:.2f})"}, calls)
+        if "search_knowledge" in available:
+            return _call("search_knowledge", {"query": question}, calls)
+        return _reply(
+            "Hello! I'm the Driftwing assistant. I can help with choosing a drone or accessory, and with orders, "
+            "deliveries, repairs, returns and refunds. What can I do for you?"
+        )
+
+
+def _current_turn(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The customer's latest message and everything after it."""
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].get("role") == "user":
+            return list(messages[index:])
+    return []
+
+
+class FallbackModel:
+    """The real model, and the offline one for each call the real one fails (after the SDK's retries)."""
+
+    def __init__(self, primary: Model, fallback: Model) -> None:
+        self.primary = primary
+        self.fallback = fallback
+
+    async def complete(
+        self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> ModelResponse:
+        try:
+            return await self.primary.complete(model=model, messages=messages, tools=tools)
+        except ProviderError:
+            return await self.fallback.complete(model=model, messages=messages, tools=tools)
