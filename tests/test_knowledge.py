@@ -155,3 +155,30 @@ async def test_hybrid_finds_a_paraphrase_that_full_text_misses(sessions: Session
     hybrid_code = await kb.search(question, collections=["catalogue"], k=1)
     assert code in hybrid_code[0].text
     assert code not in vector_only[0].text
+
+
+async def test_offline_mode_answers_with_sources_and_escalates_when_nothing_matches(
+    sessions: Sessions, minilm: object
+) -> None:
+    from agents.conversations import Conversations
+    from agents.knowledge.local import LocalEmbedder
+    from agents.offline import OfflineModel, SimilarityRouter
+    from agents.roster import default_roster
+    from tests.conftest import CONFIG
+
+    kb = KnowledgeBase(sessions=sessions, embedder=LocalEmbedder(minilm))  # type: ignore[arg-type]
+    await kb.ingest([SAMPLE / "support"], collection="support", root=SAMPLE)
+    roster = default_roster(kb)
+    router = SimilarityRouter(kb.embedder, {name: a.description for name, a in roster.agents.items()})
+    service = Conversations(sessions=sessions, roster=roster, model=OfflineModel(router), config=CONFIG)
+
+    answer = await service.handle("t:1", "I want to return my drone and get a refund")
+    assert answer.kind == "reply" and answer.agent == "support"
+    assert answer.reply is not None and answer.reply.startswith("Here is what I found in our help articles")
+    assert "_Source: Returns and refunds" in answer.reply
+
+    # With a bar no passage reaches, the same kind of question finds nothing, and a person is asked in.
+    strict = default_roster(kb, min_similarity=0.95)
+    picky = Conversations(sessions=sessions, roster=strict, model=OfflineModel(router), config=CONFIG)
+    nothing = await picky.handle("t:2", "I want to return my drone and get a refund")
+    assert nothing.kind == "escalated" and nothing.escalation_reason == "no help article matches the question"
