@@ -182,14 +182,16 @@ class Conversations:
         """Store a customer message inside the caller's transaction (so it can be one write with the caller's
         own rows). `order_key` orders messages of one conversation when arrival order may differ from the
         order they were written in (Slack's ts); messages without one run in arrival order."""
-        # DO NOTHING, then a plain read: an upsert that updates would wait for the row lock a running turn holds,
-        # and storing a message must never wait for a turn.
-        conversation_id = await s.scalar(
-            pg_insert(m.Conversation)
-            .values(key=key, active_agent=self.roster.entry)
-            .on_conflict_do_nothing(index_elements=["key"])
-            .returning(m.Conversation.id)
-        ) or await s.scalar(select(m.Conversation.id).where(m.Conversation.key == key))
+        # A plain read first: an INSERT that meets the existing row (even with ON CONFLICT DO NOTHING) waits for
+        # any transaction that has updated it, such as a running turn, and storing must never wait for a turn.
+        conversation_id = await s.scalar(select(m.Conversation.id).where(m.Conversation.key == key))
+        if conversation_id is None:
+            conversation_id = await s.scalar(
+                pg_insert(m.Conversation)
+                .values(key=key, active_agent=self.roster.entry)
+                .on_conflict_do_nothing(index_elements=["key"])
+                .returning(m.Conversation.id)
+            ) or await s.scalar(select(m.Conversation.id).where(m.Conversation.key == key))
         assert conversation_id is not None
         inbound_id = await s.scalar(
             pg_insert(m.Inbound)

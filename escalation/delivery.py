@@ -41,6 +41,9 @@ class CaseDelivery:
         self.staff_channel = staff_channel
         self.summarize = summarize
         self._people: dict[str, tuple[str, str | None]] = {}
+        self._summaries: dict[int, str] = {}
+        """Written once, when the case is posted: updates of the case message re-render its state, and must
+        not cost an LLM call (or a wait in the conversation's outbox) per staff reply."""
 
     async def person(self, user: str | None) -> tuple[str, str | None]:
         """Display name and avatar of a Slack user, cached; the id itself when the profile cannot be read."""
@@ -153,18 +156,20 @@ class CaseDelivery:
             )
             for r in reversed(recent)
         ]
-        return CaseView(
+        view = CaseView(
             escalation_id=escalation.id,
             customer=customer,
             channel=channel,
             permalink=await self._permalink(thread),
             reason=escalation.reason,
-            summary=await self._summary(lines),
+            summary=self._summaries.get(escalation.id) or await self._summary(lines),
             agent=escalation.agent,
             status=escalation.status,
             claimed_by=escalation.claimed_by,
             closed_by=escalation.closed_by,
         )
+        self._summaries[escalation.id] = view.summary
+        return view
 
     async def _permalink(self, thread: tuple[str, str | None] | None) -> str | None:
         if thread is None or thread[1] is None:
