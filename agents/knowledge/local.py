@@ -102,13 +102,14 @@ class MiniLM:
         for layer in range(int(self.config["num_hidden_layers"])):
             p = f"encoder.layer.{layer}"
 
-            def split(t: Array) -> Array:
-                return t.reshape(n, length, self.heads, head).transpose(0, 2, 1, 3)
+            def split(t: Array, order: tuple[int, ...] = (0, 2, 1, 3)) -> Array:
+                # Contiguous copies: NumPy's batched matmul is only fast (BLAS per slice) on contiguous stacks.
+                return np.ascontiguousarray(t.reshape(n, length, self.heads, head).transpose(order))
 
             q = split(self._dense(x, f"{p}.attention.self.query"))
-            k = split(self._dense(x, f"{p}.attention.self.key"))
+            k_t = split(self._dense(x, f"{p}.attention.self.key"), (0, 2, 3, 1))
             v = split(self._dense(x, f"{p}.attention.self.value"))
-            scores = (q @ k.transpose(0, 1, 3, 2)) / np.float32(math.sqrt(head)) + blocked
+            scores = (q @ k_t) / np.float32(math.sqrt(head)) + blocked
             scores = np.exp(scores - scores.max(-1, keepdims=True))
             attention = scores / scores.sum(-1, keepdims=True)
             context = (attention @ v).transpose(0, 2, 1, 3).reshape(n, length, self.dim)
