@@ -71,7 +71,7 @@ def _found_articles(result: str) -> str:
 class OfflineModel:
     """Answers from the knowledge base; `min_route_score` is the similarity needed to transfer."""
 
-    def __init__(self, router: SimilarityRouter, *, min_route_score: float = 0.25) -> None:
+    def __init__(self, router: SimilarityRouter, *, min_route_score: float = 0.15) -> None:
         self.router = router
         self.min_route_score = min_route_score
 

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 Mode = Literal["hybrid", "vector", "text"]
 RRF_K = 60
+TEXT_WEIGHT = 0.5
 CANDIDATES = 40
 
 
@@ -63,9 +64,14 @@ class IngestReport:
 
 
 class KnowledgeBase:
-    def __init__(self, *, sessions: async_sessionmaker[AsyncSession], embedder: Embedder) -> None:
+    def __init__(
+        self, *, sessions: async_sessionmaker[AsyncSession], embedder: Embedder, text_weight: float = TEXT_WEIGHT
+    ) -> None:
         self.sessions = sessions
         self.embedder = embedder
+        self.text_weight = text_weight
+        """The full-text ranking's weight in the fusion, the vector ranking's being 1 (see README for the
+        evaluation that chose it)."""
 
     async def ensure_collection(self, collection: str) -> None:
         async with self.sessions() as s, s.begin():
@@ -198,9 +204,9 @@ class KnowledgeBase:
         elif mode == "text":
             scores = {row[0]: float(row[-1]) for row in text_ranked}
         else:
-            for ranking in (vector_ranked, text_ranked):
+            for weight, ranking in ((1.0, vector_ranked), (self.text_weight, text_ranked)):
                 for rank, row in enumerate(ranking):
-                    scores[row[0]] = scores.get(row[0], 0.0) + 1.0 / (RRF_K + rank + 1)
+                    scores[row[0]] = scores.get(row[0], 0.0) + weight / (RRF_K + rank + 1)
         best = sorted(scores, key=lambda chunk_id: -scores[chunk_id])[:k]
         return [
             Hit(
