@@ -8,12 +8,15 @@ synthetic collection is embedded by a stub that returns random unit vectors, sin
 
 Figures
     ingestion    the sample's `catalogue` and `support` folders ingested into fresh collections: documents and
-                 chunks per second, the share of that time spent embedding, a second (unchanged) ingest; the
-                 embedder alone on the chunk texts (sentences/s) and the process RSS once the model is loaded
+                 chunks per second, the share (and rate) of embedding in it, a second (unchanged) ingest; the
+                 model alone (`MiniLM.encode`) on chunk texts spread by length (sentences/s), and the process
+                 RSS before and after loading the model and after ingestion
     quality      for each answerable question of bench/data/kb_eval.jsonl, searched in its collection: the
                  rank of the first right passage (its document, and its section heading when the question
                  names one) with vector-only, full-text-only and hybrid search: recall@1, recall@5, MRR@10,
-                 overall and by kind (exact wording / paraphrase)
+                 overall and by kind (exact wording / paraphrase); as the product runs them (pooled
+                 connections, whose cached generic plan may scan the HNSW index and filter the collection
+                 afterwards) and again with custom plans only, with the vector candidates a search gets
     abstention   `relevant(hits, question, threshold)` over the hybrid hits the search tool takes (k=4): how
                  often it keeps nothing for an unanswerable question (searched in both collections; correct)
                  and for an answerable one (wrong), at several thresholds around the default
@@ -21,11 +24,12 @@ Figures
                  else `SimilarityRouter` over the roster's descriptions, transferring only at a score >= the
                  threshold (else triage keeps it): accuracy, per label, confusion table, threshold sweep
     latency      hybrid search at the sample's size with the query embedded (total, embedding, rest); then
-                 on a synthetic collection (random unit vectors, text drawn from the sample's vocabulary)
-                 bulk-loaded with COPY: load and HNSW build time, insert rate with the index live, EXPLAIN of
-                 the product's own SQL (captured from `KnowledgeBase.search`) to show the HNSW index is used,
-                 a recall probe of the index, and hybrid / vector / text latency; and whether the sample's
-                 retrieval quality holds with that collection in the same table
+                 on a synthetic collection (random unit vectors, text drawn from the sample's vocabulary with
+                 Zipf-like frequencies) bulk-loaded with COPY: load and HNSW build time, insert rate with the
+                 index live, EXPLAIN of the product's own SQL (captured from `KnowledgeBase.search`; custom
+                 and generic plan) to show the HNSW index is used, a recall probe of the index, hybrid /
+                 vector / text latency and the vector query with the index disabled; and whether the
+                 sample's retrieval quality holds with that collection in the same table
 
 The CPU-bound parts (the embedder above all) are slower when the machine is busy: the load average at the
 start and end of the run is recorded with the figures.
@@ -34,6 +38,7 @@ start and end of the run is recorded with the figures.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import re
@@ -44,7 +49,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped]
 import numpy as np
@@ -58,9 +63,9 @@ from agents.knowledge.chunking import chunk_document
 from agents.knowledge.documents import find_documents, read_document
 from agents.knowledge.embedders import Embedder
 from agents.knowledge.local import MODEL, LocalEmbedder, MiniLM
-from agents.knowledge.store import CANDIDATES, Hit, KnowledgeBase, Mode
-from agents.knowledge.tool import relevant
-from agents.offline import ASKS_FOR_PERSON, SimilarityRouter
+from agents.knowledge.store import CANDIDATES, TEXT_WEIGHT, Hit, KnowledgeBase, Mode
+from agents.knowledge.tool import relevant, search_knowledge_tool
+from agents.offline import ASKS_FOR_PERSON, OfflineModel, SimilarityRouter
 from agents.roster import default_roster
 from bench.setup import RESULTS, admin, postgres_server, quiet, section, summary, table, throwaway_database
 from bench.setup import machine as base_machine
@@ -79,17 +84,22 @@ HNSW_DDL = (
     f"USING hnsw ((embedding::vector({DIM})) vector_cosine_ops) WHERE dim = {DIM}"
 )
 """As the migration (0005) and `KnowledgeBase.ensure_collection` create it."""
+EF_SEARCH = (40, 100)
+"""hnsw.ef_search for the index probe: pgvector's default, and a larger one."""
 TOOL_K = 4
 """What `search_knowledge_tool` asks for."""
 RANK_K = 10
 ABSTAIN_THRESHOLDS = (0.25, 0.35, 0.45)
-DEFAULT_MIN_SIMILARITY = 0.35
+DEFAULT_MIN_SIMILARITY = float(inspect.signature(search_knowledge_tool).parameters["min_similarity"].default)
+"""What the search tool keeps by default."""
 ROUTE_THRESHOLDS = (0.15, 0.25, 0.35)
-DEFAULT_ROUTE_SCORE = 0.25
+TEXT_WEIGHTS = (0.25, 0.5, 0.75, 1.0)
+"""Weights of the full-text ranking in the hybrid fusion to compare (the vector ranking's being 1)."""
 LABELS = ("triage", "sales", "support", "human")
 KINDS = ("exact", "paraphrase")
 
 Sessions = async_sessionmaker[AsyncSession]
+T = TypeVar("T")
 Vectors = NDArray[np.float32]
 
 
@@ -97,13 +107,17 @@ Vectors = NDArray[np.float32]
 class Params:
     quick: bool
     latency_queries: int
+    """Hybrid searches at the sample's size."""
+    synthetic_queries: int
+    """Hybrid and vector-only searches on the synthetic collection (full-text only: a third as many)."""
     synthetic_chunks: int
     live_insert_chunks: int
     """Of synthetic_chunks, how many are inserted after the HNSW index is built (the rest before it)."""
     index_probes: int
     seqscan_queries: int
     embed_every: int
-    """The embedder-alone figure encodes every n-th chunk text (by length), to keep --quick short."""
+    """The model-alone figure encodes every n-th chunk text by length (so its batches of 32 are padded as
+    when it encodes them all), to keep the run short."""
     chunks_per_document: int = 100
     words_per_chunk: int = 80
     maintenance_work_mem: str = "512MB"
@@ -115,20 +129,22 @@ class Params:
             return cls(
                 quick=True,
                 latency_queries=50,
+                synthetic_queries=30,
                 synthetic_chunks=20_000,
-                live_insert_chunks=1_000,
+                live_insert_chunks=500,
                 index_probes=20,
                 seqscan_queries=5,
-                embed_every=8,
+                embed_every=4,
             )
         return cls(
             quick=False,
             latency_queries=200,
+            synthetic_queries=100,
             synthetic_chunks=100_000,
-            live_insert_chunks=2_000,
+            live_insert_chunks=1_000,
             index_probes=50,
-            seqscan_queries=20,
-            embed_every=4,
+            seqscan_queries=10,
+            embed_every=2,
         )
 
 
@@ -352,6 +368,13 @@ async def explain(raw: asyncpg.Connection, captured: tuple[str, tuple[Any, ...]]
     return {"plan": plan, "uses_hnsw": any(HNSW_INDEX in line for line in plan)}
 
 
+def spread(items: Sequence[T], count: int) -> list[T]:
+    """`count` of the items: all of them over and over when there are fewer, else evenly spaced."""
+    if count >= len(items):
+        return [items[i % len(items)] for i in range(count)]
+    return [items[i * len(items) // count] for i in range(count)]
+
+
 async def timed_ms(calls: Iterable[Callable[[], Awaitable[object]]]) -> list[float]:
     out: list[float] = []
     for call in calls:
@@ -493,8 +516,11 @@ async def quality(bench: Bench, questions: Sequence[Question]) -> dict[str, Any]
     unanswerable = [q for q in questions if not q.answerable]
     modes: dict[str, Any] = {}
     failures: list[dict[str, Any]] = []
+    per_question: dict[str, dict[str, int | None]] = {q.id: {} for q in answerable}
     for mode in ("vector", "text", "hybrid"):
         ranks = await rank_all(kb, answerable, mode)
+        for q, r in zip(answerable, ranks, strict=True):
+            per_question[q.id][mode] = r
         modes[mode] = {
             "all": rank_scores(ranks),
             **{
@@ -525,7 +551,7 @@ async def quality(bench: Bench, questions: Sequence[Question]) -> dict[str, Any]
     answer_hits = [await kb.search(q.question, collections=[q.collection or ""], k=TOOL_K) for q in answerable]
     refuse_hits = [[await kb.search(q.question, collections=[c], k=TOOL_K) for c in COLLECTIONS] for q in unanswerable]
     thresholds: list[dict[str, Any]] = []
-    for threshold in ABSTAIN_THRESHOLDS:
+    for threshold in sorted({*ABSTAIN_THRESHOLDS, DEFAULT_MIN_SIMILARITY}):
         kept = [relevant(hits, q.question, threshold) for q, hits in zip(answerable, answer_hits, strict=True)]
         abstained = [
             all(not relevant(hits, q.question, threshold) for hits in per_collection)
@@ -558,6 +584,7 @@ async def quality(bench: Bench, questions: Sequence[Question]) -> dict[str, Any]
         "rank_k": RANK_K,
         "modes": modes,
         "hybrid_misses_at_1": failures,
+        "ranks": per_question,
         "abstention": {
             "hits_per_search": TOOL_K,
             "default_threshold": DEFAULT_MIN_SIMILARITY,
@@ -577,10 +604,30 @@ async def quality_custom_plans(bench: Bench, questions: Sequence[Question]) -> d
     """Vector and hybrid quality again on connections that never use a cached generic plan, and the vector
     candidates a catalogue search then gets: what the plan cache costs."""
     answerable = [q for q in questions if q.answerable]
+    vector = await rank_all(bench.custom_kb, answerable, "vector")
+    hybrid = await rank_all(bench.custom_kb, answerable, "hybrid")
+    weights: list[dict[str, Any]] = []
+    for weight in sorted({*TEXT_WEIGHTS, TEXT_WEIGHT}):
+        kb = KnowledgeBase(sessions=bench.custom_kb.sessions, embedder=bench.cached, text_weight=weight)
+        ranks = await rank_all(kb, answerable, "hybrid")
+        weights.append(
+            {
+                "text_weight": weight,
+                "default": weight == TEXT_WEIGHT,
+                "all": rank_scores(ranks),
+                **{
+                    kind: rank_scores([r for q, r in zip(answerable, ranks, strict=True) if q.kind == kind])
+                    for kind in KINDS
+                },
+            }
+        )
     return {
-        "vector": rank_scores(await rank_all(bench.custom_kb, answerable, "vector")),
-        "hybrid": rank_scores(await rank_all(bench.custom_kb, answerable, "hybrid")),
+        "vector": rank_scores(vector),
+        "hybrid": rank_scores(hybrid),
+        "hybrid_text_weight_sweep": weights,
+        "ranks": {q.id: {"vector": v, "hybrid": h} for q, v, h in zip(answerable, vector, hybrid, strict=True)},
         "catalogue_vector_candidates": await vector_candidates(bench, questions, "catalogue", bench.custom_kb),
+        "support_vector_candidates": await vector_candidates(bench, questions, "support", bench.custom_kb),
     }
 
 
@@ -590,6 +637,8 @@ async def quality_custom_plans(bench: Bench, questions: Sequence[Question]) -> d
 async def routing(bench: Bench, cases: Sequence[RoutingCase]) -> dict[str, Any]:
     roster = default_roster()
     router = SimilarityRouter(bench.local, {name: agent.description for name, agent in roster.agents.items()})
+    default_score = OfflineModel(router).min_route_score
+    thresholds = sorted({*ROUTE_THRESHOLDS, default_score})
     routed: list[tuple[RoutingCase, str | None, float | None]] = []
     for case in cases:
         if ASKS_FOR_PERSON.search(case.message):
@@ -604,7 +653,7 @@ async def routing(bench: Bench, cases: Sequence[RoutingCase]) -> dict[str, Any]:
         return target if target != roster.entry and score >= threshold else roster.entry
 
     sweep: list[dict[str, Any]] = []
-    for threshold in ROUTE_THRESHOLDS:
+    for threshold in thresholds:
         predicted = [decide(t, s, threshold) for _, t, s in routed]
         per_label = {
             label: round(
@@ -631,14 +680,14 @@ async def routing(bench: Bench, cases: Sequence[RoutingCase]) -> dict[str, Any]:
                 "confusion": confusion,
             }
         )
-    default = next(s for s in sweep if s["threshold"] == DEFAULT_ROUTE_SCORE)
+    default = next(s for s in sweep if s["threshold"] == default_score)
     messages = [
         {
             "message": c.message,
             "label": c.label,
             "nearest": t,
             "score": None if s is None else round(s, 3),
-            "routed": decide(t, s, DEFAULT_ROUTE_SCORE),
+            "routed": decide(t, s, default_score),
         }
         for c, t, s in routed
     ]
@@ -646,7 +695,7 @@ async def routing(bench: Bench, cases: Sequence[RoutingCase]) -> dict[str, Any]:
         "messages": len(cases),
         "by_label": dict(Counter(c.label for c in cases)),
         "descriptions": {name: agent.description for name, agent in roster.agents.items()},
-        "default_threshold": DEFAULT_ROUTE_SCORE,
+        "default_threshold": default_score,
         "accuracy": default["accuracy"],
         "per_label": default["per_label"],
         "confusion": default["confusion"],
@@ -663,7 +712,7 @@ async def latency_sample(bench: Bench, questions: Sequence[Question], params: Pa
     """Hybrid search as the tool runs it (k=4, the question's collection or both), query embedding included."""
     timed = TimedEmbedder(bench.local)
     kb = KnowledgeBase(sessions=bench.sessions, embedder=timed)
-    queries = [questions[i % len(questions)] for i in range(params.latency_queries)]
+    queries = spread(questions, params.latency_queries)
 
     def call(q: Question) -> Callable[[], Awaitable[object]]:
         collections = [q.collection] if q.collection else list(COLLECTIONS)
@@ -796,12 +845,12 @@ async def latency_synthetic(bench: Bench, questions: Sequence[Question], params:
     text_plan = await explain(raw, bench.statements.text)
     latencies: dict[str, Any] = {}
     counts: dict[Mode, int] = {
-        "hybrid": params.latency_queries,
-        "vector": params.latency_queries // 2,
-        "text": params.latency_queries // 2,
+        "hybrid": params.synthetic_queries,
+        "vector": params.synthetic_queries,
+        "text": params.synthetic_queries // 3,
     }
     for mode, count in counts.items():
-        queries = [texts_q[i % len(texts_q)] for i in range(count)]
+        queries = spread(texts_q, count)
 
         def call(query: str, mode: Mode = mode) -> Callable[[], Awaitable[object]]:
             return lambda: kb.search(query, collections=[SYNTHETIC], k=TOOL_K, mode=mode)
@@ -818,7 +867,7 @@ async def latency_synthetic(bench: Bench, questions: Sequence[Question], params:
                 SYNTHETIC,
             )
         )
-        for q in texts_q[:20]
+        for q in spread(texts_q, 20)
     ]
     return {
         "chunks": n,
@@ -874,16 +923,21 @@ async def index_probe(bench: Bench, params: Params) -> dict[str, Any]:
         params.index_probes,
     )
     rng = np.random.default_rng(params.seed + 2)
-    first = top10 = 0
+    probes: list[tuple[int, Vectors]] = []
     for row in rows:
         original = np.asarray(row["e"].to_numpy() if hasattr(row["e"], "to_numpy") else row["e"], dtype=np.float32)
         noisy = original + rng.standard_normal(DIM).astype(np.float32) * np.float32(0.48 / np.sqrt(DIM))
-        noisy /= np.linalg.norm(noisy)
-        args = bind(params_, noisy)
-        found = [r[0] for r in await bench.raw.fetch(statement, *args)]
-        first += bool(found) and found[0] == row["id"]
-        top10 += row["id"] in found[:10]
-    return {"probes": len(rows), "found_first": first, "found_in_top_10": top10}
+        probes.append((int(row["id"]), noisy / np.linalg.norm(noisy)))
+    found_first: dict[str, int] = {}
+    for ef_search in EF_SEARCH:
+        first = 0
+        async with bench.raw.transaction():
+            await bench.raw.execute(f"SET LOCAL hnsw.ef_search = {ef_search}")
+            for chunk_id, vector in probes:
+                found = [r[0] for r in await bench.raw.fetch(statement, *bind(params_, vector))]
+                first += bool(found) and found[0] == chunk_id
+        found_first[str(ef_search)] = first
+    return {"probes": len(probes), "found_first_by_ef_search": found_first}
 
 
 async def exact_scan(bench: Bench, params: Params) -> dict[str, float]:
@@ -1004,7 +1058,8 @@ def print_ingestion(f: dict[str, Any]) -> None:
 
 def print_quality(f: dict[str, Any], problems: Sequence[str]) -> None:
     section(
-        f"Retrieval quality on the sample: {f['answerable']} answerable questions, each in its collection "
+        f"Retrieval quality on the sample: {f['answerable']} answerable questions, each in its collection, "
+        "searched as the product does "
         f"(exact {f['by_kind'].get('exact', 0)}, paraphrase {f['by_kind'].get('paraphrase', 0)})"
     )
     rows: list[Sequence[object]] = []
@@ -1030,12 +1085,21 @@ def print_quality(f: dict[str, Any], problems: Sequence[str]) -> None:
         print(f"WARNING: eval entry {problem}")
     custom = f.get("custom_plans")
     if custom:
-        v, h, c = custom["vector"], custom["hybrid"], custom["catalogue_vector_candidates"]
+        v, h = custom["vector"], custom["hybrid"]
+        c, sp = custom["catalogue_vector_candidates"], custom["support_vector_candidates"]
         print(
             f"with custom plans only (plan_cache_mode=force_custom_plan): vector recall@1 {v['recall_at_1']}, "
             f"@5 {v['recall_at_5']}, MRR {v['mrr_at_10']}; hybrid recall@1 {h['recall_at_1']}, @5 {h['recall_at_5']}, "
-            f"MRR {h['mrr_at_10']}; vector candidates per catalogue search {min(c['counts'])}-{max(c['counts'])} "
-            f"(expected {c['expected']})"
+            f"MRR {h['mrr_at_10']}; vector candidates per catalogue search {min(c['counts'])}-{max(c['counts'])}, "
+            f"per support search {min(sp['counts'])}-{max(sp['counts'])} (expected {c['expected']})"
+        )
+        print(
+            "hybrid by the full-text ranking's weight in the fusion (custom plans): "
+            + "; ".join(
+                f"{w['text_weight']}{' (default)' if w['default'] else ''}: recall@1 {w['all']['recall_at_1']}, "
+                f"@5 {w['all']['recall_at_5']}, MRR {w['all']['mrr_at_10']}"
+                for w in custom["hybrid_text_weight_sweep"]
+            )
         )
 
     a = f["abstention"]
@@ -1087,6 +1151,7 @@ def print_routing(f: dict[str, Any]) -> None:
             for s in f["sweep"]
         )
     )
+    print(f"{len(f['wrong'])} routed wrongly at {f['default_threshold']} (all in the JSON), e.g.:")
     for wrong in f["wrong"][:8]:
         print(
             f"  {wrong['label']} -> {wrong['routed']}: {wrong['message']!r} "
@@ -1139,8 +1204,11 @@ def print_latency_synthetic(f: dict[str, Any], beside: dict[str, Any], before: d
     probe = f["index_probe"]
     if probe:
         print(
-            f"index probe (stored vector + noise): original first in {probe['found_first']}/{probe['probes']}, "
-            f"in top 10 in {probe['found_in_top_10']}/{probe['probes']}"
+            "index probe (stored vector + noise, cosine ~0.9 to it): original found first in "
+            + ", ".join(
+                f"{n}/{probe['probes']} at hnsw.ef_search={ef}" + (" (default)" if ef == "40" else "")
+                for ef, n in probe["found_first_by_ef_search"].items()
+            )
         )
     rows = [_ms_row(f"{mode} ({v['queries']} queries)", v["ms"]) for mode, v in f["latency"].items()]
     if f["exact_scan_ms"]:
@@ -1212,6 +1280,8 @@ async def run(server_url: str, database: str, params: Params) -> dict[str, Any]:
             "sample": str(SAMPLE.relative_to(ROOT)),
             "collections": list(COLLECTIONS),
             "tool_k": TOOL_K,
+            "text_weight": TEXT_WEIGHT,
+            "min_similarity": DEFAULT_MIN_SIMILARITY,
             "rank_k": RANK_K,
         },
         "figures": {
