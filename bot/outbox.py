@@ -228,7 +228,10 @@ class OutboxSender:
             if found_ts is not None:
                 await self._sent(conn, row, found_ts)
                 return True
-            await self._mark(conn, row.id, attempts=m.Outbox.attempts + 1, attempted_at=func.now())
+            if posting:
+                # Recorded before the call: if the process dies waiting for Slack's answer, the next try looks
+                # for the post first. Reactions are idempotent and need no such record (one commit fewer each).
+                await self._mark(conn, row.id, attempts=m.Outbox.attempts + 1, attempted_at=func.now())
             result_ts = await self._call(row)
         except SlackApiError as exc:
             error = str(exc.response.get("error") or exc)
@@ -250,7 +253,9 @@ class OutboxSender:
     async def _sent(self, conn: AsyncConnection, row: Row[Any], ts: str | None) -> None:
         if self.cases is not None and ts is not None:
             await self.cases.posted(row, ts)
-        await self._mark(conn, row.id, sent_at=func.now(), result_ts=ts)
+        posting = row.kind == "post" or row.kind in POSTING_KINDS
+        counted = {} if posting else {"attempts": m.Outbox.attempts + 1}
+        await self._mark(conn, row.id, sent_at=func.now(), result_ts=ts, **counted)
 
     async def _into_case_thread(self, conn: AsyncConnection, row: Row[Any]) -> Row[Any]:
         """Relays and reminders go to the case's thread, known only once the case message is out; it always is
@@ -267,7 +272,8 @@ class OutboxSender:
     async def _backoff(self, conn: AsyncConnection, row: Row[Any], error: str) -> None:
         delay = timedelta(seconds=min(2 ** (row.attempts + 1), 300))
         log.warning("outbox row %s failed (%s); next try in %s", row.id, error, delay)
-        await self._mark(conn, row.id, last_error=error, next_attempt_at=func.now() + delay)
+        counted = {} if row.kind == "post" or row.kind in POSTING_KINDS else {"attempts": m.Outbox.attempts + 1}
+        await self._mark(conn, row.id, last_error=error, next_attempt_at=func.now() + delay, **counted)
 
     async def _call(self, row: Row[Any]) -> str | None:
         match row.kind:
