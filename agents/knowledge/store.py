@@ -224,6 +224,10 @@ class KnowledgeBase:
     async def _vector(self, s: AsyncSession, query: str, collections: list[str]) -> list[tuple]:  # type: ignore[type-arg]
         [vector] = await self.embedder.embed([query])
         dim = int(self.embedder.dim)
+        # A cached generic plan walks the HNSW index over every collection and filters afterwards, losing
+        # candidates (to none, beside a large collection): plan per query, and let the index look further.
+        await s.execute(text("SET LOCAL plan_cache_mode = force_custom_plan"))
+        await s.execute(text("SET LOCAL hnsw.ef_search = 100"))
         distance = f"(c.embedding::vector({dim}) <=> CAST(:q AS vector({dim})))"
         result = await s.execute(
             text(
