@@ -40,8 +40,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -66,12 +65,11 @@ from bench.slack import (
     BotProcess,
     CpuSample,
     LoopLag,
-    _bot_command,
     _cpu_line,
-    _free_port,
     _lag_line,
     bot_log_summary,
     bot_metrics,
+    bot_process,
     cpu_use,
     database_state,
     echo_figures,
@@ -82,7 +80,7 @@ from bench.slack import (
 from bot.mrkdwn import to_mrkdwn
 from db import models as m
 from db.url import async_url
-from fakes.openai_server import EMBEDDING_DIM, FakeOpenAI, FakeReply, RecordedRequest, reply, tool_call, tools
+from fakes.openai_server import FakeOpenAI, FakeReply, RecordedRequest, reply, tool_call, tools
 from fakes.slack_api import BOT_USER_ID, TEAM_ID, SlackEmulator
 
 SUPPORT = "C_SUPPORT"
@@ -157,63 +155,6 @@ def answer(request: RecordedRequest) -> FakeReply:
 
 
 # ------------------------------------------------------------------------------------------------ the bot
-
-
-@asynccontextmanager
-async def bot_process(
-    database_url: str, fake: FakeOpenAI, emulator: SlackEmulator, params: Params, workdir: Path
-) -> AsyncIterator[BotProcess]:
-    """`python -m bot serve` in `workdir` (so no `.env` is read) with only our settings in its environment: as
-    `bench.slack.bot_process`, plus the transcript as the case summary."""
-    port = _free_port()
-    ours = {name.upper() for name in DEFAULTS}
-    env = {k: v for k, v in os.environ.items() if k.upper() not in ours} | {
-        "DATABASE_URL": database_url,
-        "OPENAI_API_KEY": "bench",
-        "OPENAI_BASE_URL": fake.base_url,
-        "OPENAI_MODEL": "fake-model",
-        "OPENAI_MAX_RETRIES": "0",
-        "SLACK_BOT_TOKEN": BOT_TOKEN,
-        "SLACK_SIGNING_SECRET": SIGNING_SECRET,
-        "SLACK_API_URL": emulator.api_url,
-        "STAFF_CHANNEL_ID": STAFF_CHANNEL,
-        "CASE_SUMMARY": "transcript",
-        "TURN_WORKERS": str(params.bot_turn_workers),
-        "DB_POOL_SIZE": str(params.bot_db_pool_size),
-        "ACK_POOL_SIZE": str(params.bot_ack_pool_size),
-        "EMBEDDINGS": "openai",
-        "OPENAI_EMBEDDING_MODEL": "fake-embed",
-        "OPENAI_EMBEDDING_DIM": str(EMBEDDING_DIM),
-        "HOST": "127.0.0.1",
-        "PORT": str(port),
-        "LOG_LEVEL": "WARNING",
-    }
-    log = workdir / "bot.log"
-    started = time.monotonic()
-    with log.open("wb") as log_file:
-        proc = await asyncio.create_subprocess_exec(
-            *_bot_command(), env=env, cwd=workdir, stdout=asyncio.subprocess.PIPE, stderr=log_file
-        )
-    bot = BotProcess(proc, f"http://127.0.0.1:{port}/slack/events", f"http://127.0.0.1:{port}/metrics", log, 0.0)
-    try:
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), timeout=60)
-        if not line:  # stdout closed: the bot is exiting
-            await asyncio.wait_for(proc.wait(), timeout=15)
-        bot.check_alive()
-        if json.loads(line).get("event") != "ready":
-            raise RuntimeError(f"the bot said {line!r} instead of being ready")
-        bot.started_s = time.monotonic() - started
-        emulator.events_url = bot.events_url
-        yield bot
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), timeout=15)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
 
 
 # ------------------------------------------------------------------------------------------------ load
@@ -812,7 +753,16 @@ async def run(server_url: str, database: str, params: Params) -> dict[str, Any]:
     ):
         fake.rule = answer
         with tempfile.TemporaryDirectory(prefix="helpdesk-bench-relay-") as tmp:
-            async with bot_process(url, fake, emulator, params, Path(tmp)) as bot:
+            async with bot_process(
+                url,
+                fake,
+                emulator,
+                Path(tmp),
+                turn_workers=params.bot_turn_workers,
+                db_pool_size=params.bot_db_pool_size,
+                ack_pool_size=params.bot_ack_pool_size,
+                extra_env={"CASE_SUMMARY": "transcript"},
+            ) as bot:
                 async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
                     bench = Bench(
                         params,

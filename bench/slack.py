@@ -306,9 +306,18 @@ def _bot_command() -> list[str]:
 
 @asynccontextmanager
 async def bot_process(
-    database_url: str, fake: FakeOpenAI, emulator: SlackEmulator, params: Params, workdir: Path
+    database_url: str,
+    fake: FakeOpenAI,
+    emulator: SlackEmulator,
+    workdir: Path,
+    *,
+    turn_workers: int,
+    db_pool_size: int,
+    ack_pool_size: int | None,
+    extra_env: dict[str, str] | None = None,
 ) -> AsyncIterator[BotProcess]:
-    """`python -m bot serve` in `workdir` (so no `.env` is read) with only our settings in its environment."""
+    """`python -m bot serve` in `workdir` (so no `.env` is read) with only our settings in its environment
+    (`extra_env` adds to them: the relay benchmark's transcript summaries)."""
     port = _free_port()
     ours = {name.upper() for name in DEFAULTS}
     env = {k: v for k, v in os.environ.items() if k.upper() not in ours} | {
@@ -321,8 +330,8 @@ async def bot_process(
         "SLACK_SIGNING_SECRET": SIGNING_SECRET,
         "SLACK_API_URL": emulator.api_url,
         "STAFF_CHANNEL_ID": STAFF_CHANNEL,
-        "TURN_WORKERS": str(params.bot_turn_workers),
-        "DB_POOL_SIZE": str(params.bot_db_pool_size),
+        "TURN_WORKERS": str(turn_workers),
+        "DB_POOL_SIZE": str(db_pool_size),
         # The fake LLM serves embeddings too, of its own size (as tests/conftest.py configures the bot).
         "EMBEDDINGS": "openai",
         "OPENAI_EMBEDDING_MODEL": "fake-embed",
@@ -331,8 +340,9 @@ async def bot_process(
         "PORT": str(port),
         "LOG_LEVEL": "WARNING",
     }
-    if params.bot_ack_pool_size is not None:
-        env["ACK_POOL_SIZE"] = str(params.bot_ack_pool_size)
+    if ack_pool_size is not None:
+        env["ACK_POOL_SIZE"] = str(ack_pool_size)
+    env |= extra_env or {}
     log = workdir / "bot.log"
     started = time.monotonic()
     with log.open("wb") as log_file:
@@ -1000,7 +1010,15 @@ async def run(server_url: str, database: str, params: Params) -> dict[str, Any]:
     ):
         fake.rule = answer
         with tempfile.TemporaryDirectory(prefix="helpdesk-bench-bot-") as tmp:
-            async with bot_process(url, fake, emulator, params, Path(tmp)) as bot:
+            async with bot_process(
+                url,
+                fake,
+                emulator,
+                Path(tmp),
+                turn_workers=params.bot_turn_workers,
+                db_pool_size=params.bot_db_pool_size,
+                ack_pool_size=params.bot_ack_pool_size,
+            ) as bot:
                 connector = aiohttp.TCPConnector(limit=params.connection_limit)
                 async with aiohttp.ClientSession(
                     connector=connector, timeout=aiohttp.ClientTimeout(total=30)
