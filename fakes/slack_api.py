@@ -51,12 +51,15 @@ class SlackUser:
     real_name: str
     image_url: str
     is_bot: bool = False
+    is_admin: bool = False
+    """A workspace admin (users.info's is_admin)."""
 
     def to_api(self) -> dict[str, Any]:
         profile = {"real_name": self.real_name, "display_name": self.name}
         profile |= {"image_72": self.image_url, "image_192": self.image_url}
         user = {"id": self.id, "team_id": TEAM_ID, "name": self.name, "real_name": self.real_name}
-        return user | {"is_bot": self.is_bot, "deleted": False, "profile": profile}
+        flags = {"is_bot": self.is_bot, "is_admin": self.is_admin, "is_owner": False}
+        return user | flags | {"deleted": False, "profile": profile}
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,17 @@ class Ephemeral:
     message_ts: str
     blocks: list[dict[str, Any]] | None = None
     thread_ts: str | None = None
+
+
+@dataclass(frozen=True)
+class Response:
+    """A body the app POSTed to a response_url, with the request (slash command or click) that handed it out."""
+
+    user: str
+    channel: str
+    source: str
+    """The slash command ("/support") or action_id the response_url came with."""
+    body: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -217,6 +231,8 @@ class SlackEmulator:
         self.calls: list[ApiCall] = []
         self.ephemerals: list[Ephemeral] = []
         self.responses: list[dict[str, Any]] = []  # bodies POSTed to response_url endpoints
+        self.response_log: list[Response] = []  # the same, with who and what they answer
+        self._response_urls: dict[str, tuple[str, str, str]] = {}  # id -> (user, channel, source)
         self.deliveries: list[Delivery] = []
         self.users: dict[str, SlackUser] = {}
         self.channels: dict[str, Channel] = {}
@@ -305,7 +321,7 @@ class SlackEmulator:
         """Forget messages, recordings, faults and holds; users and channels stay."""
         for event in self._holds.values():
             event.set()
-        for store in (self.calls, self.ephemerals, self.responses, self.deliveries):
+        for store in (self.calls, self.ephemerals, self.responses, self.response_log, self.deliveries):
             store.clear()
         self._messages.clear()
         self._reply_index.clear()
@@ -315,10 +331,17 @@ class SlackEmulator:
     # -- workspace state -------------------------------------------------------------------------------------
 
     def add_user(
-        self, id: str, name: str, real_name: str, image_url: str | None = None, *, is_bot: bool = False
+        self,
+        id: str,
+        name: str,
+        real_name: str,
+        image_url: str | None = None,
+        *,
+        is_bot: bool = False,
+        is_admin: bool = False,
     ) -> SlackUser:
         image = image_url or f"https://avatars.{TEAM_DOMAIN}.test/{id}.png"
-        user = self.users[id] = SlackUser(id, name, real_name, image, is_bot)
+        user = self.users[id] = SlackUser(id, name, real_name, image, is_bot, is_admin)
         return user
 
     def add_channel(self, id: str, name: str, is_im: bool = False) -> Channel:
@@ -607,7 +630,10 @@ class SlackEmulator:
             body = await request.json()
         except ValueError:
             body = dict(await request.post())
-        self.responses.append(body if isinstance(body, dict) else {"body": body})
+        body = body if isinstance(body, dict) else {"body": body}
+        self.responses.append(body)
+        user, channel, source = self._response_urls.get(request.match_info["id"], ("", "", ""))
+        self.response_log.append(Response(user, channel, source, body))
         return web.json_response({"ok": True})
 
     # -- Events API ------------------------------------------------------------------------------------------
@@ -701,8 +727,10 @@ class SlackEmulator:
             said = replace(said, mention_event_id=mention_envelope["event_id"], mention_result=mention_result)
         return said
 
-    def _new_response_url(self) -> str:
-        return f"{self.url}/response_url/{next(self._response_ids)}"
+    def _new_response_url(self, user: str, channel: str, source: str) -> str:
+        url_id = str(next(self._response_ids))
+        self._response_urls[url_id] = (user, channel, source)
+        return f"{self.url}/response_url/{url_id}"
 
     async def _deliver_form(self, payload: dict[str, Any], form: dict[str, str]) -> DeliveryResult:
         content_type = "application/x-www-form-urlencoded"
@@ -723,7 +751,7 @@ class SlackEmulator:
             "command": command,
             "text": text,
             "api_app_id": APP_ID,
-            "response_url": self._new_response_url(),
+            "response_url": self._new_response_url(user, chan.id, command),
             "trigger_id": f"{secrets.randbelow(10**10)}.{secrets.token_hex(8)}",
         }
         return await self._deliver_form(dict(form), form)
@@ -753,7 +781,7 @@ class SlackEmulator:
             "team": {"id": TEAM_ID, "domain": TEAM_DOMAIN},
             "channel": {"id": chan.id, "name": chan.name},
             "message": self._render(msg) if msg is not None else {"type": "message", "ts": message_ts},
-            "response_url": self._new_response_url(),
+            "response_url": self._new_response_url(user, chan.id, action_id),
             "actions": [action | {"action_ts": self._next_ts()}],
         }
         return await self._deliver_form(payload, {"payload": json.dumps(payload)})

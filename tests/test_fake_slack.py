@@ -297,6 +297,7 @@ async def test_slash_command_click_and_url_verification(live: SlackEmulator, bot
     async with aiohttp.ClientSession() as session:
         await session.post(form["response_url"], json={"text": "Taken over", "response_type": "ephemeral"})
     assert live.responses == [{"text": "Taken over", "response_type": "ephemeral"}]
+    assert [(r.user, r.channel, r.source) for r in live.response_log] == [("U_STAFF", "C_STAFF", "/takeover")]
 
     posted = await client(live).chat_postMessage(channel="C_STAFF", text="Approve refund?")
     await live.click("approve_refund", "42", message_ts=posted["ts"])
