@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, insert, literal, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -353,14 +353,13 @@ class Conversations:
             return result
         if give_up:
             reason = Escalate("the bot failed repeatedly on this message", "error")
-            apology = Message("assistant", self.config.texts.provider_failure, agent=agent)
-            result = MessageResult(inbound.id, conv.id, "escalated", apology.content, agent, (), reason.reason)
-            conv.active_agent, conv.context = agent, context
-            result = replace(result, escalation_id=await self._escalate(s, conv, inbound, reason, agent))
-            await self._store(s, conv, inbound, [user, apology], result)
-            return result
+            apology = self.config.texts.provider_failure
+            return await self._to_human(s, conv, inbound, user, agent, context, reason, apology)
+        if await self._paused(s, conv.key):
+            reason = Escalate("the bot is paused here by an admin", "paused")
+            return await self._to_human(s, conv, inbound, user, agent, context, reason, self.config.texts.paused)
 
-        history = await self._history(s, conv.id)
+        history = await self._history(s, conv.id, conv.history_from)
         turn = await run_turn(
             TurnInput(conv.id, inbound.id, agent, context, (*history, user)),
             roster=self.roster,
@@ -386,10 +385,33 @@ class Conversations:
         await self._store(s, conv, inbound, [user, *turn.messages], result)
         return result
 
-    async def _history(self, s: AsyncSession, conversation_id: int) -> list[Message]:
+    async def _to_human(
+        self,
+        s: AsyncSession,
+        conv: m.Conversation,
+        inbound: m.Inbound,
+        user: Message,
+        agent: str,
+        context: dict[str, Any],
+        reason: Escalate,
+        text: str,
+    ) -> MessageResult:
+        """End the turn without an agent: the customer is told `text` and a human gets the case."""
+        notice = Message("assistant", text, agent=agent)
+        result = MessageResult(inbound.id, conv.id, "escalated", text, agent, (), reason.reason)
+        conv.active_agent, conv.context = agent, context
+        result = replace(result, escalation_id=await self._escalate(s, conv, inbound, reason, agent))
+        await self._store(s, conv, inbound, [user, notice], result)
+        return result
+
+    async def _paused(self, s: AsyncSession, key: str) -> bool:
+        paused = await s.scalar(select(func.count()).select_from(m.Pause).where(literal(key).like(m.Pause.scope)))
+        return bool(paused)
+
+    async def _history(self, s: AsyncSession, conversation_id: int, history_from: int | None) -> list[Message]:
         rows = await s.scalars(
             select(m.Message)
-            .where(m.Message.conversation_id == conversation_id)
+            .where(m.Message.conversation_id == conversation_id, m.Message.id >= (history_from or 0))
             .order_by(m.Message.id.desc())
             .limit(self.history_limit)
         )

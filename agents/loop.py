@@ -44,6 +44,9 @@ class Texts:
         "I'm sorry, I'm having trouble answering right now. Your message is saved and I've passed it to a "
         "colleague, who will reply here."
     )
+    paused: str = (
+        "Our assistant is paused here for now, so I've passed your message to a colleague, who will reply here."
+    )
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ class TurnInput:
     """The transcript the model may see, ending with the customer's new message."""
 
 
-Trigger = Literal["agent", "budget", "ping_pong", "provider", "error"]
+Trigger = Literal["agent", "budget", "ping_pong", "provider", "error", "paused"]
 
 
 # The closed set of things one model response can come to.

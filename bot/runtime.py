@@ -66,7 +66,7 @@ def loop_config(settings: Settings) -> LoopConfig:
         max_handoffs=settings.max_handoffs_per_message,
         max_parallel_tools=settings.max_parallel_tools,
         token_budget=settings.context_token_budget,
-        texts=Texts(escalated=settings.escalation_message),
+        texts=Texts(escalated=settings.escalation_message, paused=settings.paused_message),
     )
 
 

@@ -16,16 +16,22 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from importlib.metadata import version as package_version
 
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import text
 
 from agents.conversations import Conversations
 from agents.model import Model
 from bot import runtime
+from bot.admin.actions import AdminActions
+from bot.admin.command import AdminCommands, provider_probe
+from bot.admin.command import register as register_admin
+from bot.admin.queries import AdminQueries
 from bot.inbox import Inbox
 from bot.metrics import Metrics
 from bot.outbox import OutboxSender, ReplyStyle, turn_outbox
@@ -147,6 +153,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
         app = build_app(
             client=client, signing_secret=settings.slack_signing_secret.get_secret_value(), inbox=inbox, desk=desk
         )
+        register_admin(app, admin_commands(settings, client, db, brain, desk), name=settings.admin_command)
         await workers.start()
         try:
             yield Bot(settings, db, app, workers, metrics, conversations, desk)
@@ -154,6 +161,26 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             await workers.stop()
             await brain.close()
             await ack_engine.dispose()
+
+
+def admin_commands(
+    settings: Settings, client: AsyncWebClient, db: runtime.Database, brain: runtime.Brain, desk: CaseDesk
+) -> AdminCommands:
+    queries = AdminQueries(db.sessions)
+    key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
+    return AdminCommands(
+        client=client,
+        admin_ids=settings.admin_ids,
+        workspace_admins=settings.admin_workspace_admins,
+        queries=queries,
+        actions=AdminActions(sessions=db.sessions, queries=queries, desk=desk, entry_agent=brain.roster.entry),
+        roster=brain.roster,
+        knowledge=brain.knowledge,
+        probe=provider_probe(
+            offline=brain.offline, api_key=key, base_url=settings.openai_base_url, model=settings.openai_model
+        ),
+        version=package_version("helpdesk-bot"),
+    )
 
 
 def web_app(bot: Bot) -> web.Application:

@@ -49,6 +49,8 @@ class Settings(BaseSettings):
     slack_api_url: str = "https://slack.com/api/"
     staff_channel_id: str | None = None
     admin_user_ids: str = ""
+    admin_workspace_admins: bool = False
+    admin_command: str = "/support"
     port: int = 3000
     host: str = "0.0.0.0"
     slack_channels: str = ""
@@ -64,6 +66,9 @@ class Settings(BaseSettings):
     business_timezone: str = "UTC"
     off_hours_message: str = "Our team is available {hours}; a colleague will reply as soon as they are back."
     resolved_message: str = "This conversation is now closed. If you need anything else, just write here again."
+    paused_message: str = (
+        "Our assistant is paused here for now, so I've passed your message to a colleague, who will reply here."
+    )
     handed_back_message: str = "You're back with our assistant; ask away. A colleague is one message away if needed."
     note_marker: str = "note:"
     case_reminder_minutes: float = 15

@@ -5,6 +5,8 @@ inbound        each customer message as received; unprocessed rows are the engin
 messages       the transcript in Chat Completions shape, each row with the agent that produced it
 handoffs, tool_runs, llm_calls, escalations    the audit trail of every turn
 refunds        the refund tool's idempotency record (one refund per order)
+pauses         where admins paused the bot: conversations there go to humans
+admin_actions  every admin command: who, what, when, allowed or refused, and its outcome
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class Conversation(Base):
     mode: Mapped[str] = mapped_column(Text, server_default="bot")
     active_agent: Mapped[str] = mapped_column(Text)
     context: Mapped[dict[str, Any]] = mapped_column(server_default="{}")
+    history_from: Mapped[int | None] = mapped_column(BigInteger)
+    """Messages with a smaller id stay in the transcript but out of the agents' prompt (set by an admin reset)."""
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
 
@@ -272,3 +276,34 @@ class KnowledgeChunk(Base):
             persisted=True,
         ),
     )
+
+
+class Pause(Base):
+    """The bot is paused for conversations whose key matches `scope` (a LIKE pattern): their customers get a
+    person instead of an agent."""
+
+    __tablename__ = "pauses"
+
+    scope: Mapped[str] = mapped_column(Text, primary_key=True)
+    label: Mapped[str] = mapped_column(Text)
+    """How admins see it: a channel mention, or "everywhere"."""
+    paused_by: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+
+
+class AdminAction(Base):
+    """One admin command, refused ones included."""
+
+    __tablename__ = "admin_actions"
+    __table_args__ = (Index("ix_admin_actions_created", "created_at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    user_id: Mapped[str] = mapped_column(Text)
+    channel_id: Mapped[str | None] = mapped_column(Text)
+    command: Mapped[str] = mapped_column(Text)
+    """The subcommand ("pause"), or the whole text when it did not parse."""
+    arguments: Mapped[str] = mapped_column(Text, server_default="")
+    allowed: Mapped[bool] = mapped_column(Boolean)
+    ok: Mapped[bool] = mapped_column(Boolean)
+    result: Mapped[str] = mapped_column(Text, server_default="")
+    created_at: Mapped[datetime] = _now()

@@ -53,15 +53,15 @@ class CaseDesk:
         if channel != self.policy.staff_channel:
             log.warning("case action %s by %s from channel %s refused", action, user, channel)
             return ActionResult(False, "Case buttons work only in the staff channel.")
+        return await self.apply(escalation_id=escalation_id, action=action, user=user)
+
+    async def apply(self, *, escalation_id: int, action: Action, user: str) -> ActionResult:
+        """The action itself, for whoever may take it (a case button in the staff channel, an admin command)."""
         async with self.sessions() as s, s.begin():
             escalation = await s.get(m.Escalation, escalation_id)
             if escalation is None:
                 return ActionResult(False, f"There is no case #{escalation_id}.")
-            conversation = await s.scalar(
-                select(m.Conversation)
-                .where(m.Conversation.id == escalation.conversation_id)
-                .with_for_update(key_share=True)
-            )
+            conversation = await self._lock(s, escalation.conversation_id)
             await s.refresh(escalation, with_for_update=True)
             if conversation is None or escalation.status not in OPEN:
                 return ActionResult(False, f"Case #{escalation_id} is already {escalation.status.replace('_', ' ')}.")
@@ -92,6 +92,58 @@ class CaseDesk:
             await s.execute(insert(m.Outbox), rows)
         self.on_change()
         return ActionResult(True, message)
+
+    async def close(self, *, conversation_id: int, user: str) -> ActionResult:
+        """Close a conversation: its open case is resolved; else it is closed directly. Either way the customer
+        is told, and their next message starts afresh with the entry agent."""
+        escalation_id = await self.open_case(conversation_id)
+        if escalation_id is not None:
+            return await self.apply(escalation_id=escalation_id, action="resolve", user=user)
+        async with self.sessions() as s, s.begin():
+            conversation = await self._lock(s, conversation_id)
+            if conversation is None or conversation.mode == "closed":
+                return ActionResult(False, "That conversation is already closed.")
+            conversation.mode = "closed"
+            thread = customer_thread(conversation.key)
+            if thread is not None and self.policy.resolved_message:
+                await s.execute(insert(m.Outbox).values(_post(conversation_id, *thread, self.policy.resolved_message)))
+        self.on_change()
+        return ActionResult(True, "Conversation closed.")
+
+    async def reset(self, *, conversation_id: int, user: str, entry_agent: str) -> ActionResult:
+        """Back to the entry agent with the context cleared: earlier messages stay in the transcript but leave
+        the agents' prompt, and an open case is resolved."""
+        async with self.sessions() as s, s.begin():
+            conversation = await self._lock(s, conversation_id)
+            if conversation is None:
+                return ActionResult(False, "That conversation no longer exists.")
+            last = await s.scalar(select(func.max(m.Message.id)).where(m.Message.conversation_id == conversation_id))
+            conversation.mode, conversation.active_agent, conversation.context = "bot", entry_agent, {}
+            conversation.history_from = (last or 0) + 1
+            cases = await s.scalars(
+                select(m.Escalation)
+                .where(m.Escalation.conversation_id == conversation_id, m.Escalation.status.in_(OPEN))
+                .with_for_update()
+            )
+            for escalation in cases:
+                escalation.status, escalation.closed_by, escalation.closed_at = "resolved", user, func.now()
+                await s.execute(insert(m.Outbox).values(_case_update(conversation_id, escalation.id)))
+        self.on_change()
+        return ActionResult(True, f"Conversation reset: back to {entry_agent}, context cleared.")
+
+    async def open_case(self, conversation_id: int) -> int | None:
+        async with self.sessions() as s:
+            return await s.scalar(
+                select(m.Escalation.id)
+                .where(m.Escalation.conversation_id == conversation_id, m.Escalation.status.in_(OPEN))
+                .order_by(m.Escalation.id.desc())
+                .limit(1)
+            )
+
+    async def _lock(self, s: AsyncSession, conversation_id: int) -> m.Conversation | None:
+        return await s.scalar(
+            select(m.Conversation).where(m.Conversation.id == conversation_id).with_for_update(key_share=True)
+        )
 
     async def remind(self, *, now: datetime) -> int:
         """Post a reminder for each case nobody claimed or answered in time (at most `max_reminders` each).

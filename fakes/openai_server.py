@@ -216,6 +216,10 @@ class FakeOpenAI:
         self.rule: Rule | None = None
         self.requests: list[RecordedRequest] = []
         self.embedding_requests: list[RecordedRequest] = []
+        self.models_delay = 0.0
+        """Seconds GET /models waits before answering: a provider that is slow to say it is there."""
+        self.models_status = 200
+        """Anything else: GET /models fails with it (a provider that is down)."""
         self._queue: deque[FakeReply] = deque()
         # Ids never repeat over the server's life, so a multi-turn conversation
         # never sees two tool calls with the same id (as with the real API).
@@ -272,6 +276,7 @@ class FakeOpenAI:
         self.rule = None
         self.requests.clear()
         self.embedding_requests.clear()
+        self.models_delay, self.models_status = 0.0, 200
 
     def _next_reply(self, recorded: RecordedRequest) -> FakeReply:
         if self._queue:
@@ -358,5 +363,9 @@ class FakeOpenAI:
         )
 
     async def _models(self, request: web.Request) -> web.Response:
+        if self.models_delay > 0:
+            await asyncio.sleep(self.models_delay)
+        if self.models_status != 200:
+            return _error_response(self.models_status, "fake provider outage")
         model = {"id": FAKE_MODEL, "object": "model", "created": 0, "owned_by": "fake"}
         return web.json_response({"object": "list", "data": [model]})

@@ -8,6 +8,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from fakes.openai_server import FakeOpenAI
 
 TABLES = (
     "conversations, inbound, messages, handoffs, tool_runs, llm_calls, escalations, refunds, slack_events, outbox, "
-    "kb_collections, kb_documents, kb_chunks"
+    "kb_collections, kb_documents, kb_chunks, pauses, admin_actions"
 )
 
 
@@ -152,19 +153,28 @@ async def emulator() -> AsyncIterator[Any]:
         yield emu
 
 
-@pytest.fixture
-async def slack_bot(
-    database_url: str, sessions: async_sessionmaker[AsyncSession], fake_llm: FakeOpenAI, emulator: Any
-) -> AsyncIterator[Any]:
+@asynccontextmanager
+async def serving(settings: Any, emulator: Any) -> AsyncIterator[Any]:
+    """The real bot in-process on a random port, with the emulator delivering to it."""
     from aiohttp import web
 
     from bot.server import running_bot, web_app
 
-    async with running_bot(bot_settings(database_url, fake_llm, emulator)) as bot:
+    async with running_bot(settings) as bot:
         runner = web.AppRunner(web_app(bot), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         bot.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
         emulator.events_url = f"{bot.url}/slack/events"
+        try:
+            yield bot
+        finally:
+            await runner.cleanup()
+
+
+@pytest.fixture
+async def slack_bot(
+    database_url: str, sessions: async_sessionmaker[AsyncSession], fake_llm: FakeOpenAI, emulator: Any
+) -> AsyncIterator[Any]:
+    async with serving(bot_settings(database_url, fake_llm, emulator), emulator) as bot:
         yield bot
-        await runner.cleanup()

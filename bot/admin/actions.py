@@ -1,0 +1,102 @@
+"""What `/support` changes: hand back, close, reset, pause, resume, and the record of every admin command."""
+
+from __future__ import annotations
+
+from sqlalchemy import delete, insert, select, true
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from bot.admin.parse import Change, Ref
+from bot.admin.queries import AdminQueries
+from db import models as m
+from escalation.desk import ActionResult, CaseDesk
+
+EVERYWHERE = "%"
+
+
+def channel_scope(channel: str | None) -> tuple[str, str]:
+    """(LIKE pattern over conversation keys, label) for a channel, or for every conversation."""
+    if channel is None:
+        return EVERYWHERE, "everywhere"
+    escaped = channel.replace("_", "\\_")  # channel ids are alphanumeric, but the emulator's have underscores
+    return f"slack:%:{escaped}:%", f"<#{channel}>"
+
+
+class AdminActions:
+    def __init__(
+        self, *, sessions: async_sessionmaker[AsyncSession], queries: AdminQueries, desk: CaseDesk, entry_agent: str
+    ) -> None:
+        self.sessions = sessions
+        self.queries = queries
+        self.desk = desk
+        self.entry_agent = entry_agent
+
+    async def change(self, change: Change, ref: Ref, *, user: str) -> ActionResult:
+        async with self.sessions() as s:
+            conversation = await self.queries.find(s, ref)
+            if conversation is None:
+                return ActionResult(False, "I found no conversation for that link.")
+            conversation_id, mode = conversation.id, conversation.mode
+        match change:
+            case "handback":
+                case_id = await self.desk.open_case(conversation_id)
+                if case_id is None:
+                    where = "closed" if mode == "closed" else "with the bot"
+                    return ActionResult(False, f"That conversation is already {where}; there is nothing to hand back.")
+                return await self.desk.apply(escalation_id=case_id, action="hand_back", user=user)
+            case "close":
+                return await self.desk.close(conversation_id=conversation_id, user=user)
+            case "reset":
+                return await self.desk.reset(conversation_id=conversation_id, user=user, entry_agent=self.entry_agent)
+
+    async def pause(self, channel: str | None, *, user: str) -> ActionResult:
+        scope, label = channel_scope(channel)
+        async with self.sessions() as s, s.begin():
+            added = await s.scalar(
+                pg_insert(m.Pause)
+                .values(scope=scope, label=label, paused_by=user)
+                .on_conflict_do_nothing()
+                .returning(m.Pause.scope)
+            )
+        if added is None:
+            return ActionResult(False, f"The bot is already paused {_where(label)}.")
+        return ActionResult(
+            True,
+            f"Paused {_where(label)}. New messages there go to the staff channel as cases, and customers are told "
+            "a person will reply. `/support resume` undoes it.",
+        )
+
+    async def resume(self, channel: str | None, *, user: str) -> ActionResult:
+        scope, label = channel_scope(channel)
+        async with self.sessions() as s, s.begin():
+            # Resuming everywhere lifts every pause; a channel lifts only its own.
+            where = true() if channel is None else m.Pause.scope == scope
+            lifted = (await s.scalars(delete(m.Pause).where(where).returning(m.Pause.label))).all()
+            remaining = (await s.scalars(select(m.Pause.label))).all()
+        if not lifted:
+            still = f" (it is paused {', '.join(_where(r) for r in remaining)})" if remaining else ""
+            return ActionResult(False, f"The bot was not paused {_where(label)}{still}.")
+        message = f"Resumed {', '.join(_where(label) for label in lifted)}. Cases already open stay with your team."
+        if remaining:
+            message += f" Still paused {', '.join(_where(r) for r in remaining)}."
+        return ActionResult(True, message)
+
+    async def record(
+        self, *, user: str, channel: str | None, command: str, arguments: str, allowed: bool, ok: bool, result: str
+    ) -> None:
+        async with self.sessions() as s, s.begin():
+            await s.execute(
+                insert(m.AdminAction).values(
+                    user_id=user,
+                    channel_id=channel,
+                    command=command,
+                    arguments=arguments,
+                    allowed=allowed,
+                    ok=ok,
+                    result=result[:2000],
+                )
+            )
+
+
+def _where(label: str) -> str:
+    return label if label == "everywhere" else f"in {label}"

@@ -1,0 +1,199 @@
+"""The `/support` listener: ack at once, check the caller is an admin, run the subcommand, answer ephemerally
+through the response_url, and record the attempt, refused ones included."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import openai
+from slack_bolt.app.async_app import AsyncApp
+from slack_bolt.context.ack.async_ack import AsyncAck
+from slack_bolt.context.respond.async_respond import AsyncRespond
+from slack_sdk.web.async_client import AsyncWebClient
+
+from agents.agent import Roster
+from agents.knowledge.store import KnowledgeBase
+from bot.admin import parse as p
+from bot.admin import views
+from bot.admin.actions import AdminActions
+from bot.admin.queries import AdminQueries
+from bot.admin.views import Reply
+
+log = logging.getLogger(__name__)
+
+ProviderProbe = Callable[[], Awaitable[str]]
+ADMIN_CACHE_S = 300
+
+
+@dataclass(frozen=True)
+class Invocation:
+    user: str
+    channel: str | None
+    team_domain: str | None
+    text: str
+
+    @classmethod
+    def of(cls, command: dict[str, Any]) -> Invocation:
+        return cls(
+            str(command.get("user_id", "")),
+            command.get("channel_id"),
+            command.get("team_domain"),
+            str(command.get("text") or ""),
+        )
+
+
+def provider_probe(
+    *, offline: bool, api_key: str | None, base_url: str | None, model: str, timeout_s: float = 5.0
+) -> ProviderProbe:
+    """How `status` describes the LLM provider: offline, or whether its model list answers, and how fast."""
+
+    async def probe() -> str:
+        if offline:
+            return "offline mode (no provider configured): answers come from the knowledge base"
+        client = openai.AsyncOpenAI(
+            api_key=api_key or "not-needed", base_url=base_url, timeout=timeout_s, max_retries=0
+        )
+        started = time.perf_counter()
+        try:
+            await client.models.list()
+        except openai.OpenAIError as exc:
+            return f"⚠️ unreachable ({type(exc).__name__}); answers fall back to offline mode"
+        finally:
+            await client.close()
+        return f"reachable, {(time.perf_counter() - started) * 1000:.0f} ms · model `{model}`"
+
+    return probe
+
+
+class AdminCommands:
+    def __init__(
+        self,
+        *,
+        client: AsyncWebClient,
+        admin_ids: frozenset[str],
+        workspace_admins: bool,
+        queries: AdminQueries,
+        actions: AdminActions,
+        roster: Roster,
+        knowledge: KnowledgeBase,
+        probe: ProviderProbe,
+        version: str,
+    ) -> None:
+        self.client = client
+        self.admin_ids = admin_ids
+        self.workspace_admins = workspace_admins
+        self.queries = queries
+        self.actions = actions
+        self.roster = roster
+        self.knowledge = knowledge
+        self.probe = probe
+        self.version = version
+        self.started = datetime.now(UTC)
+        self._started_monotonic = time.monotonic()
+        self._workspace_admin: dict[str, tuple[bool, float]] = {}
+
+    async def is_admin(self, user: str) -> bool:
+        if user in self.admin_ids:
+            return True
+        if not self.workspace_admins:
+            return False
+        cached = self._workspace_admin.get(user)
+        if cached is not None and time.monotonic() - cached[1] < ADMIN_CACHE_S:
+            return cached[0]
+        try:
+            info = (await self.client.users_info(user=user))["user"]
+        except Exception:
+            log.warning("users.info failed for %s; treating them as not an admin", user, exc_info=True)
+            return False
+        admin = bool(info.get("is_admin") or info.get("is_owner") or info.get("is_primary_owner"))
+        self._workspace_admin[user] = (admin, time.monotonic())
+        return admin
+
+    async def run(self, call: Invocation) -> Reply:
+        words = call.text.split(maxsplit=1)
+        name, arguments = (words[0].lower() if words else "help"), (words[1] if len(words) > 1 else "")
+        if not await self.is_admin(call.user):
+            log.warning("/support %r refused for %s in %s: not an admin", call.text, call.user, call.channel)
+            reply = views.refusal_reply(call.user)
+            await self._record(call, name, arguments, allowed=False, ok=False, reply=reply)
+            return reply
+        command = p.parse(call.text)
+        try:
+            ok, reply = await self._dispatch(command, call)
+        except Exception:
+            log.exception("/support %r failed", call.text)
+            ok, reply = False, views.usage_reply(p.UsageError("Something went wrong; it is in the bot's log.", ""))
+        await self._record(call, name, arguments, allowed=True, ok=ok, reply=reply)
+        return reply
+
+    async def _dispatch(self, command: p.Command | p.UsageError, call: Invocation) -> tuple[bool, Reply]:
+        domain = call.team_domain
+        match command:
+            case p.UsageError():
+                return False, views.usage_reply(command)
+            case p.Help(topic):
+                return True, views.help_reply(topic)
+            case p.Status():
+                health = await self.queries.health()
+                uptime = time.monotonic() - self._started_monotonic
+                llm = await self.probe()
+                return True, views.status_reply(
+                    health, llm=llm, version=self.version, uptime_s=uptime, started=self.started
+                )
+            case p.Agents():
+                return True, views.agents_reply(self.roster)
+            case p.Conversations(listing):
+                total, rows = await self.queries.conversations(listing)
+                return True, views.conversations_reply(listing, total, rows, domain)
+            case p.Show(ref):
+                detail = await self.queries.detail(ref)
+                if detail is None:
+                    return False, views.usage_reply(p.UsageError("I found no conversation for that link.", ""))
+                return True, views.detail_reply(detail, domain)
+            case p.Escalations():
+                return True, views.cases_reply(await self.queries.open_cases(), domain)
+            case p.ChangeConversation(change, ref):
+                result = await self.actions.change(change, ref, user=call.user)
+                return result.ok, views.result_reply(change.capitalize(), result)
+            case p.Pause(channel):
+                result = await self.actions.pause(channel, user=call.user)
+                return result.ok, views.result_reply("Pause", result)
+            case p.Resume(channel):
+                result = await self.actions.resume(channel, user=call.user)
+                return result.ok, views.result_reply("Resume", result)
+            case p.KbSearch(query):
+                return True, views.kb_hits_reply(query, await self.knowledge.search(query, k=5))
+            case p.KbStats():
+                return True, views.kb_stats_reply(await self.knowledge.stats())
+            case p.Stats(days):
+                return True, views.usage_stats_reply(await self.queries.usage(days))
+
+    async def _record(
+        self, call: Invocation, name: str, arguments: str, *, allowed: bool, ok: bool, reply: Reply
+    ) -> None:
+        try:
+            await self.actions.record(
+                user=call.user,
+                channel=call.channel,
+                command=name,
+                arguments=arguments,
+                allowed=allowed,
+                ok=ok,
+                result=reply.text,
+            )
+        except Exception:  # the answer matters more than its record
+            log.exception("could not record /support %r by %s", call.text, call.user)
+
+
+def register(app: AsyncApp, commands: AdminCommands, *, name: str = "/support") -> None:
+    @app.command(name)
+    async def support(ack: AsyncAck, command: dict[str, Any], respond: AsyncRespond) -> None:
+        # Ack first, empty: Slack's 3 seconds are for the ack; the answer follows on the response_url.
+        await ack()
+        reply = await commands.run(Invocation.of(command))
+        await respond(text=reply.text, blocks=reply.blocks, response_type="ephemeral", replace_original=False)

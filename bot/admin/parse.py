@@ -1,0 +1,213 @@
+"""The text after `/support`, turned into one typed command or a usage error. Nothing here touches Slack or the
+database. Slack escapes what it recognises (manifest: should_escape), so channels arrive as <#C123|name> and
+links as <https://...>."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import parse_qs
+
+Listing = Literal["open", "human", "recent"]
+Change = Literal["handback", "close", "reset"]
+
+
+@dataclass(frozen=True)
+class ThreadRef:
+    """A Slack message link: a customer thread, or a case message in the staff channel."""
+
+    channel: str
+    ts: str
+
+
+@dataclass(frozen=True)
+class CaseRef:
+    escalation_id: int
+
+
+Ref = ThreadRef | CaseRef
+
+
+@dataclass(frozen=True)
+class Help:
+    topic: str | None = None
+
+
+@dataclass(frozen=True)
+class Status:
+    pass
+
+
+@dataclass(frozen=True)
+class Agents:
+    pass
+
+
+@dataclass(frozen=True)
+class Conversations:
+    listing: Listing = "recent"
+
+
+@dataclass(frozen=True)
+class Show:
+    ref: Ref
+
+
+@dataclass(frozen=True)
+class Escalations:
+    pass
+
+
+@dataclass(frozen=True)
+class ChangeConversation:
+    change: Change
+    ref: Ref
+
+
+@dataclass(frozen=True)
+class Pause:
+    channel: str | None
+    """None: everywhere."""
+
+
+@dataclass(frozen=True)
+class Resume:
+    channel: str | None
+
+
+@dataclass(frozen=True)
+class KbSearch:
+    query: str
+
+
+@dataclass(frozen=True)
+class KbStats:
+    pass
+
+
+@dataclass(frozen=True)
+class Stats:
+    days: int = 7
+
+
+Command = (
+    Help
+    | Status
+    | Agents
+    | Conversations
+    | Show
+    | Escalations
+    | ChangeConversation
+    | Pause
+    | Resume
+    | KbSearch
+    | KbStats
+    | Stats
+)
+
+
+@dataclass(frozen=True)
+class UsageError:
+    problem: str
+    usage: str
+    """The usage line of the subcommand it concerns (or the whole list)."""
+
+
+USAGE: dict[str, tuple[str, str]] = {
+    "help": ("help", "this list"),
+    "status": ("status", "database, LLM provider, backlog, open escalations, version, uptime"),
+    "agents": ("agents", "the roster and who may hand off to whom"),
+    "conversations": ("conversations [open|human|recent]", "recent conversations (default: recent)"),
+    "show": ("show <thread link>", "one conversation: state, agent, last messages, handoffs"),
+    "escalations": ("escalations", "open cases with their age and owner"),
+    "handback": ("handback <thread link>", "end the human takeover; the last AI agent answers again"),
+    "close": ("close <thread link>", "close the conversation (and its case); the next message starts afresh"),
+    "reset": ("reset <thread link>", "back to triage with the context cleared"),
+    "pause": ("pause [#channel]", "stop answering there (everywhere without a channel); customers get a person"),
+    "resume": ("resume [#channel]", "answer again there (everywhere without a channel)"),
+    "kb": ("kb search <query> | kb stats", "search the knowledge base, or count its documents"),
+    "stats": ("stats [days]", "conversations, handoffs, escalations, time to claim, LLM usage (default 7 days)"),
+}
+MAX_DAYS = 365
+_LINK = re.compile(r"^https?://[^/\s]+/archives/(?P<channel>[A-Z0-9_]+)/p(?P<ts>\d{7,})(?:\?(?P<query>\S*))?$")
+_CHANNEL = re.compile(r"^<#(?P<id>[CG][A-Z0-9_]+)(?:\|[^>]*)?>$|^(?P<raw>[CG][A-Z0-9_]{2,})$")
+_CASE = re.compile(r"^(?:#|case:?)?(?P<id>\d{1,12})$", re.IGNORECASE)
+
+
+def usage(name: str) -> str:
+    return f"/support {USAGE[name][0]}"
+
+
+def _unwrap(token: str) -> str:
+    """<https://...|label> or <https://...> as Slack escapes it, or the bare text."""
+    if token.startswith("<") and token.endswith(">"):
+        return token[1:-1].split("|", 1)[0]
+    return token
+
+
+def parse_ref(token: str) -> Ref | None:
+    token = _unwrap(token.strip())
+    if case := _CASE.match(token):
+        return CaseRef(int(case["id"]))
+    link = _LINK.match(token)
+    if link is None:
+        return None
+    digits = link["ts"]
+    ts = f"{digits[:-6]}.{digits[-6:]}"
+    # A reply's link names its thread in the query; a top-level message is its own thread.
+    thread = parse_qs(link["query"] or "").get("thread_ts", [ts])[0]
+    return ThreadRef(link["channel"], thread)
+
+
+def parse_channel(token: str) -> str | None:
+    found = _CHANNEL.match(token.strip())
+    return None if found is None else found["id"] or found["raw"]
+
+
+def parse(text: str) -> Command | UsageError:
+    try:
+        words = shlex.split(text.strip())
+    except ValueError:
+        words = text.split()
+    if not words:
+        return Help()
+    name, args = words[0].lower(), words[1:]
+    if name not in USAGE:
+        return UsageError(f"I don't know the subcommand `{words[0]}`.", "")
+    match name, args:
+        case "help", []:
+            return Help()
+        case "help", [topic] if topic.lower() in USAGE:
+            return Help(topic.lower())
+        case "status", []:
+            return Status()
+        case "agents", []:
+            return Agents()
+        case "conversations", [] | ["open" | "human" | "recent"]:
+            return Conversations(args[0] if args else "recent")  # type: ignore[arg-type]
+        case "escalations", []:
+            return Escalations()
+        case "show" | "handback" | "close" | "reset", [token]:
+            ref = parse_ref(token)
+            if ref is None:
+                return UsageError(f"`{_unwrap(token)}` is not a Slack message link or a case number.", usage(name))
+            return Show(ref) if name == "show" else ChangeConversation(name, ref)
+        case "pause" | "resume", [] | [_]:
+            channel = parse_channel(args[0]) if args else None
+            if args and channel is None:
+                problem = f"`{args[0]}` is not a channel. Pick it with Slack's `#` autocomplete."
+                return UsageError(problem, usage(name))
+            return Pause(channel) if name == "pause" else Resume(channel)
+        case "kb", ["stats"]:
+            return KbStats()
+        case "kb", ["search", *query] if query:
+            return KbSearch(" ".join(query))
+        case "stats", []:
+            return Stats()
+        case "stats", [days] if days.isdigit() and 1 <= int(days) <= MAX_DAYS:
+            return Stats(int(days))
+        case "stats", _:
+            return UsageError(f"The number of days must be between 1 and {MAX_DAYS}.", usage(name))
+    return UsageError("That doesn't look right.", usage(name))

@@ -1,0 +1,345 @@
+"""Read-only answers for `/support`: what the database says about conversations, cases, usage and health."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, Float, cast, extract, func, or_, select, true
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from bot.admin.parse import CaseRef, Listing, Ref, ThreadRef
+from db import models as m
+
+OPEN_CASE = ("open", "claimed")
+LIST_LIMIT = 15
+
+
+@dataclass(frozen=True)
+class ConversationRow:
+    id: int
+    key: str
+    mode: str
+    agent: str
+    messages: int
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Line:
+    role: str
+    """user, assistant, staff or tool."""
+    who: str | None
+    """The agent (assistant, tool) or the Slack user (user, staff)."""
+    text: str
+    at: datetime
+
+
+@dataclass(frozen=True)
+class CaseRow:
+    id: int
+    conversation_key: str
+    status: str
+    reason: str
+    trigger: str
+    agent: str
+    claimed_by: str | None
+    case_channel: str | None
+    case_ts: str | None
+    created_at: datetime
+    claimed_at: datetime | None
+    first_response_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ConversationDetail:
+    row: ConversationRow
+    created_at: datetime
+    lines: tuple[Line, ...]
+    handoffs: tuple[tuple[str, str, str | None, datetime], ...]
+    cases: tuple[CaseRow, ...]
+    tool_runs: int
+    history_from: int | None
+
+
+@dataclass(frozen=True)
+class Health:
+    database_ms: float
+    pending_messages: int
+    oldest_pending_s: float | None
+    unsent_outbox: int
+    open_cases: int
+    unclaimed_cases: int
+    pauses: tuple[tuple[str, str], ...]
+    """(label, who paused)"""
+    llm_calls_15m: int
+    llm_failures_15m: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    days: int
+    conversations: int
+    """Conversations with at least one message in the period."""
+    new_conversations: int
+    customer_messages: int
+    staff_messages: int
+    handoffs: tuple[tuple[str, str, int], ...]
+    escalations: int
+    escalations_by_trigger: tuple[tuple[str, int], ...]
+    median_to_claim_s: float | None
+    median_to_first_reply_s: float | None
+    llm_calls: int
+    llm_failures: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+def _conversation_rows(rows: Sequence[tuple[m.Conversation, int]]) -> list[ConversationRow]:
+    return [ConversationRow(c.id, c.key, c.mode, c.active_agent, n, c.updated_at) for c, n in rows]
+
+
+def _message_count() -> ColumnElement[int]:
+    return (
+        select(func.count()).where(m.Inbound.conversation_id == m.Conversation.id).correlate(m.Conversation)
+    ).scalar_subquery()
+
+
+def _like_literal(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+class AdminQueries:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self.sessions = sessions
+
+    async def conversations(self, listing: Listing) -> tuple[int, list[ConversationRow]]:
+        """(how many match, the most recently active of them)."""
+        where = {
+            "open": m.Conversation.mode != "closed",
+            "human": m.Conversation.mode.in_(("awaiting_human", "human")),
+            "recent": true(),
+        }[listing]
+        async with self.sessions() as s:
+            total = await s.scalar(select(func.count()).select_from(m.Conversation).where(where)) or 0
+            rows = await s.execute(
+                select(m.Conversation, _message_count())
+                .where(where)
+                .order_by(m.Conversation.updated_at.desc())
+                .limit(LIST_LIMIT)
+            )
+            return total, _conversation_rows(rows.all())
+
+    async def find(self, s: AsyncSession, ref: Ref) -> m.Conversation | None:
+        """The conversation a link or case number points at: a customer thread (or DM), or a case message."""
+        if isinstance(ref, CaseRef):
+            escalation = await s.get(m.Escalation, ref.escalation_id)
+            return None if escalation is None else await s.get(m.Conversation, escalation.conversation_id)
+        assert isinstance(ref, ThreadRef)
+        channel, ts = _like_literal(ref.channel), _like_literal(ref.ts)
+        conversation = await s.scalar(
+            select(m.Conversation)
+            .where(
+                or_(
+                    m.Conversation.key.like(f"slack:%:{channel}:{ts}"),
+                    m.Conversation.key.like(f"slack:%:{channel}:dm"),
+                )
+            )
+            .order_by(m.Conversation.key.like("%:dm"))  # a thread before the channel's DM conversation
+            .limit(1)
+        )
+        if conversation is not None:
+            return conversation
+        case_conversation = (
+            select(m.Escalation.conversation_id)
+            .where(m.Escalation.case_channel == ref.channel, m.Escalation.case_ts == ref.ts)
+            .scalar_subquery()
+        )
+        return await s.scalar(select(m.Conversation).where(m.Conversation.id == case_conversation))
+
+    async def detail(self, ref: Ref, *, lines: int = 10) -> ConversationDetail | None:
+        async with self.sessions() as s:
+            conversation = await self.find(s, ref)
+            if conversation is None:
+                return None
+            count = await s.scalar(select(func.count()).where(m.Inbound.conversation_id == conversation.id)) or 0
+            messages = (
+                await s.scalars(
+                    select(m.Message)
+                    .where(m.Message.conversation_id == conversation.id)
+                    .where(or_(m.Message.content.is_not(None), m.Message.tool_calls.is_not(None)))
+                    .where(m.Message.role != "tool")
+                    .order_by(m.Message.id.desc())
+                    .limit(lines)
+                )
+            ).all()
+            handoffs = await s.execute(
+                select(m.Handoff.from_agent, m.Handoff.to_agent, m.Handoff.reason, m.Handoff.created_at)
+                .where(m.Handoff.conversation_id == conversation.id)
+                .order_by(m.Handoff.id.desc())
+                .limit(10)
+            )
+            cases = await self._cases(s, m.Escalation.conversation_id == conversation.id, limit=3)
+            tool_runs = await s.scalar(select(func.count()).where(m.ToolRun.conversation_id == conversation.id))
+            return ConversationDetail(
+                row=_conversation_rows([(conversation, count)])[0],
+                created_at=conversation.created_at,
+                lines=tuple(_line(row) for row in reversed(messages)),
+                handoffs=tuple(reversed(handoffs.all())),
+                cases=tuple(cases),
+                tool_runs=tool_runs or 0,
+                history_from=conversation.history_from,
+            )
+
+    async def open_cases(self) -> list[CaseRow]:
+        async with self.sessions() as s:
+            return await self._cases(s, m.Escalation.status.in_(OPEN_CASE), limit=25, oldest_first=True)
+
+    async def _cases(self, s: AsyncSession, where: object, *, limit: int, oldest_first: bool = False) -> list[CaseRow]:
+        order = m.Escalation.id.asc() if oldest_first else m.Escalation.id.desc()
+        rows = await s.execute(
+            select(m.Escalation, m.Conversation.key)
+            .join(m.Conversation, m.Conversation.id == m.Escalation.conversation_id)
+            .where(where)  # type: ignore[arg-type]
+            .order_by(order)
+            .limit(limit)
+        )
+        return [
+            CaseRow(
+                e.id,
+                key,
+                e.status,
+                e.reason,
+                e.trigger,
+                e.agent,
+                e.claimed_by,
+                e.case_channel,
+                e.case_ts,
+                e.created_at,
+                e.claimed_at,
+                e.first_response_at,
+            )
+            for e, key in rows
+        ]
+
+    async def health(self) -> Health:
+        started = time.perf_counter()
+        async with self.sessions() as s:
+            await s.scalar(select(1))
+            database_ms = (time.perf_counter() - started) * 1000
+            pending, oldest = (
+                await s.execute(
+                    select(func.count(), extract("epoch", func.now() - func.min(m.Inbound.received_at))).where(
+                        m.Inbound.processed_at.is_(None)
+                    )
+                )
+            ).one()
+            unsent = await s.scalar(select(func.count()).where(m.Outbox.sent_at.is_(None))) or 0
+            open_cases, unclaimed = (
+                await s.execute(
+                    select(func.count(), func.count().filter(m.Escalation.claimed_by.is_(None))).where(
+                        m.Escalation.status.in_(OPEN_CASE)
+                    )
+                )
+            ).one()
+            pauses = await s.execute(select(m.Pause.label, m.Pause.paused_by).order_by(m.Pause.created_at))
+            calls, failures = (
+                await s.execute(
+                    select(func.count(), func.count().filter(m.LLMCall.ok.is_(False))).where(
+                        m.LLMCall.created_at > func.now() - timedelta(minutes=15)
+                    )
+                )
+            ).one()
+        return Health(
+            database_ms,
+            pending,
+            None if oldest is None else float(oldest),
+            unsent,
+            open_cases,
+            unclaimed,
+            tuple(pauses.all()),
+            calls,
+            failures,
+        )
+
+    async def usage(self, days: int) -> Usage:
+        since = func.now() - timedelta(days=days)
+        async with self.sessions() as s:
+            active = await s.scalar(
+                select(func.count(func.distinct(m.Inbound.conversation_id))).where(m.Inbound.received_at > since)
+            )
+            new = await s.scalar(select(func.count()).where(m.Conversation.created_at > since))
+            customer, staff = (
+                await s.execute(
+                    select(
+                        func.count().filter(m.Inbound.kind == "customer"),
+                        func.count().filter(m.Inbound.kind == "staff"),
+                    ).where(m.Inbound.received_at > since)
+                )
+            ).one()
+            handoffs = await s.execute(
+                select(m.Handoff.from_agent, m.Handoff.to_agent, func.count())
+                .where(m.Handoff.created_at > since)
+                .group_by(m.Handoff.from_agent, m.Handoff.to_agent)
+                .order_by(func.count().desc(), m.Handoff.from_agent, m.Handoff.to_agent)
+            )
+            triggers = await s.execute(
+                select(m.Escalation.trigger, func.count())
+                .where(m.Escalation.created_at > since)
+                .group_by(m.Escalation.trigger)
+                .order_by(func.count().desc())
+            )
+            to_claim, to_reply = (
+                await s.execute(
+                    select(
+                        _median_seconds(m.Escalation.claimed_at - m.Escalation.created_at),
+                        _median_seconds(m.Escalation.first_response_at - m.Escalation.created_at),
+                    ).where(m.Escalation.created_at > since)
+                )
+            ).one()
+            llm = (
+                await s.execute(
+                    select(
+                        func.count(),
+                        func.count().filter(m.LLMCall.ok.is_(False)),
+                        func.coalesce(func.sum(m.LLMCall.prompt_tokens), 0),
+                        func.coalesce(func.sum(m.LLMCall.completion_tokens), 0),
+                        func.coalesce(func.sum(m.LLMCall.cached_tokens), 0),
+                    ).where(m.LLMCall.created_at > since)
+                )
+            ).one()
+        by_trigger = tuple(triggers.all())
+        return Usage(
+            days=days,
+            conversations=active or 0,
+            new_conversations=new or 0,
+            customer_messages=customer,
+            staff_messages=staff,
+            handoffs=tuple(handoffs.all()),
+            escalations=sum(n for _, n in by_trigger),
+            escalations_by_trigger=by_trigger,
+            median_to_claim_s=to_claim,
+            median_to_first_reply_s=to_reply,
+            llm_calls=llm[0],
+            llm_failures=llm[1],
+            prompt_tokens=int(llm[2]),
+            completion_tokens=int(llm[3]),
+            cached_tokens=int(llm[4]),
+        )
+
+
+def _median_seconds(interval: ColumnElement[Any]) -> ColumnElement[float]:
+    seconds = cast(extract("epoch", interval), Float)
+    return func.percentile_cont(0.5).within_group(seconds)
+
+
+def _line(row: m.Message) -> Line:
+    if row.role == "assistant" and not row.content and row.tool_calls:
+        names = ", ".join(call["name"] for call in row.tool_calls)
+        return Line("tool", row.agent, f"called {names}", row.created_at)
+    who = row.agent if row.role == "assistant" else row.author
+    return Line(row.role, who, row.content or "", row.created_at)

@@ -1,0 +1,229 @@
+"""Block Kit for `/support` answers. Every answer is ephemeral: a `Reply` of fallback text and blocks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from agents.agent import Roster
+from agents.knowledge.store import Hit
+from bot.admin.parse import USAGE, UsageError
+from bot.admin.queries import CaseRow, ConversationDetail, ConversationRow, Health, Usage
+from escalation.desk import ActionResult
+
+MAX_TEXT = 2900  # a section's text may hold 3,000 characters
+MODE = {"bot": "🤖 with the bot", "awaiting_human": "⏳ waiting for a person", "human": "🧑 with a person",
+        "closed": "✔️ closed"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str
+    blocks: list[dict[str, Any]]
+
+
+def _section(text: str) -> dict[str, Any]:
+    if len(text) > MAX_TEXT:
+        text = text[: MAX_TEXT - 1] + "…"
+    return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
+
+
+def _header(text: str) -> dict[str, Any]:
+    return {"type": "header", "text": {"type": "plain_text", "text": text[:150], "emoji": True}}
+
+
+def _context(text: str) -> dict[str, Any]:
+    return {"type": "context", "elements": [{"type": "mrkdwn", "text": text[:MAX_TEXT]}]}
+
+
+def _reply(title: str, *body: dict[str, Any]) -> Reply:
+    text = " ".join(b["text"]["text"] for b in body if b["type"] == "section")
+    return Reply(f"{title}: {text}"[:MAX_TEXT], [_header(title), *body])
+
+
+def ago(at: datetime | None, now: datetime | None = None) -> str:
+    if at is None:
+        return "never"
+    return duration((now or datetime.now(UTC)) - at)
+
+
+def duration(seconds: Any) -> str:
+    if seconds is None:
+        return "n/a"
+    s = seconds.total_seconds() if hasattr(seconds, "total_seconds") else float(seconds)
+    if s < 60:
+        return f"{s:.0f} s"
+    if s < 3600:
+        return f"{s / 60:.0f} min"
+    if s < 86400:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"
+
+
+def where(key: str, domain: str | None) -> str:
+    """A conversation key as mrkdwn: its channel and a link to its thread."""
+    parts = key.split(":")
+    if len(parts) != 4 or parts[0] != "slack":
+        return f"`{key}`"
+    channel, thread = parts[2], parts[3]
+    if thread == "dm":
+        return f"direct message `{channel}`"
+    if domain is None:
+        return f"<#{channel}> thread `{thread}`"
+    return f"<#{channel}> · <{message_link(domain, channel, thread)}|thread>"
+
+
+def message_link(domain: str, channel: str, ts: str) -> str:
+    return f"https://{domain}.slack.com/archives/{channel}/p{ts.replace('.', '')}"
+
+
+def _clip(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def help_reply(topic: str | None = None) -> Reply:
+    names = [topic] if topic else list(USAGE)
+    lines = [f"`/support {USAGE[n][0]}`  {USAGE[n][1]}" for n in names]
+    return _reply(
+        "/support",
+        _section("\n".join(lines)),
+        _context("Thread links: a message's ⋯ → *Copy link*. Case numbers work too."),
+    )
+
+
+def usage_reply(error: UsageError) -> Reply:
+    usage = f"Usage: `{error.usage}`" if error.usage else "Try `/support help` for the list."
+    return _reply("/support", _section(f"{error.problem}\n{usage}"))
+
+
+def refusal_reply(user: str) -> Reply:
+    return _reply(
+        "/support",
+        _section(
+            "Sorry, `/support` is only for the people who run this bot. If you should have access, ask an admin "
+            f"to add your user ID (`{user}`) to `ADMIN_USER_IDS`."
+        ),
+    )
+
+
+def result_reply(title: str, result: ActionResult) -> Reply:
+    return _reply(title, _section(("✅ " if result.ok else "⚠️ ") + result.message))
+
+
+def status_reply(health: Health, *, llm: str, version: str, uptime_s: float, started: datetime) -> Reply:
+    backlog = f"{health.pending_messages} message(s) waiting"
+    if health.oldest_pending_s is not None:
+        backlog += f", the oldest for {duration(health.oldest_pending_s)}"
+    llm_recent = f"{health.llm_calls_15m} call(s) in 15 min, {health.llm_failures_15m} failed"
+    pauses = ", ".join(f"{label} (by <@{who}>)" for label, who in health.pauses) or "none"
+    fields = [
+        f"*Database*\nok, {health.database_ms:.0f} ms",
+        f"*LLM provider*\n{llm}\n{llm_recent}",
+        f"*Inbox*\n{backlog}; {health.unsent_outbox} Slack call(s) unsent",
+        f"*Escalations*\n{health.open_cases} open, {health.unclaimed_cases} unclaimed",
+        f"*Paused*\n{pauses}",
+        f"*Version*\n{version}, up {duration(uptime_s)} (since {started:%Y-%m-%d %H:%M} UTC)",
+    ]
+    block = {"type": "section", "fields": [{"type": "mrkdwn", "text": f} for f in fields]}
+    return Reply("Status: " + " | ".join(f.replace("\n", " ") for f in fields), [_header("Status"), block])
+
+
+def agents_reply(roster: Roster) -> Reply:
+    lines = []
+    for agent in roster.agents.values():
+        entry = " (entry)" if agent.name == roster.entry else ""
+        tools = ", ".join(t.name for t in agent.tools) or "none"
+        to = ", ".join(f"*{t}*" for t in agent.handoffs) or "nobody"
+        lines.append(f"*{agent.name}*{entry}: {_clip(agent.description, 140)}\n   hands off to {to} · tools: {tools}")
+    return _reply(
+        "Agents", _section("\n".join(lines)), _context("Every agent can also escalate to a person (escalate_to_human).")
+    )
+
+
+def conversations_reply(listing: str, total: int, rows: Sequence[ConversationRow], domain: str | None) -> Reply:
+    if not rows:
+        return _reply(f"Conversations: {listing}", _section("None."))
+    lines = [
+        f"{where(r.key, domain)} · {MODE.get(r.mode, r.mode)} · *{r.agent}* · {r.messages} msg · "
+        f"{ago(r.updated_at)} ago"
+        for r in rows
+    ]
+    shown = f"the {len(rows)} most recently active of {total}" if total > len(rows) else f"{total}"
+    return _reply(f"Conversations: {listing}", _section("\n".join(lines)), _context(f"Showing {shown}."))
+
+
+def detail_reply(detail: ConversationDetail, domain: str | None) -> Reply:
+    row = detail.row
+    head = (
+        f"{where(row.key, domain)}\n*State:* {MODE.get(row.mode, row.mode)} · *agent:* {row.agent} · "
+        f"{row.messages} message(s) · {detail.tool_runs} tool call(s) · started {ago(detail.created_at)} ago"
+    )
+    if detail.history_from:
+        head += "\n_Reset by an admin: earlier messages are out of the agents' context._"
+    icons = {"user": "👤", "assistant": "🤖", "staff": "🧑‍💼", "tool": "🔧"}
+    lines = [f"{icons.get(line.role, '•')} *{line.who or line.role}*: {_clip(line.text, 200)}" for line in detail.lines]
+    handoffs = [f"{f} → {t}" + (f" ({_clip(r, 80)})" if r else "") for f, t, r, _ in detail.handoffs]
+    blocks = [_section(head), _section("*Last messages*\n" + ("\n".join(lines) or "none"))]
+    blocks.append(_section("*Handoffs*\n" + ("\n".join(handoffs) or "none")))
+    if detail.cases:
+        blocks.append(_section("*Cases*\n" + "\n".join(case_line(c, domain) for c in detail.cases)))
+    return _reply("Conversation", *blocks)
+
+
+def case_line(case: CaseRow, domain: str | None) -> str:
+    owner = f"<@{case.claimed_by}>" if case.claimed_by else "unclaimed"
+    link = (
+        f" · <{message_link(domain, case.case_channel, case.case_ts)}|case>"
+        if domain and case.case_channel and case.case_ts
+        else ""
+    )
+    return f"*#{case.id}* {case.status} · {ago(case.created_at)} old · {owner} · {_clip(case.reason, 100)}{link}"
+
+
+def cases_reply(cases: Sequence[CaseRow], domain: str | None) -> Reply:
+    if not cases:
+        return _reply("Open escalations", _section("None: nobody is waiting for a person."))
+    lines = [f"{case_line(c, domain)}\n   {where(c.conversation_key, domain)}" for c in cases]
+    return _reply("Open escalations", _section("\n".join(lines)), _context("Oldest first."))
+
+
+def kb_hits_reply(query: str, hits: Sequence[Hit]) -> Reply:
+    if not hits:
+        return _reply("Knowledge base", _section(f"Nothing found for _{_clip(query, 100)}_."))
+    lines = [
+        f"*{i}.* {h.citation} · `{h.collection}` · score {h.score:.3f}\n>{_clip(h.text, 220)}"
+        for i, h in enumerate(hits, 1)
+    ]
+    return _reply("Knowledge base", _section(f"Top {len(hits)} for _{_clip(query, 100)}_:"), _section("\n".join(lines)))
+
+
+def kb_stats_reply(stats: Sequence[dict[str, object]]) -> Reply:
+    if not stats:
+        return _reply("Knowledge base", _section("Empty. Add documents with `python -m bot kb ingest <folder>`."))
+    lines = [
+        f"*{s['collection']}*: {s['documents']} document(s), {s['chunks']} chunk(s) · {s['embedder']} ({s['dim']} dim)"
+        for s in stats
+    ]
+    return _reply("Knowledge base", _section("\n".join(lines)))
+
+
+def usage_stats_reply(u: Usage) -> Reply:
+    rate = f"{u.escalations / u.conversations:.0%}" if u.conversations else "n/a"
+    pairs = ", ".join(f"{f} → {t}: {n}" for f, t, n in u.handoffs) or "none"
+    triggers = ", ".join(f"{t}: {n}" for t, n in u.escalations_by_trigger)
+    tokens = f"{u.prompt_tokens:,} prompt ({u.cached_tokens:,} cached) + {u.completion_tokens:,} completion"
+    fields = [
+        f"*Conversations*\n{u.conversations} active, {u.new_conversations} new",
+        f"*Messages*\n{u.customer_messages} from customers, {u.staff_messages} from staff",
+        f"*Escalations*\n{u.escalations} ({rate} of conversations)" + (f"\n{triggers}" if triggers else ""),
+        f"*Median time*\nto claim {duration(u.median_to_claim_s)}, to first human reply "
+        f"{duration(u.median_to_first_reply_s)}",
+        f"*LLM*\n{u.llm_calls} call(s), {u.llm_failures} failed\n{tokens} tokens",
+    ]
+    block = {"type": "section", "fields": [{"type": "mrkdwn", "text": f} for f in fields]}
+    title = f"Last {u.days} day{'s' if u.days != 1 else ''}"
+    text = title + ": " + " | ".join(f.replace("\n", " ") for f in fields) + f" | Handoffs: {pairs}"
+    return Reply(text, [_header(title), block, _section(f"*Handoffs*\n{pairs}")])

@@ -1,0 +1,351 @@
+"""`/support` over HTTP: signed slash commands into the real bot, answers read back from the emulator's
+response_url, every subcommand, the refusal, usage help, and the admin action log."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from bot.admin.parse import (
+    CaseRef,
+    ChangeConversation,
+    Conversations,
+    Help,
+    KbSearch,
+    Pause,
+    Resume,
+    Stats,
+    ThreadRef,
+    UsageError,
+    parse,
+)
+from db import models as m
+from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
+from fakes.slack_api import SlackEmulator
+from tests.conftest import bot_settings, serving
+from tests.test_escalation import STAFF, SUPPORT, escalate, escalation_row
+from tests.test_slack import replies_in, settle
+
+Sessions = async_sessionmaker[AsyncSession]
+ADMIN = "U_ADMIN"
+
+
+@pytest.fixture
+async def admin_bot(database_url: str, fake_llm: FakeOpenAI, emulator: SlackEmulator) -> Any:
+    emulator.add_user(ADMIN, "ada", "Ada Admin")
+    emulator.add_user("U_OWNER", "olga", "Olga Owner", is_admin=True)
+    settings = bot_settings(database_url, fake_llm, emulator, admin_user_ids=ADMIN)
+    async with serving(settings, emulator) as bot:
+        yield bot
+
+
+async def support(emulator: SlackEmulator, text: str, *, user: str = ADMIN, channel: str = STAFF) -> dict[str, Any]:
+    """Run `/support <text>`: the ack is empty and immediate; the answer arrives on the response_url."""
+    before = len(emulator.response_log)
+    ack = await emulator.slash_command("/support", text, user=user, channel=channel)
+    assert (ack.status, ack.body) == (200, "")
+    answers = await emulator.wait_for(lambda: emulator.response_log[before:])
+    assert len(answers) == 1 and (answers[0].user, answers[0].channel, answers[0].source) == (user, channel, "/support")
+    body = answers[0].body
+    assert body["response_type"] == "ephemeral" and body["blocks"][0]["type"] == "header"
+    return body
+
+
+def shown(body: dict[str, Any]) -> str:
+    """Everything the admin sees, as one string."""
+    return json.dumps(body["blocks"], ensure_ascii=False)
+
+
+def link(channel: str, ts: str, thread_ts: str | None = None) -> str:
+    url = f"https://driftwing.slack.com/archives/{channel}/p{ts.replace('.', '')}"
+    url += f"?thread_ts={thread_ts}&cid={channel}" if thread_ts else ""
+    return f"<{url}>"  # as Slack escapes it (should_escape: true)
+
+
+async def conversation(sessions: Sessions) -> m.Conversation:
+    async with sessions() as s:
+        row = await s.scalar(select(m.Conversation).order_by(m.Conversation.id.desc()))
+    assert row is not None
+    return row
+
+
+async def admin_log(sessions: Sessions) -> list[tuple[str, str, str, bool, bool]]:
+    async with sessions() as s:
+        rows = await s.execute(
+            select(
+                m.AdminAction.user_id,
+                m.AdminAction.command,
+                m.AdminAction.arguments,
+                m.AdminAction.allowed,
+                m.AdminAction.ok,
+            ).order_by(m.AdminAction.id)
+        )
+        return [tuple(r) for r in rows]  # type: ignore[misc]
+
+
+async def to_sales(emulator: SlackEmulator, fake: FakeOpenAI, sessions: Sessions, text: str) -> str:
+    """A customer's first message, which triage hands to sales; returns the thread."""
+    fake.script(tools(tool_call("transfer_to_sales", {"reason": "wants a drone"})), reply("Which budget?"))
+    said = await emulator.user_says(SUPPORT, text)
+    await replies_in(emulator, SUPPORT, said.ts, 2)
+    await settle(sessions)
+    return said.ts
+
+
+# -- parsing (no Slack, no database) --------------------------------------------------------------------------
+
+
+def test_parse_commands_refs_and_usage_errors() -> None:
+    assert parse("") == Help() and parse("help stats") == Help("stats")
+    assert parse("conversations") == Conversations("recent") and parse("conversations human") == Conversations("human")
+    assert parse("show <https://x.slack.com/archives/C1/p1700000000000100>") is not None
+    assert parse("close <https://x.slack.com/archives/C1/p1700000000000200?thread_ts=1700000000.000100&cid=C1>") == (
+        ChangeConversation("close", ThreadRef("C1", "1700000000.000100"))
+    )
+    assert parse("reset #42") == ChangeConversation("reset", CaseRef(42))
+    assert parse("pause <#C0SUPPORT|support>") == Pause("C0SUPPORT") and parse("resume") == Resume(None)
+    assert parse("kb search battery   life") == KbSearch("battery life") and parse("stats 30") == Stats(30)
+    for bad, usage in [
+        ("frobnicate", ""),
+        ("show", "/support show <thread link>"),
+        ("show nonsense", "/support show <thread link>"),
+        ("pause general", "/support pause [#channel]"),
+        ("stats 0", "/support stats [days]"),
+        ("stats forever", "/support stats [days]"),
+        ("kb", "/support kb search <query> | kb stats"),
+        ("conversations closed", "/support conversations [open|human|recent]"),
+    ]:
+        error = parse(bad)
+        assert isinstance(error, UsageError) and error.usage == usage, bad
+
+
+# -- over HTTP ---------------------------------------------------------------------------------------------
+
+
+async def test_non_admins_are_refused_politely_logged_and_recorded(
+    admin_bot: Any, emulator: SlackEmulator, sessions: Sessions, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="bot.admin.command"):
+        body = await support(emulator, "pause", user="U_STAFF")
+    assert "only for the people who run this bot" in shown(body) and "`U_STAFF`" in shown(body)
+    assert any("refused for U_STAFF" in r.getMessage() for r in caplog.records)
+    # A workspace admin is not an admin here unless ADMIN_WORKSPACE_ADMINS says so.
+    assert "only for the people" in shown(await support(emulator, "status", user="U_OWNER"))
+    async with sessions() as s:
+        assert await s.scalar(select(m.Pause)) is None  # nothing was paused
+    assert await admin_log(sessions) == [
+        ("U_STAFF", "pause", "", False, False),
+        ("U_OWNER", "status", "", False, False),
+    ]
+
+
+async def test_workspace_admins_may_when_configured(
+    database_url: str, fake_llm: FakeOpenAI, emulator: SlackEmulator, sessions: Sessions
+) -> None:
+    emulator.add_user("U_OWNER", "olga", "Olga Owner", is_admin=True)
+    settings = bot_settings(database_url, fake_llm, emulator, admin_workspace_admins=True)
+    async with serving(settings, emulator):
+        assert "/support agents" in shown(await support(emulator, "help", user="U_OWNER"))
+        assert "only for the people" in shown(await support(emulator, "help", user="U_STAFF"))
+    assert [c.params["user"] for c in emulator.calls_to("users.info")] == ["U_OWNER", "U_STAFF"]
+
+
+async def test_help_unknown_and_malformed_get_usage(
+    admin_bot: Any, emulator: SlackEmulator, sessions: Sessions
+) -> None:
+    listing = shown(await support(emulator, ""))
+    for line in ("status", "agents", "conversations [open|human|recent]", "show <thread link>", "escalations"):
+        assert f"/support {line}" in listing
+    assert "I don't know the subcommand `frobnicate`" in shown(await support(emulator, "frobnicate now"))
+    answer = shown(await support(emulator, "show yesterday"))
+    assert "`yesterday` is not a Slack message link" in answer and "Usage: `/support show <thread link>`" in answer
+    assert "between 1 and 365" in shown(await support(emulator, "stats 9999"))
+    log = await admin_log(sessions)
+    assert [(c, ok) for _, c, _, _, ok in log] == [
+        ("help", True),
+        ("frobnicate", False),
+        ("show", False),
+        ("stats", False),
+    ]
+
+
+async def test_status_answers_through_the_response_url_after_an_immediate_ack(
+    admin_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI
+) -> None:
+    fake_llm.models_delay = 1.0  # the provider check is slow: the ack must not wait for it
+    ack = await emulator.slash_command("/support", "status", user=ADMIN, channel=STAFF)
+    assert (ack.status, ack.body) == (200, "") and emulator.response_log == []
+    answer = await emulator.wait_for(lambda: emulator.response_log)
+    text = json.dumps(answer[0].body["blocks"], ensure_ascii=False)
+    for expected in ("*Database*\\nok", "reachable", "fake-model", "0 message(s) waiting", "0 open", "0.1.0", "up "):
+        assert expected in text, expected
+    fake_llm.models_delay, fake_llm.models_status = 0, 503  # the provider is down
+    text = shown(await support(emulator, "status"))
+    assert "unreachable" in text and "fall back to offline mode" in text
+
+
+async def test_agents_shows_the_roster_and_handoffs(admin_bot: Any, emulator: SlackEmulator) -> None:
+    text = shown(await support(emulator, "agents"))
+    assert "*triage* (entry)" in text and "hands off to *sales*, *support*" in text
+    assert "lookup_order" in text and "escalate_to_human" in text
+
+
+async def test_conversations_show_and_escalations(
+    admin_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    first = await to_sales(emulator, fake_llm, sessions, "I'd like to buy a drone for filming")
+    listed = shown(await support(emulator, "conversations"))
+    assert f"<#{SUPPORT}>" in listed and "with the bot" in listed and "*sales*" in listed and "1 msg" in listed
+    assert "None." in shown(await support(emulator, "conversations human"))
+
+    detail = shown(await support(emulator, f"show {link(SUPPORT, first)}"))
+    assert "I'd like to buy a drone for filming" in detail and "Which budget?" in detail
+    assert "triage → sales (wants a drone)" in detail and "called transfer_to_sales" in detail
+
+    assert "nobody is waiting" in shown(await support(emulator, "escalations"))
+    thread, case = await escalate(emulator, fake_llm, sessions)
+    row = await escalation_row(sessions)
+    cases = shown(await support(emulator, "escalations"))
+    assert f"*#{row.id}* open" in cases and "unclaimed" in cases and "customer asked for a person" in cases
+    assert "waiting for a person" in shown(await support(emulator, "conversations human"))
+    # A link to a reply inside the thread, or to the case message, finds the same conversation.
+    reply_ts = emulator.posts(SUPPORT, thread)[-1].ts
+    assert "can I talk to an actual human being?" in shown(
+        await support(emulator, f"show {link(SUPPORT, reply_ts, thread)}")
+    )
+    assert "customer asked for a person" in shown(await support(emulator, f"show {link(STAFF, case.ts)}"))
+    assert "no conversation for that link" in shown(await support(emulator, f"show {link(SUPPORT, '1.000001')}"))
+
+
+async def test_handback_and_close_by_link(
+    admin_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    thread, case = await escalate(emulator, fake_llm, sessions)
+    answer = shown(await support(emulator, f"handback {link(SUPPORT, thread)}"))
+    assert "handed back to the bot" in answer
+    await settle(sessions)
+    assert emulator.posts(SUPPORT, thread)[-1].text.startswith("You're back with our assistant")
+    row = await escalation_row(sessions)
+    assert (row.status, row.closed_by) == ("handed_back", ADMIN)
+    assert "Handed back to the bot by <@U_ADMIN>" in json.dumps(emulator.message(STAFF, case.ts).blocks)  # type: ignore[union-attr]
+    assert "already with the bot" in shown(await support(emulator, f"handback {link(SUPPORT, thread)}"))
+
+    assert "Conversation closed" in shown(await support(emulator, f"close {link(SUPPORT, thread)}"))
+    await settle(sessions)
+    assert (await conversation(sessions)).mode == "closed"
+    assert emulator.posts(SUPPORT, thread)[-1].text.startswith("This conversation is now closed")
+    assert "already closed" in shown(await support(emulator, f"close #{row.id}"))
+
+
+async def test_close_resolves_an_open_case(
+    admin_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    await escalate(emulator, fake_llm, sessions)
+    row = await escalation_row(sessions)
+    assert f"Case #{row.id} resolved" in shown(await support(emulator, f"close #{row.id}"))
+    assert ((await escalation_row(sessions)).status, (await conversation(sessions)).mode) == ("resolved", "closed")
+
+
+async def test_reset_returns_to_triage_with_the_context_cleared(
+    admin_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    thread = await to_sales(emulator, fake_llm, sessions, "my secret budget is 900 euros, which drone?")
+    assert (await conversation(sessions)).active_agent == "sales"
+
+    answer = shown(await support(emulator, f"reset {link(SUPPORT, thread)}"))
+    assert "back to triage, context cleared" in answer
+    row = await conversation(sessions)
+    assert (row.mode, row.active_agent, row.context, row.history_from is not None) == ("bot", "triage", {}, True)
+
+    fake_llm.script(reply("Hello again! How can I help?"))
+    await emulator.user_says(SUPPORT, "hi", thread_ts=thread)
+    await emulator.wait_for(lambda: emulator.posts(SUPPORT, thread)[-1].text == "Hello again! How can I help?")
+    request = fake_llm.requests[-1]
+    assert "front desk" in request.system  # triage's prompt
+    assert not any("900 euros" in str(msg.get("content")) for msg in request.messages)
+    assert "Reset by an admin" in shown(await support(emulator, f"show {link(SUPPORT, thread)}"))
+
+
+async def test_pause_hands_customers_to_people_and_resume_brings_the_bot_back(
+    admin_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    assert "Paused in <#C_SUPPORT>" in shown(await support(emulator, f"pause <#{SUPPORT}|support>"))
+    assert "already paused in <#C_SUPPORT>" in shown(await support(emulator, f"pause <#{SUPPORT}>"))
+    assert "*Paused*\\n<#C_SUPPORT> (by <@U_ADMIN>)" in shown(await support(emulator, "status"))
+
+    said = await emulator.user_says(SUPPORT, "my order never arrived")
+    answer = await replies_in(emulator, SUPPORT, said.ts, 1)
+    assert answer == ["Our assistant is paused here for now, so I've passed your message to a colleague, who will "
+                      "reply here."]  # fmt: skip
+    case = await emulator.wait_for(lambda: [p for p in emulator.posts(STAFF) if not p.thread_ts])
+    assert "my order never arrived" in json.dumps(case[0].blocks)
+    assert fake_llm.calls == 0  # no agent ran
+    row = await escalation_row(sessions)
+    assert (row.trigger, row.status) == ("paused", "open")
+
+    # Elsewhere the bot still answers: a DM is not in the paused channel.
+    emulator.add_channel("D_CASEY", "casey-dm", is_im=True)
+    fake_llm.script(reply("Hi there!"))
+    dm = await emulator.user_says("D_CASEY", "hello")
+    await emulator.wait_for(lambda: [p for p in emulator.posts("D_CASEY") if p.text == "Hi there!"])
+    assert dm.result.status == 200
+
+    assert "Resumed in <#C_SUPPORT>" in shown(await support(emulator, f"resume <#{SUPPORT}>"))
+    assert "was not paused in <#C_SUPPORT>" in shown(await support(emulator, f"resume <#{SUPPORT}>"))
+    # The open case stays with the team: the customer's follow-up goes to staff, not to an agent.
+    await emulator.user_says(SUPPORT, "any news?", thread_ts=said.ts)
+    await emulator.wait_for(lambda: [p for p in emulator.posts(STAFF, case[0].ts) if "any news?" in p.text])
+    # A new thread gets the bot again.
+    fake_llm.script(reply("Happy to help!"))
+    fresh = await emulator.user_says(SUPPORT, "question about batteries")
+    assert await replies_in(emulator, SUPPORT, fresh.ts, 1) == ["Happy to help!"]
+
+    # Everywhere, then resume everywhere.
+    assert "Paused everywhere" in shown(await support(emulator, "pause"))
+    assert "Resumed everywhere" in shown(await support(emulator, "resume"))
+    async with sessions() as s:
+        assert await s.scalar(select(m.Pause)) is None
+
+
+async def test_kb_search_and_stats(admin_bot: Any, emulator: SlackEmulator) -> None:
+    stats = shown(await support(emulator, "kb stats"))
+    assert "*catalogue*: " in stats and "*support*: 7 document(s)" in stats
+    hits = shown(await support(emulator, "kb search return policy refund"))
+    assert "Top 5 for _return policy refund_" in hits and "support/" in hits and "score" in hits
+
+
+async def test_stats_counts_the_period(
+    admin_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    await to_sales(emulator, fake_llm, sessions, "I want a drone")
+    thread, case = await escalate(emulator, fake_llm, sessions)
+    await emulator.user_says(STAFF, "Hi, Sam here", user="U_STAFF", thread_ts=case.ts)  # claims it
+    await emulator.wait_for(lambda: [p for p in emulator.posts(SUPPORT, thread) if p.username])
+    await settle(sessions)
+    text = shown(await support(emulator, "stats 7"))
+    assert "Last 7 days" in text and "2 active, 2 new" in text
+    assert "2 from customers, 1 from staff" in text and "triage → sales: 1" in text
+    assert "1 (50% of conversations)" in text and "agent: 1" in text
+    assert "to claim " in text and "to claim n/a" not in text and "first human reply n/a" not in text
+    assert "3 call(s), 0 failed" in text and "prompt" in text
+    assert "Last 1 day" in shown(await support(emulator, "stats 1"))
+
+
+async def test_every_admin_command_is_recorded(admin_bot: Any, emulator: SlackEmulator, sessions: Sessions) -> None:
+    for text in ("agents", "kb stats", "escalations", f"pause <#{SUPPORT}>", f"pause <#{SUPPORT}>"):
+        await support(emulator, text)
+    assert await admin_log(sessions) == [
+        (ADMIN, "agents", "", True, True),
+        (ADMIN, "kb", "stats", True, True),
+        (ADMIN, "escalations", "", True, True),
+        (ADMIN, "pause", f"<#{SUPPORT}>", True, True),
+        (ADMIN, "pause", f"<#{SUPPORT}>", True, False),  # already paused
+    ]
+    async with sessions() as s:
+        recorded = await s.scalar(select(m.AdminAction).order_by(m.AdminAction.id.desc()))
+    assert recorded is not None and recorded.created_at is not None and "already paused" in recorded.result
