@@ -115,6 +115,8 @@ class Brain:
     model: Model
     knowledge: KnowledgeBase
     offline: bool
+    provider: openai.AsyncOpenAI | None = None
+    """The LLM provider's client (None offline), for health checks."""
 
     async def close(self) -> None:
         closer = getattr(self.model, "close", None) or getattr(getattr(self.model, "primary", None), "close", None)
@@ -130,4 +132,5 @@ async def brain(settings: Settings, db: Database) -> Brain:
     offline = OfflineModel(router)
     if not settings.llm_configured:
         return Brain(roster, offline, knowledge, offline=True)
-    return Brain(roster, FallbackModel(chat_model(settings), offline), knowledge, offline=False)
+    chat = chat_model(settings)
+    return Brain(roster, FallbackModel(chat, offline), knowledge, offline=False, provider=chat.client)

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 
 from aiohttp import web
@@ -166,8 +167,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
 def admin_commands(
     settings: Settings, client: AsyncWebClient, db: runtime.Database, brain: runtime.Brain, desk: CaseDesk
 ) -> AdminCommands:
-    queries = AdminQueries(db.sessions)
-    key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
+    queries = AdminQueries(sessions=db.sessions)
     return AdminCommands(
         client=client,
         admin_ids=settings.admin_ids,
@@ -176,11 +176,16 @@ def admin_commands(
         actions=AdminActions(sessions=db.sessions, queries=queries, desk=desk, entry_agent=brain.roster.entry),
         roster=brain.roster,
         knowledge=brain.knowledge,
-        probe=provider_probe(
-            offline=brain.offline, api_key=key, base_url=settings.openai_base_url, model=settings.openai_model
-        ),
-        version=package_version("helpdesk-bot"),
+        probe=provider_probe(brain.provider, model=settings.openai_model),
+        version=_version(),
     )
+
+
+def _version() -> str:
+    try:
+        return package_version("helpdesk-bot")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
 
 
 def web_app(bot: Bot) -> web.Application:

@@ -301,9 +301,10 @@ class AdminAction(Base):
     user_id: Mapped[str] = mapped_column(Text)
     channel_id: Mapped[str | None] = mapped_column(Text)
     command: Mapped[str] = mapped_column(Text)
-    """The subcommand ("pause"), or the whole text when it did not parse."""
+    """The first word: the subcommand ("pause"), or what was typed instead of one."""
     arguments: Mapped[str] = mapped_column(Text, server_default="")
     allowed: Mapped[bool] = mapped_column(Boolean)
-    ok: Mapped[bool] = mapped_column(Boolean)
+    ok: Mapped[bool | None] = mapped_column(Boolean)
+    """None while it runs, and for good if it never finished (the process died)."""
     result: Mapped[str] = mapped_column(Text, server_default="")
     created_at: Mapped[datetime] = _now()

@@ -63,61 +63,54 @@ class CaseDesk:
                 return ActionResult(False, f"There is no case #{escalation_id}.")
             conversation = await self._lock(s, escalation.conversation_id)
             await s.refresh(escalation, with_for_update=True)
-            if conversation is None or escalation.status not in OPEN:
-                return ActionResult(False, f"Case #{escalation_id} is already {escalation.status.replace('_', ' ')}.")
-            now = func.now()
-            rows: list[dict[str, object]] = []
-            thread = customer_thread(conversation.key)
-            match action:
-                case "claim":
-                    if escalation.claimed_by is not None:
-                        return ActionResult(
-                            False, f"Case #{escalation_id} is already claimed by <@{escalation.claimed_by}>."
-                        )
-                    escalation.claimed_by, escalation.claimed_at, escalation.status = user, now, "claimed"
-                    conversation.mode = "human"
-                    message = f"You have claimed case #{escalation_id}."
-                case "resolve" | "hand_back":
-                    escalation.status = "resolved" if action == "resolve" else "handed_back"
-                    escalation.closed_by, escalation.closed_at = user, now
-                    # Handed back: the last AI agent picks up again, with the human exchange in its transcript.
-                    conversation.mode = "closed" if action == "resolve" else "bot"
-                    notice = self.policy.resolved_message if action == "resolve" else self.policy.handed_back_message
-                    if thread is not None and notice:
-                        rows.append(_post(conversation.id, thread[0], thread[1], notice))
-                    message = (
-                        f"Case #{escalation_id} {'resolved' if action == 'resolve' else 'handed back to the bot'}."
-                    )
-            rows.append(_case_update(conversation.id, escalation_id))
-            await s.execute(insert(m.Outbox), rows)
-        self.on_change()
-        return ActionResult(True, message)
+            if conversation is None:
+                return ActionResult(False, f"Case #{escalation_id} has no conversation any more.")
+            result = await self._apply_locked(s, conversation, escalation, action, user)
+        if result.ok:
+            self.on_change()
+        return result
 
-    async def close(self, *, conversation_id: int, user: str) -> ActionResult:
-        """Close a conversation: its open case is resolved; else it is closed directly. Either way the customer
-        is told, and their next message starts afresh with the entry agent."""
-        escalation_id = await self.open_case(conversation_id)
-        if escalation_id is not None:
-            return await self.apply(escalation_id=escalation_id, action="resolve", user=user)
+    async def on_conversation(
+        self, *, conversation_id: int, action: Literal["hand_back", "close"], user: str
+    ) -> ActionResult:
+        """Hand back or close a conversation, whatever its case. The case is looked up under the conversation's
+        lock, so one that a running turn is opening right now is seen (and resolved, or handed back)."""
         async with self.sessions() as s, s.begin():
             conversation = await self._lock(s, conversation_id)
-            if conversation is None or conversation.mode == "closed":
+            if conversation is None:
+                return ActionResult(False, "That conversation no longer exists.")
+            escalation = await s.scalar(
+                select(m.Escalation)
+                .where(m.Escalation.conversation_id == conversation_id, m.Escalation.status.in_(OPEN))
+                .order_by(m.Escalation.id.desc())
+                .limit(1)
+                .with_for_update()
+            )
+            if escalation is not None:
+                case_action: Action = "resolve" if action == "close" else "hand_back"
+                result = await self._apply_locked(s, conversation, escalation, case_action, user)
+            elif action == "hand_back":
+                where = "closed" if conversation.mode == "closed" else "with the bot"
+                return ActionResult(False, f"That conversation is already {where}; there is nothing to hand back.")
+            elif conversation.mode == "closed":
                 return ActionResult(False, "That conversation is already closed.")
-            conversation.mode = "closed"
-            thread = customer_thread(conversation.key)
-            if thread is not None and self.policy.resolved_message:
-                await s.execute(insert(m.Outbox).values(_post(conversation_id, *thread, self.policy.resolved_message)))
+            else:
+                conversation.mode = "closed"
+                await self._tell_customer(s, conversation, self.policy.resolved_message)
+                result = ActionResult(True, "Conversation closed.")
         self.on_change()
-        return ActionResult(True, "Conversation closed.")
+        return result
 
     async def reset(self, *, conversation_id: int, user: str, entry_agent: str) -> ActionResult:
         """Back to the entry agent with the context cleared: earlier messages stay in the transcript but leave
-        the agents' prompt, and an open case is resolved."""
+        the agents' prompt. An open case is resolved, and a customer who was with a person is told."""
         async with self.sessions() as s, s.begin():
             conversation = await self._lock(s, conversation_id)
             if conversation is None:
                 return ActionResult(False, "That conversation no longer exists.")
             last = await s.scalar(select(func.max(m.Message.id)).where(m.Message.conversation_id == conversation_id))
+            if conversation.mode in ("awaiting_human", "human"):
+                await self._tell_customer(s, conversation, self.policy.handed_back_message)
             conversation.mode, conversation.active_agent, conversation.context = "bot", entry_agent, {}
             conversation.history_from = (last or 0) + 1
             cases = await s.scalars(
@@ -131,14 +124,37 @@ class CaseDesk:
         self.on_change()
         return ActionResult(True, f"Conversation reset: back to {entry_agent}, context cleared.")
 
-    async def open_case(self, conversation_id: int) -> int | None:
-        async with self.sessions() as s:
-            return await s.scalar(
-                select(m.Escalation.id)
-                .where(m.Escalation.conversation_id == conversation_id, m.Escalation.status.in_(OPEN))
-                .order_by(m.Escalation.id.desc())
-                .limit(1)
-            )
+    async def _apply_locked(
+        self, s: AsyncSession, conversation: m.Conversation, escalation: m.Escalation, action: Action, user: str
+    ) -> ActionResult:
+        escalation_id = escalation.id
+        if escalation.status not in OPEN:
+            return ActionResult(False, f"Case #{escalation_id} is already {escalation.status.replace('_', ' ')}.")
+        now = func.now()
+        match action:
+            case "claim":
+                if escalation.claimed_by is not None:
+                    return ActionResult(
+                        False, f"Case #{escalation_id} is already claimed by <@{escalation.claimed_by}>."
+                    )
+                escalation.claimed_by, escalation.claimed_at, escalation.status = user, now, "claimed"
+                conversation.mode = "human"
+                message = f"You have claimed case #{escalation_id}."
+            case "resolve" | "hand_back":
+                escalation.status = "resolved" if action == "resolve" else "handed_back"
+                escalation.closed_by, escalation.closed_at = user, now
+                # Handed back: the last AI agent picks up again, with the human exchange in its transcript.
+                conversation.mode = "closed" if action == "resolve" else "bot"
+                notice = self.policy.resolved_message if action == "resolve" else self.policy.handed_back_message
+                await self._tell_customer(s, conversation, notice)
+                message = f"Case #{escalation_id} {'resolved' if action == 'resolve' else 'handed back to the bot'}."
+        await s.execute(insert(m.Outbox).values(_case_update(conversation.id, escalation_id)))
+        return ActionResult(True, message)
+
+    async def _tell_customer(self, s: AsyncSession, conversation: m.Conversation, text: str) -> None:
+        thread = customer_thread(conversation.key)
+        if thread is not None and text:
+            await s.execute(insert(m.Outbox).values(_post(conversation.id, thread[0], thread[1], text)))
 
     async def _lock(self, s: AsyncSession, conversation_id: int) -> m.Conversation | None:
         return await s.scalar(

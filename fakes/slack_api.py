@@ -120,6 +120,7 @@ class Response:
     source: str
     """The slash command ("/support") or action_id the response_url came with."""
     body: dict[str, Any]
+    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,24 @@ class _Fault:
     status: int
     retry_after: int
     error: str
+
+
+def block_kit_problem(blocks: Any) -> str | None:
+    """What Slack would refuse in a message's blocks (the documented size limits), or None."""
+    if blocks is None:
+        return None
+    if not isinstance(blocks, list) or len(blocks) > 50:
+        return "more than 50 blocks"
+    for block in blocks:
+        text = (block.get("text") or {}).get("text", "")
+        fields = block.get("fields") or []
+        if block.get("type") == "header" and len(text) > 150:
+            return "header text over 150 characters"
+        if block.get("type") == "section" and len(text) > 3000:
+            return "section text over 3000 characters"
+        if len(fields) > 10 or any(len(f.get("text", "")) > 2000 for f in fields):
+            return "more than 10 fields, or a field over 2000 characters"
+    return None
 
 
 class SlackApiFailure(Exception):
@@ -232,6 +251,7 @@ class SlackEmulator:
         self.ephemerals: list[Ephemeral] = []
         self.responses: list[dict[str, Any]] = []  # bodies POSTed to response_url endpoints
         self.response_log: list[Response] = []  # the same, with who and what they answer
+        self.rejected: list[tuple[dict[str, Any], str]] = []  # response_url bodies refused, and why
         self._response_urls: dict[str, tuple[str, str, str]] = {}  # id -> (user, channel, source)
         self.deliveries: list[Delivery] = []
         self.users: dict[str, SlackUser] = {}
@@ -631,6 +651,9 @@ class SlackEmulator:
         except ValueError:
             body = dict(await request.post())
         body = body if isinstance(body, dict) else {"body": body}
+        if (problem := block_kit_problem(body.get("blocks"))) is not None:
+            self.rejected.append((body, problem))
+            return web.Response(status=400, text="invalid_blocks")
         self.responses.append(body)
         user, channel, source = self._response_urls.get(request.match_info["id"], ("", "", ""))
         self.response_log.append(Response(user, channel, source, body))

@@ -19,13 +19,14 @@ from bot.admin.parse import (
     KbSearch,
     Pause,
     Resume,
+    Show,
     Stats,
     ThreadRef,
     UsageError,
     parse,
 )
 from db import models as m
-from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
+from fakes.openai_server import FakeOpenAI, reply, slow, tool_call, tools
 from fakes.slack_api import SlackEmulator
 from tests.conftest import bot_settings, serving
 from tests.test_escalation import STAFF, SUPPORT, escalate, escalation_row
@@ -103,18 +104,25 @@ async def to_sales(emulator: SlackEmulator, fake: FakeOpenAI, sessions: Sessions
 def test_parse_commands_refs_and_usage_errors() -> None:
     assert parse("") == Help() and parse("help stats") == Help("stats")
     assert parse("conversations") == Conversations("recent") and parse("conversations human") == Conversations("human")
-    assert parse("show <https://x.slack.com/archives/C1/p1700000000000100>") is not None
+    assert parse("show <https://x.slack.com/archives/C1/p1700000000000100|the thread>") == (
+        Show(ThreadRef("C1", "1700000000.000100"))
+    )
+    escaped = "show <https://x.slack.com/archives/C1/p1700000000000200?cid=C1&amp;thread_ts=1700000000.000100>"
+    assert parse(escaped) == Show(ThreadRef("C1", "1700000000.000100"))  # &amp; is Slack's escaping of &
     assert parse("close <https://x.slack.com/archives/C1/p1700000000000200?thread_ts=1700000000.000100&cid=C1>") == (
         ChangeConversation("close", ThreadRef("C1", "1700000000.000100"))
     )
     assert parse("reset #42") == ChangeConversation("reset", CaseRef(42))
     assert parse("pause <#C0SUPPORT|support>") == Pause("C0SUPPORT") and parse("resume") == Resume(None)
     assert parse("kb search battery   life") == KbSearch("battery life") and parse("stats 30") == Stats(30)
+    assert parse("kb search it's Bob's R&amp;D drone") == KbSearch("it's Bob's R&D drone")
+    assert parse("pause C0123ABCD") == Pause("C0123ABCD") and parse("show #7") == Show(CaseRef(7))
     for bad, usage in [
         ("frobnicate", ""),
         ("show", "/support show <thread link>"),
         ("show nonsense", "/support show <thread link>"),
         ("pause general", "/support pause [#channel]"),
+        ("pause GENERAL", "/support pause [#channel]"),
         ("stats 0", "/support stats [days]"),
         ("stats forever", "/support stats [days]"),
         ("kb", "/support kb search <query> | kb stats"),
@@ -213,6 +221,8 @@ async def test_conversations_show_and_escalations(
     cases = shown(await support(emulator, "escalations"))
     assert f"*#{row.id}* open" in cases and "unclaimed" in cases and "customer asked for a person" in cases
     assert "waiting for a person" in shown(await support(emulator, "conversations human"))
+    assert "waiting for a person" in shown(await support(emulator, "conversations open"))
+    assert "customer asked for a person" in shown(await support(emulator, f"show #{row.id}"))
     # A link to a reply inside the thread, or to the case message, finds the same conversation.
     reply_ts = emulator.posts(SUPPORT, thread)[-1].ts
     assert "can I talk to an actual human being?" in shown(
@@ -288,12 +298,11 @@ async def test_pause_hands_customers_to_people_and_resume_brings_the_bot_back(
     row = await escalation_row(sessions)
     assert (row.trigger, row.status) == ("paused", "open")
 
-    # Elsewhere the bot still answers: a DM is not in the paused channel.
-    emulator.add_channel("D_CASEY", "casey-dm", is_im=True)
+    # Elsewhere the bot still answers, also in a channel whose id the pause's pattern must not match.
+    emulator.add_channel("CXSUPPORT", "sales-questions")
     fake_llm.script(reply("Hi there!"))
-    dm = await emulator.user_says("D_CASEY", "hello")
-    await emulator.wait_for(lambda: [p for p in emulator.posts("D_CASEY") if p.text == "Hi there!"])
-    assert dm.result.status == 200
+    other = await emulator.user_says("CXSUPPORT", "hello")
+    assert await replies_in(emulator, "CXSUPPORT", other.ts, 1) == ["Hi there!"]
 
     assert "Resumed in <#C_SUPPORT>" in shown(await support(emulator, f"resume <#{SUPPORT}>"))
     assert "was not paused in <#C_SUPPORT>" in shown(await support(emulator, f"resume <#{SUPPORT}>"))
@@ -307,6 +316,9 @@ async def test_pause_hands_customers_to_people_and_resume_brings_the_bot_back(
 
     # Everywhere, then resume everywhere.
     assert "Paused everywhere" in shown(await support(emulator, "pause"))
+    paused = await emulator.user_says("CXSUPPORT", "anyone there?")
+    assert (await replies_in(emulator, "CXSUPPORT", paused.ts, 1))[0].startswith("Our assistant is paused here")
+    assert fake_llm.calls == 2  # the two answers above; none while paused
     assert "Resumed everywhere" in shown(await support(emulator, "resume"))
     async with sessions() as s:
         assert await s.scalar(select(m.Pause)) is None
@@ -348,4 +360,55 @@ async def test_every_admin_command_is_recorded(admin_bot: Any, emulator: SlackEm
     ]
     async with sessions() as s:
         recorded = await s.scalar(select(m.AdminAction).order_by(m.AdminAction.id.desc()))
-    assert recorded is not None and recorded.created_at is not None and "already paused" in recorded.result
+    assert recorded is not None and "already paused" in recorded.result
+
+
+async def test_close_waits_for_a_running_turn_and_resolves_the_case_it_opened(
+    admin_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    fake_llm.script(slow(1.0, tools(tool_call("escalate_to_human", {"reason": "wants a person"}))))
+    said = await emulator.user_says(SUPPORT, "a person please")
+    await emulator.wait_for(lambda: fake_llm.requests)  # the turn is running, and about to escalate
+    answer = shown(await support(emulator, f"close {link(SUPPORT, said.ts)}"))
+    assert "resolved" in answer
+    await settle(sessions)
+    row = await escalation_row(sessions)
+    assert (row.status, row.closed_by, (await conversation(sessions)).mode) == ("resolved", ADMIN, "closed")
+    texts = [p.text for p in emulator.posts(SUPPORT, said.ts)]
+    assert texts[0].startswith("I've asked a colleague") and texts[-1].startswith("This conversation is now closed")
+
+
+async def test_reset_of_a_case_with_a_person_resolves_it_and_tells_the_customer(
+    admin_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    thread, case = await escalate(emulator, fake_llm, sessions)
+    row = await escalation_row(sessions)
+    assert "context cleared" in shown(await support(emulator, f"reset #{row.id}"))
+    await settle(sessions)
+    assert ((await escalation_row(sessions)).status, (await conversation(sessions)).mode) == ("resolved", "bot")
+    assert emulator.posts(SUPPORT, thread)[-1].text.startswith("You're back with our assistant")
+    assert "Resolved by <@U_ADMIN>" in json.dumps(emulator.message(STAFF, case.ts).blocks)  # type: ignore[union-attr]
+
+
+async def test_long_answers_stay_within_block_kit_limits(
+    admin_bot: Any, emulator: SlackEmulator, sessions: Sessions
+) -> None:
+    async with sessions() as s, s.begin():
+        for i in range(40):
+            conversation_row = m.Conversation(
+                key=f"slack:T0001:{SUPPORT}:17000000{i:02d}.000100", active_agent="triage"
+            )
+            s.add(conversation_row)
+            await s.flush()
+            reason = "the customer explains at length why nothing works " * 4
+            s.add(m.Escalation(conversation_id=conversation_row.id, reason=reason, trigger="agent", agent="triage"))
+            s.add(m.Pause(scope=f"slack:%:C{i:08d}:%", label=f"<#C{i:08d}>", paused_by=ADMIN * 5))
+    cases = await support(emulator, "escalations")
+    text = shown(cases)
+    assert "Open escalations: 40" in text and "Showing the oldest 25 of 40" in text
+    assert len(cases["blocks"]) > 3  # split over several sections, none cut mid-line
+    sections = [b["text"]["text"] for b in cases["blocks"] if b["type"] == "section"]
+    assert all(text.endswith("|thread>") for text in sections)  # each ends with a whole case's last line
+    status = await support(emulator, "status")
+    assert "…" in shown(status)  # the pauses field, clipped
+    assert emulator.rejected == []  # the emulator refuses what Slack would, and refused nothing

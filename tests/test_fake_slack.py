@@ -298,6 +298,17 @@ async def test_slash_command_click_and_url_verification(live: SlackEmulator, bot
         await session.post(form["response_url"], json={"text": "Taken over", "response_type": "ephemeral"})
     assert live.responses == [{"text": "Taken over", "response_type": "ephemeral"}]
     assert [(r.user, r.channel, r.source) for r in live.response_log] == [("U_STAFF", "C_STAFF", "/takeover")]
+    too_many = [{"type": "section", "text": {"type": "mrkdwn", "text": "x"}}] * 51
+    long_field = [{"type": "section", "fields": [{"type": "mrkdwn", "text": "x" * 2001}]}]
+    async with aiohttp.ClientSession() as session:
+        for blocks in (too_many, long_field):
+            async with session.post(form["response_url"], json={"blocks": blocks}) as refused:
+                assert refused.status == 400 and await refused.text() == "invalid_blocks"
+    assert [problem for _, problem in live.rejected] == [
+        "more than 50 blocks",
+        "more than 10 fields, or a field over 2000 characters",
+    ]
+    assert len(live.responses) == 1
 
     posted = await client(live).chat_postMessage(channel="C_STAFF", text="Approve refund?")
     await live.click("approve_refund", "42", message_ts=posted["ts"])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import delete, insert, select, true
+from typing import Literal
+
+from sqlalchemy import delete, insert, select, true, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -31,21 +33,16 @@ class AdminActions:
         self.desk = desk
         self.entry_agent = entry_agent
 
-    async def change(self, change: Change, ref: Ref, *, user: str) -> ActionResult:
+    async def change(self, change: Change, ref: Ref, *, user: str, team: str | None = None) -> ActionResult:
         async with self.sessions() as s:
-            conversation = await self.queries.find(s, ref)
+            conversation = await self.queries.find(s, ref, team=team)
             if conversation is None:
                 return ActionResult(False, "I found no conversation for that link.")
-            conversation_id, mode = conversation.id, conversation.mode
+            conversation_id = conversation.id
         match change:
-            case "handback":
-                case_id = await self.desk.open_case(conversation_id)
-                if case_id is None:
-                    where = "closed" if mode == "closed" else "with the bot"
-                    return ActionResult(False, f"That conversation is already {where}; there is nothing to hand back.")
-                return await self.desk.apply(escalation_id=case_id, action="hand_back", user=user)
-            case "close":
-                return await self.desk.close(conversation_id=conversation_id, user=user)
+            case "handback" | "close":
+                action: Literal["hand_back", "close"] = "close" if change == "close" else "hand_back"
+                return await self.desk.on_conversation(conversation_id=conversation_id, action=action, user=user)
             case "reset":
                 return await self.desk.reset(conversation_id=conversation_id, user=user, entry_agent=self.entry_agent)
 
@@ -81,20 +78,21 @@ class AdminActions:
             message += f" Still paused {', '.join(_where(r) for r in remaining)}."
         return ActionResult(True, message)
 
-    async def record(
-        self, *, user: str, channel: str | None, command: str, arguments: str, allowed: bool, ok: bool, result: str
-    ) -> None:
+    async def record(self, *, user: str, channel: str | None, command: str, arguments: str, allowed: bool) -> int:
+        """Record a command before it runs, so that none runs unrecorded; `finish` adds how it went."""
+        async with self.sessions() as s, s.begin():
+            row_id: int | None = await s.scalar(
+                insert(m.AdminAction)
+                .values(user_id=user, channel_id=channel, command=command, arguments=arguments, allowed=allowed)
+                .returning(m.AdminAction.id)
+            )
+        assert row_id is not None
+        return row_id
+
+    async def finish(self, record_id: int, *, ok: bool, result: str) -> None:
         async with self.sessions() as s, s.begin():
             await s.execute(
-                insert(m.AdminAction).values(
-                    user_id=user,
-                    channel_id=channel,
-                    command=command,
-                    arguments=arguments,
-                    allowed=allowed,
-                    ok=ok,
-                    result=result[:2000],
-                )
+                update(m.AdminAction).where(m.AdminAction.id == record_id).values(ok=ok, result=result[:2000])
             )
 
 

@@ -3,6 +3,7 @@ through the response_url, and record the attempt, refused ones included."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -21,7 +22,7 @@ from agents.knowledge.store import KnowledgeBase
 from bot.admin import parse as p
 from bot.admin import views
 from bot.admin.actions import AdminActions
-from bot.admin.queries import AdminQueries
+from bot.admin.queries import AdminQueries, Health
 from bot.admin.views import Reply
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,9 @@ ADMIN_CACHE_S = 300
 class Invocation:
     user: str
     channel: str | None
+    team: str | None
     team_domain: str | None
+    """The workspace's subdomain, for links to messages."""
     text: str
 
     @classmethod
@@ -42,29 +45,24 @@ class Invocation:
         return cls(
             str(command.get("user_id", "")),
             command.get("channel_id"),
+            command.get("team_id"),
             command.get("team_domain"),
             str(command.get("text") or ""),
         )
 
 
-def provider_probe(
-    *, offline: bool, api_key: str | None, base_url: str | None, model: str, timeout_s: float = 5.0
-) -> ProviderProbe:
-    """How `status` describes the LLM provider: offline, or whether its model list answers, and how fast."""
+def provider_probe(client: openai.AsyncOpenAI | None, *, model: str, timeout_s: float = 5.0) -> ProviderProbe:
+    """How `status` describes the LLM provider: offline, or whether its model list answers, and how fast.
+    It reuses the agents' client (its connections), without retries: a status must not take a minute."""
 
     async def probe() -> str:
-        if offline:
+        if client is None:
             return "offline mode (no provider configured): answers come from the knowledge base"
-        client = openai.AsyncOpenAI(
-            api_key=api_key or "not-needed", base_url=base_url, timeout=timeout_s, max_retries=0
-        )
         started = time.perf_counter()
         try:
-            await client.models.list()
+            await client.with_options(timeout=timeout_s, max_retries=0).models.list()
         except openai.OpenAIError as exc:
             return f"⚠️ unreachable ({type(exc).__name__}); answers fall back to offline mode"
-        finally:
-            await client.close()
         return f"reachable, {(time.perf_counter() - started) * 1000:.0f} ms · model `{model}`"
 
     return probe
@@ -108,7 +106,7 @@ class AdminCommands:
         try:
             info = (await self.client.users_info(user=user))["user"]
         except Exception:
-            log.warning("users.info failed for %s; treating them as not an admin", user, exc_info=True)
+            log.warning("could not check whether %s is a workspace admin (users.info failed)", user, exc_info=True)
             return False
         admin = bool(info.get("is_admin") or info.get("is_owner") or info.get("is_primary_owner"))
         self._workspace_admin[user] = (admin, time.monotonic())
@@ -117,18 +115,24 @@ class AdminCommands:
     async def run(self, call: Invocation) -> Reply:
         words = call.text.split(maxsplit=1)
         name, arguments = (words[0].lower() if words else "help"), (words[1] if len(words) > 1 else "")
-        if not await self.is_admin(call.user):
+        allowed = await self.is_admin(call.user)
+        record = await self.actions.record(
+            user=call.user, channel=call.channel, command=name, arguments=arguments, allowed=allowed
+        )
+        if not allowed:
             log.warning("/support %r refused for %s in %s: not an admin", call.text, call.user, call.channel)
             reply = views.refusal_reply(call.user)
-            await self._record(call, name, arguments, allowed=False, ok=False, reply=reply)
+            await self.actions.finish(record, ok=False, result=reply.text)
             return reply
-        command = p.parse(call.text)
         try:
-            ok, reply = await self._dispatch(command, call)
+            ok, reply = await self._dispatch(p.parse(call.text), call)
         except Exception:
             log.exception("/support %r failed", call.text)
             ok, reply = False, views.usage_reply(p.UsageError("Something went wrong; it is in the bot's log.", ""))
-        await self._record(call, name, arguments, allowed=True, ok=ok, reply=reply)
+        try:
+            await self.actions.finish(record, ok=ok, result=reply.text)
+        except Exception:  # the answer matters more than the outcome's note (the attempt is recorded already)
+            log.exception("could not record the outcome of /support %r by %s", call.text, call.user)
         return reply
 
     async def _dispatch(self, command: p.Command | p.UsageError, call: Invocation) -> tuple[bool, Reply]:
@@ -139,26 +143,25 @@ class AdminCommands:
             case p.Help(topic):
                 return True, views.help_reply(topic)
             case p.Status():
-                health = await self.queries.health()
+                health, llm = await asyncio.gather(self._health(), self.probe())
                 uptime = time.monotonic() - self._started_monotonic
-                llm = await self.probe()
-                return True, views.status_reply(
-                    health, llm=llm, version=self.version, uptime_s=uptime, started=self.started
-                )
+                reply = views.status_reply(health, llm=llm, version=self.version, uptime_s=uptime, started=self.started)
+                return isinstance(health, Health), reply
             case p.Agents():
                 return True, views.agents_reply(self.roster)
             case p.Conversations(listing):
                 total, rows = await self.queries.conversations(listing)
                 return True, views.conversations_reply(listing, total, rows, domain)
             case p.Show(ref):
-                detail = await self.queries.detail(ref)
+                detail = await self.queries.detail(ref, team=call.team)
                 if detail is None:
                     return False, views.usage_reply(p.UsageError("I found no conversation for that link.", ""))
                 return True, views.detail_reply(detail, domain)
             case p.Escalations():
-                return True, views.cases_reply(await self.queries.open_cases(), domain)
+                total, cases = await self.queries.open_cases()
+                return True, views.cases_reply(total, cases, domain)
             case p.ChangeConversation(change, ref):
-                result = await self.actions.change(change, ref, user=call.user)
+                result = await self.actions.change(change, ref, user=call.user, team=call.team)
                 return result.ok, views.result_reply(change.capitalize(), result)
             case p.Pause(channel):
                 result = await self.actions.pause(channel, user=call.user)
@@ -173,21 +176,13 @@ class AdminCommands:
             case p.Stats(days):
                 return True, views.usage_stats_reply(await self.queries.usage(days))
 
-    async def _record(
-        self, call: Invocation, name: str, arguments: str, *, allowed: bool, ok: bool, reply: Reply
-    ) -> None:
+    async def _health(self) -> Health | str:
+        """The database's view, or why there is none: when the database is down, status must still answer."""
         try:
-            await self.actions.record(
-                user=call.user,
-                channel=call.channel,
-                command=name,
-                arguments=arguments,
-                allowed=allowed,
-                ok=ok,
-                result=reply.text,
-            )
-        except Exception:  # the answer matters more than its record
-            log.exception("could not record /support %r by %s", call.text, call.user)
+            return await self.queries.health()
+        except Exception as exc:
+            log.warning("status: the database check failed", exc_info=True)
+            return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
 
 
 def register(app: AsyncApp, commands: AdminCommands, *, name: str = "/support") -> None:
@@ -196,4 +191,7 @@ def register(app: AsyncApp, commands: AdminCommands, *, name: str = "/support") 
         # Ack first, empty: Slack's 3 seconds are for the ack; the answer follows on the response_url.
         await ack()
         reply = await commands.run(Invocation.of(command))
-        await respond(text=reply.text, blocks=reply.blocks, response_type="ephemeral", replace_original=False)
+        sent = await respond(text=reply.text, blocks=reply.blocks, response_type="ephemeral", replace_original=False)
+        if sent.status_code != 200:  # Slack refused the blocks: the answer still gets through, as plain text
+            log.warning("response_url refused the blocks (%s %s); sending text", sent.status_code, sent.body)
+            await respond(text=reply.text[:3000], response_type="ephemeral", replace_original=False)

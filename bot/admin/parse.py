@@ -1,11 +1,11 @@
 """The text after `/support`, turned into one typed command or a usage error. Nothing here touches Slack or the
-database. Slack escapes what it recognises (manifest: should_escape), so channels arrive as <#C123|name> and
-links as <https://...>."""
+database. Slack escapes what it recognises (manifest: should_escape), so channels arrive as <#C123|name>, links
+as <https://...|label>, and &, <, > in plain text as HTML entities."""
 
 from __future__ import annotations
 
+import html
 import re
-import shlex
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import parse_qs
@@ -132,7 +132,10 @@ USAGE: dict[str, tuple[str, str]] = {
 }
 MAX_DAYS = 365
 _LINK = re.compile(r"^https?://[^/\s]+/archives/(?P<channel>[A-Z0-9_]+)/p(?P<ts>\d{7,})(?:\?(?P<query>\S*))?$")
-_CHANNEL = re.compile(r"^<#(?P<id>[CG][A-Z0-9_]+)(?:\|[^>]*)?>$|^(?P<raw>[CG][A-Z0-9_]{2,})$")
+# A bare id is accepted too when it looks like one (Slack's have digits); "#general" is not: only its id is unique.
+_CHANNEL = re.compile(r"^<#(?P<id>[CG][A-Z0-9_]+)(?:\|[^>]*)?>$|^(?P<raw>[CG](?=[A-Z_]*\d)[A-Z0-9_]{6,})$")
+_TOKEN = re.compile(r"<[^>]*>|[^\s<]+")
+_KB_SEARCH = re.compile(r"^\s*kb\s+search\s+(?P<query>.+)$", re.IGNORECASE | re.DOTALL)
 _CASE = re.compile(r"^(?:#|case:?)?(?P<id>\d{1,12})$", re.IGNORECASE)
 
 
@@ -141,10 +144,10 @@ def usage(name: str) -> str:
 
 
 def _unwrap(token: str) -> str:
-    """<https://...|label> or <https://...> as Slack escapes it, or the bare text."""
+    """<https://...|label> or <https://...> as Slack escapes it, or the bare text; entities decoded."""
     if token.startswith("<") and token.endswith(">"):
-        return token[1:-1].split("|", 1)[0]
-    return token
+        token = token[1:-1].split("|", 1)[0]
+    return html.unescape(token)
 
 
 def parse_ref(token: str) -> Ref | None:
@@ -167,10 +170,7 @@ def parse_channel(token: str) -> str | None:
 
 
 def parse(text: str) -> Command | UsageError:
-    try:
-        words = shlex.split(text.strip())
-    except ValueError:
-        words = text.split()
+    words = _TOKEN.findall(text)  # a <link|with a label> stays one word
     if not words:
         return Help()
     name, args = words[0].lower(), words[1:]
@@ -186,7 +186,7 @@ def parse(text: str) -> Command | UsageError:
         case "agents", []:
             return Agents()
         case "conversations", [] | ["open" | "human" | "recent"]:
-            return Conversations(args[0] if args else "recent")  # type: ignore[arg-type]
+            return Conversations(args[0] if args else "recent")
         case "escalations", []:
             return Escalations()
         case "show" | "handback" | "close" | "reset", [token]:
@@ -202,8 +202,10 @@ def parse(text: str) -> Command | UsageError:
             return Pause(channel) if name == "pause" else Resume(channel)
         case "kb", ["stats"]:
             return KbStats()
-        case "kb", ["search", *query] if query:
-            return KbSearch(" ".join(query))
+        case "kb", ["search", _, *_]:
+            found = _KB_SEARCH.match(text)
+            assert found is not None
+            return KbSearch(html.unescape(" ".join(found["query"].split())))
         case "stats", []:
             return Stats()
         case "stats", [days] if days.isdigit() and 1 <= int(days) <= MAX_DAYS:

@@ -114,7 +114,7 @@ def _like_literal(text: str) -> str:
 
 
 class AdminQueries:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+    def __init__(self, *, sessions: async_sessionmaker[AsyncSession]) -> None:
         self.sessions = sessions
 
     async def conversations(self, listing: Listing) -> tuple[int, list[ConversationRow]]:
@@ -134,26 +134,28 @@ class AdminQueries:
             )
             return total, _conversation_rows(rows.all())
 
-    async def find(self, s: AsyncSession, ref: Ref) -> m.Conversation | None:
-        """The conversation a link or case number points at: a customer thread (or DM), or a case message."""
+    async def find(self, s: AsyncSession, ref: Ref, *, team: str | None = None) -> m.Conversation | None:
+        """The conversation a link or case number points at: a customer thread (or DM), or a case message.
+        With the workspace's `team` the thread's key is looked up exactly (the unique index); without, or when
+        the conversation came in through another workspace (an org-wide install), by pattern."""
         if isinstance(ref, CaseRef):
             escalation = await s.get(m.Escalation, ref.escalation_id)
             return None if escalation is None else await s.get(m.Conversation, escalation.conversation_id)
         assert isinstance(ref, ThreadRef)
+        keys = [f"slack:{team}:{ref.channel}:{ref.ts}", f"slack:{team}:{ref.channel}:dm"] if team else []
         channel, ts = _like_literal(ref.channel), _like_literal(ref.ts)
-        conversation = await s.scalar(
-            select(m.Conversation)
-            .where(
-                or_(
-                    m.Conversation.key.like(f"slack:%:{channel}:{ts}"),
-                    m.Conversation.key.like(f"slack:%:{channel}:dm"),
-                )
+        for where in (
+            m.Conversation.key.in_(keys),
+            or_(m.Conversation.key.like(f"slack:%:{channel}:{ts}"), m.Conversation.key.like(f"slack:%:{channel}:dm")),
+        ):
+            conversation = await s.scalar(
+                select(m.Conversation)
+                .where(where)
+                .order_by(m.Conversation.key.like("%:dm"))  # a thread before the channel's DM conversation
+                .limit(1)
             )
-            .order_by(m.Conversation.key.like("%:dm"))  # a thread before the channel's DM conversation
-            .limit(1)
-        )
-        if conversation is not None:
-            return conversation
+            if conversation is not None:
+                return conversation
         case_conversation = (
             select(m.Escalation.conversation_id)
             .where(m.Escalation.case_channel == ref.channel, m.Escalation.case_ts == ref.ts)
@@ -161,9 +163,9 @@ class AdminQueries:
         )
         return await s.scalar(select(m.Conversation).where(m.Conversation.id == case_conversation))
 
-    async def detail(self, ref: Ref, *, lines: int = 10) -> ConversationDetail | None:
+    async def detail(self, ref: Ref, *, team: str | None = None, lines: int = 10) -> ConversationDetail | None:
         async with self.sessions() as s:
-            conversation = await self.find(s, ref)
+            conversation = await self.find(s, ref, team=team)
             if conversation is None:
                 return None
             count = await s.scalar(select(func.count()).where(m.Inbound.conversation_id == conversation.id)) or 0
@@ -195,9 +197,11 @@ class AdminQueries:
                 history_from=conversation.history_from,
             )
 
-    async def open_cases(self) -> list[CaseRow]:
+    async def open_cases(self, *, limit: int = 25) -> tuple[int, list[CaseRow]]:
+        """(how many are open, the oldest `limit` of them)."""
         async with self.sessions() as s:
-            return await self._cases(s, m.Escalation.status.in_(OPEN_CASE), limit=25, oldest_first=True)
+            total = await s.scalar(select(func.count()).where(m.Escalation.status.in_(OPEN_CASE))) or 0
+            return total, await self._cases(s, m.Escalation.status.in_(OPEN_CASE), limit=limit, oldest_first=True)
 
     async def _cases(self, s: AsyncSession, where: object, *, limit: int, oldest_first: bool = False) -> list[CaseRow]:
         order = m.Escalation.id.asc() if oldest_first else m.Escalation.id.desc()

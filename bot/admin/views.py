@@ -14,6 +14,8 @@ from bot.admin.queries import CaseRow, ConversationDetail, ConversationRow, Heal
 from escalation.desk import ActionResult
 
 MAX_TEXT = 2900  # a section's text may hold 3,000 characters
+MAX_FIELD = 1900  # a section field 2,000
+MAX_BLOCKS = 45  # a message 50
 MODE = {"bot": "🤖 with the bot", "awaiting_human": "⏳ waiting for a person", "human": "🧑 with a person",
         "closed": "✔️ closed"}  # fmt: skip
 
@@ -30,6 +32,31 @@ def _section(text: str) -> dict[str, Any]:
     return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
 
 
+def _sections(lines: Sequence[str], *, more: str = "") -> list[dict[str, Any]]:
+    """Lines packed into as few sections as fit, never cut mid-line (a cut can break a <link|label>); what does
+    not fit in the message is counted in a last line instead."""
+    blocks: list[dict[str, Any]] = []
+    chunk: list[str] = []
+    for i, line in enumerate(lines):
+        if chunk and len("\n".join([*chunk, line])) > MAX_TEXT:
+            blocks.append(_section("\n".join(chunk)))
+            chunk = []
+            if len(blocks) == MAX_BLOCKS - 3:
+                return [*blocks, _context(f"…and {len(lines) - i} more{more}.")]
+        chunk.append(line)
+    return [*blocks, _section("\n".join(chunk))] if chunk else blocks
+
+
+def _fields(texts: Sequence[str]) -> dict[str, Any]:
+    fields = [t if len(t) <= MAX_FIELD else t[: MAX_FIELD - 1] + "…" for t in texts]
+    return {"type": "section", "fields": [{"type": "mrkdwn", "text": f} for f in fields[:10]]}
+
+
+def _fields_reply(title: str, fields: Sequence[str], *more: dict[str, Any]) -> Reply:
+    texts = [*(f.replace("\n", " ") for f in fields), *(b["text"]["text"] for b in more)]
+    return Reply(f"{title}: " + " | ".join(texts)[:MAX_TEXT], [_header(title), _fields(fields), *more])
+
+
 def _header(text: str) -> dict[str, Any]:
     return {"type": "header", "text": {"type": "plain_text", "text": text[:150], "emoji": True}}
 
@@ -38,9 +65,10 @@ def _context(text: str) -> dict[str, Any]:
     return {"type": "context", "elements": [{"type": "mrkdwn", "text": text[:MAX_TEXT]}]}
 
 
-def _reply(title: str, *body: dict[str, Any]) -> Reply:
-    text = " ".join(b["text"]["text"] for b in body if b["type"] == "section")
-    return Reply(f"{title}: {text}"[:MAX_TEXT], [_header(title), *body])
+def _reply(title: str, *body: dict[str, Any] | list[dict[str, Any]]) -> Reply:
+    blocks = [b for part in body for b in (part if isinstance(part, list) else [part])]
+    text = " ".join(b["text"]["text"] for b in blocks if b["type"] == "section" and "text" in b)
+    return Reply(f"{title}: {text}"[:MAX_TEXT], [_header(title), *blocks])
 
 
 def ago(at: datetime | None, now: datetime | None = None) -> str:
@@ -113,7 +141,13 @@ def result_reply(title: str, result: ActionResult) -> Reply:
     return _reply(title, _section(("✅ " if result.ok else "⚠️ ") + result.message))
 
 
-def status_reply(health: Health, *, llm: str, version: str, uptime_s: float, started: datetime) -> Reply:
+def status_reply(health: Health | str, *, llm: str, version: str, uptime_s: float, started: datetime) -> Reply:
+    running = f"*Version*\n{version}, up {duration(uptime_s)} (since {started:%Y-%m-%d %H:%M} UTC)"
+    if isinstance(health, str):
+        fields = [f"*Database*\n⚠️ down: {health}", f"*LLM provider*\n{llm}", running]
+        return Reply(
+            "Status: " + " | ".join(f.replace("\n", " ") for f in fields), [_header("Status"), _fields(fields)]
+        )
     backlog = f"{health.pending_messages} message(s) waiting"
     if health.oldest_pending_s is not None:
         backlog += f", the oldest for {duration(health.oldest_pending_s)}"
@@ -125,10 +159,9 @@ def status_reply(health: Health, *, llm: str, version: str, uptime_s: float, sta
         f"*Inbox*\n{backlog}; {health.unsent_outbox} Slack call(s) unsent",
         f"*Escalations*\n{health.open_cases} open, {health.unclaimed_cases} unclaimed",
         f"*Paused*\n{pauses}",
-        f"*Version*\n{version}, up {duration(uptime_s)} (since {started:%Y-%m-%d %H:%M} UTC)",
+        running,
     ]
-    block = {"type": "section", "fields": [{"type": "mrkdwn", "text": f} for f in fields]}
-    return Reply("Status: " + " | ".join(f.replace("\n", " ") for f in fields), [_header("Status"), block])
+    return _fields_reply("Status", fields)
 
 
 def agents_reply(roster: Roster) -> Reply:
@@ -139,7 +172,7 @@ def agents_reply(roster: Roster) -> Reply:
         to = ", ".join(f"*{t}*" for t in agent.handoffs) or "nobody"
         lines.append(f"*{agent.name}*{entry}: {_clip(agent.description, 140)}\n   hands off to {to} · tools: {tools}")
     return _reply(
-        "Agents", _section("\n".join(lines)), _context("Every agent can also escalate to a person (escalate_to_human).")
+        "Agents", _sections(lines), _context("Every agent can also escalate to a person (escalate_to_human).")
     )
 
 
@@ -152,7 +185,7 @@ def conversations_reply(listing: str, total: int, rows: Sequence[ConversationRow
         for r in rows
     ]
     shown = f"the {len(rows)} most recently active of {total}" if total > len(rows) else f"{total}"
-    return _reply(f"Conversations: {listing}", _section("\n".join(lines)), _context(f"Showing {shown}."))
+    return _reply(f"Conversations: {listing}", _sections(lines), _context(f"Showing {shown}."))
 
 
 def detail_reply(detail: ConversationDetail, domain: str | None) -> Reply:
@@ -166,11 +199,13 @@ def detail_reply(detail: ConversationDetail, domain: str | None) -> Reply:
     icons = {"user": "👤", "assistant": "🤖", "staff": "🧑‍💼", "tool": "🔧"}
     lines = [f"{icons.get(line.role, '•')} *{line.who or line.role}*: {_clip(line.text, 200)}" for line in detail.lines]
     handoffs = [f"{f} → {t}" + (f" ({_clip(r, 80)})" if r else "") for f, t, r, _ in detail.handoffs]
-    blocks = [_section(head), _section("*Last messages*\n" + ("\n".join(lines) or "none"))]
-    blocks.append(_section("*Handoffs*\n" + ("\n".join(handoffs) or "none")))
-    if detail.cases:
-        blocks.append(_section("*Cases*\n" + "\n".join(case_line(c, domain) for c in detail.cases)))
-    return _reply("Conversation", *blocks)
+    return _reply(
+        "Conversation",
+        _section(head),
+        _sections(["*Last messages*", *(lines or ["none"])]),
+        _sections(["*Handoffs*", *(handoffs or ["none"])]),
+        _sections(["*Cases*", *(case_line(c, domain) for c in detail.cases)]) if detail.cases else [],
+    )
 
 
 def case_line(case: CaseRow, domain: str | None) -> str:
@@ -183,11 +218,12 @@ def case_line(case: CaseRow, domain: str | None) -> str:
     return f"*#{case.id}* {case.status} · {ago(case.created_at)} old · {owner} · {_clip(case.reason, 100)}{link}"
 
 
-def cases_reply(cases: Sequence[CaseRow], domain: str | None) -> Reply:
+def cases_reply(total: int, cases: Sequence[CaseRow], domain: str | None) -> Reply:
     if not cases:
         return _reply("Open escalations", _section("None: nobody is waiting for a person."))
     lines = [f"{case_line(c, domain)}\n   {where(c.conversation_key, domain)}" for c in cases]
-    return _reply("Open escalations", _section("\n".join(lines)), _context("Oldest first."))
+    shown = f"the oldest {len(cases)} of {total}" if total > len(cases) else f"all {total}"
+    return _reply(f"Open escalations: {total}", _sections(lines, more=" cases"), _context(f"Showing {shown}."))
 
 
 def kb_hits_reply(query: str, hits: Sequence[Hit]) -> Reply:
@@ -197,7 +233,7 @@ def kb_hits_reply(query: str, hits: Sequence[Hit]) -> Reply:
         f"*{i}.* {h.citation} · `{h.collection}` · score {h.score:.3f}\n>{_clip(h.text, 220)}"
         for i, h in enumerate(hits, 1)
     ]
-    return _reply("Knowledge base", _section(f"Top {len(hits)} for _{_clip(query, 100)}_:"), _section("\n".join(lines)))
+    return _reply("Knowledge base", _section(f"Top {len(hits)} for _{_clip(query, 100)}_:"), _sections(lines))
 
 
 def kb_stats_reply(stats: Sequence[dict[str, object]]) -> Reply:
@@ -207,7 +243,7 @@ def kb_stats_reply(stats: Sequence[dict[str, object]]) -> Reply:
         f"*{s['collection']}*: {s['documents']} document(s), {s['chunks']} chunk(s) · {s['embedder']} ({s['dim']} dim)"
         for s in stats
     ]
-    return _reply("Knowledge base", _section("\n".join(lines)))
+    return _reply("Knowledge base", _sections(lines))
 
 
 def usage_stats_reply(u: Usage) -> Reply:
@@ -223,7 +259,5 @@ def usage_stats_reply(u: Usage) -> Reply:
         f"{duration(u.median_to_first_reply_s)}",
         f"*LLM*\n{u.llm_calls} call(s), {u.llm_failures} failed\n{tokens} tokens",
     ]
-    block = {"type": "section", "fields": [{"type": "mrkdwn", "text": f} for f in fields]}
     title = f"Last {u.days} day{'s' if u.days != 1 else ''}"
-    text = title + ": " + " | ".join(f.replace("\n", " ") for f in fields) + f" | Handoffs: {pairs}"
-    return Reply(text, [_header(title), block, _section(f"*Handoffs*\n{pairs}")])
+    return _fields_reply(title, fields, _section(f"*Handoffs*\n{pairs}"))

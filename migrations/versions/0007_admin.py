@@ -33,7 +33,7 @@ def upgrade() -> None:
         sa.Column("command", sa.Text(), nullable=False),
         sa.Column("arguments", sa.Text(), server_default="", nullable=False),
         sa.Column("allowed", sa.Boolean(), nullable=False),
-        sa.Column("ok", sa.Boolean(), nullable=False),
+        sa.Column("ok", sa.Boolean(), nullable=True),
         sa.Column("result", sa.Text(), server_default="", nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
         sa.PrimaryKeyConstraint("id"),
