@@ -412,3 +412,40 @@ async def test_long_answers_stay_within_block_kit_limits(
     status = await support(emulator, "status")
     assert "…" in shown(status)  # the pauses field, clipped
     assert emulator.rejected == []  # the emulator refuses what Slack would, and refused nothing
+
+
+async def test_status_still_answers_when_the_database_is_down(sessions: Sessions, emulator: SlackEmulator) -> None:
+    """`status` against a database nobody listens on: it says so instead of failing (the record of the command
+    goes to the working database, as the action log would)."""
+    from agents.knowledge.embedders import OpenAIEmbedder
+    from agents.knowledge.store import KnowledgeBase
+    from agents.roster import default_roster
+    from bot.admin.actions import AdminActions
+    from bot.admin.command import AdminCommands, Invocation, provider_probe
+    from bot.admin.queries import AdminQueries
+    from bot.slack_app import slack_client
+    from db.engine import make_engine, make_sessions
+    from escalation.desk import CaseDesk
+    from escalation.policy import EscalationPolicy
+
+    dead_engine = make_engine("postgresql+asyncpg://nobody@127.0.0.1:9/nothing")
+    dead = AdminQueries(sessions=make_sessions(dead_engine))
+    desk = CaseDesk(sessions=sessions, policy=EscalationPolicy(staff_channel=STAFF))
+    commands = AdminCommands(
+        client=slack_client(token="xoxb-test", base_url=emulator.api_url),
+        admin_ids=frozenset({ADMIN}),
+        workspace_admins=False,
+        queries=dead,
+        actions=AdminActions(sessions=sessions, queries=dead, desk=desk, entry_agent="triage"),
+        roster=default_roster(),
+        knowledge=KnowledgeBase(sessions=sessions, embedder=OpenAIEmbedder(client=None, model="m", dim=8)),  # type: ignore[arg-type]
+        probe=provider_probe(None, model="m"),
+        version="9.9",
+    )
+    try:
+        reply = await commands.run(Invocation(ADMIN, STAFF, "T0001", "driftwing", "status"))
+    finally:
+        await dead_engine.dispose()
+    text = json.dumps(reply.blocks, ensure_ascii=False)
+    assert "⚠️ down: " in text and "offline mode" in text and "9.9" in text
+    assert await admin_log(sessions) == [(ADMIN, "status", "", True, False)]
