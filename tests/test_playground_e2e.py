@@ -86,6 +86,11 @@ async def test_customer_sales_escalation_staff_reply_and_hand_back(chromium: Pat
             await browser.close()
 
 
+async def screenshot(page: Page, name: str) -> None:
+    await asyncio.to_thread(SCREENSHOT.parent.mkdir, exist_ok=True)
+    await page.screenshot(path=str(SCREENSHOT.parent / name))
+
+
 async def scenario(page: Page, pg: Playground) -> None:
     thread, panel = page.locator("#thread-messages"), page.locator("#conversations .conv.selected")
     await page.goto(pg.url)
@@ -118,6 +123,14 @@ async def scenario(page: Page, pg: Playground) -> None:
     await expect(panel).to_contain_text("owner Sam Staff")
     await write(page, "#thread-composer", STAFF_REPLY)
     await expect(panel.locator(".mode")).to_have_text("human", timeout=WAIT_MS)
+    await expect(thread).to_contain_text("Casey Customer: Thanks, but can I talk to a person")  # the summary
+    await expect(thread.locator(".msg", has_text=STAFF_REPLY).locator(".name")).to_have_text("Sam Staff")
+    await screenshot(page, "playground-staff.png")
+
+    # The case's permalink leads to the customer's thread, as in Slack.
+    await case.locator("a", has_text="open the thread").click()
+    await expect(page.locator("#channel-name")).to_have_text("# support")
+    await expect(thread.locator(".msg").first).to_contain_text(PRODUCT_QUESTION)
 
     # The customer sees the reply in their thread, under the colleague's name.
     await as_role(page, "customer", "C_SUPPORT")
@@ -142,8 +155,7 @@ async def scenario(page: Page, pg: Playground) -> None:
     await expect(panel.locator(".esc-status")).to_contain_text("handed back")
     await expect(thread.locator(".msg").last).to_contain_text(re.compile(r"Source: .*Harrier X4"))
 
-    SCREENSHOT.parent.mkdir(exist_ok=True)
-    await page.screenshot(path=str(SCREENSHOT), full_page=True)
+    await screenshot(page, SCREENSHOT.name)
 
     # What the page did reached the bot as signed Slack requests, and each was accepted.
     assert pg.slack.deliveries and all(d.result is not None and d.result.status == 200 for d in pg.slack.deliveries)

@@ -210,10 +210,22 @@ async function poll() {
   setTimeout(poll, 1000);
 }
 
+// A Slack permalink (https://<team>.slack.com/archives/<channel>/p<ts without the dot>[?thread_ts=…]).
+function permalink(href) {
+  const m = href.match(/\/archives\/([A-Z0-9_]+)\/p(\d{10})(\d{6})(?:\?thread_ts=([\d.]+))?/);
+  return m && state.ws.channels.some((c) => c.id === m[1]) ? {channel: m[1], thread: m[4] || `${m[2]}.${m[3]}`} : null;
+}
+
 document.addEventListener("click", async (e) => {
-  const t = e.target.closest("[data-channel]:not(button), .replies-link, .b-button, #close-thread, .conv");
+  const t = e.target.closest("[data-channel]:not(button), .replies-link, .b-button, #close-thread, .conv, a[href]");
   if (!t) return;
-  if (t.matches(".b-button")) {
+  if (t.matches("a[href]")) {
+    const link = permalink(t.getAttribute("href"));
+    if (!link) return;
+    e.preventDefault();
+    state.channel = link.channel;
+    state.thread = link.thread;
+  } else if (t.matches(".b-button")) {
     t.disabled = true;
     await post("/api/click", {user: me(), channel: t.dataset.channel, message_ts: t.dataset.ts,
       action_id: t.dataset.actionId, value: t.dataset.value, block_id: t.dataset.blockId});
