@@ -29,7 +29,7 @@ from fakes.slack_api import DeliveryResult, Msg, SlackEmulator
 STATIC = Path(__file__).resolve().parent / "playground_static"
 ADMIN_USER = "U_ADMIN"
 ROLES = {"customer": "U_CUSTOMER", "staff": "U_STAFF", "admin": ADMIN_USER}
-CUSTOMER_CHANNEL, STAFF_CHANNEL = "C_SUPPORT", "C_STAFF"
+STAFF_CHANNEL = "C_STAFF"
 M = TypeVar("M", bound=BaseModel)
 
 
