@@ -60,7 +60,7 @@ class Playground:
     @property
     def brain(self) -> str:
         if not self.settings.llm_configured:
-            return "offline mode: answers are help-article passages (set OPENAI_API_KEY or OPENAI_BASE_URL)"
+            return "Offline mode: answers are help-article passages (OPENAI_API_KEY or OPENAI_BASE_URL: LLM agents)."
         where = self.settings.openai_base_url or "OpenAI"
         return f"LLM provider: {self.settings.openai_model} at {where}"
 
@@ -279,8 +279,8 @@ async def running_playground(settings: Settings, *, port: int | None = None) -> 
 async def playground(settings: Settings) -> int:
     try:
         async with running_playground(settings) as pg:
-            print(f"Playground: open {pg.url} in a browser ({pg.brain}).", flush=True)
-            print("No Slack workspace needed: the page plays Slack. Ctrl-C to stop.", flush=True)
+            print(f"Playground: open {pg.url} in a browser. No Slack workspace needed; Ctrl-C stops it.", flush=True)
+            print(pg.brain, flush=True)
             await _until_signalled()
     except OSError as exc:
         if exc.errno != errno.EADDRINUSE:

@@ -115,8 +115,9 @@ async def test_run_without_slack_starts_the_playground(
     assert proc.stdout is not None
     try:
         line = (await asyncio.wait_for(proc.stdout.readline(), timeout=120)).decode()
-        match = re.match(r"Playground: open (http://127\.0\.0\.1:\d+) in a browser \(LLM provider", line)
+        match = re.match(r"Playground: open (http://127\.0\.0\.1:\d+) in a browser", line)
         assert match, line
+        assert (await proc.stdout.readline()).decode().startswith(f"LLM provider: gpt-4o-mini at {fake_llm.base_url}")
         async with aiohttp.ClientSession() as http:
             async with http.get(match[1]) as page:
                 assert page.status == 200 and "<title>" in await page.text()
