@@ -185,7 +185,9 @@ def page_app(pg: Playground) -> web.Application:
 
     async def conversations(_: web.Request) -> web.Response:
         views = await recent_conversations(pg.bot.db.sessions)
-        return web.json_response([v.to_json() for v in views])
+        # The database outlives the in-memory workspace: earlier runs' conversations have no thread to show.
+        here = [v for v in views if v.channel and v.thread_ts and slack.message(v.channel, v.thread_ts)]
+        return web.json_response([v.to_json() for v in here])
 
     async def say(request: web.Request) -> web.Response:
         body = await parsed(request, _Say)

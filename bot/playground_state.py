@@ -48,6 +48,9 @@ class EscalationView:
     case_channel: str | None
     case_ts: str | None
     at: str
+    claimed_at: str
+    closed_at: str
+    """Empty until it happens."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,8 @@ async def recent_conversations(
                     case_channel=e.case_channel,
                     case_ts=e.case_ts,
                     at=_iso(e.created_at),
+                    claimed_at=_iso(e.claimed_at),
+                    closed_at=_iso(e.closed_at),
                 )
             )
         counted = await s.execute(

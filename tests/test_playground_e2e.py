@@ -162,6 +162,9 @@ async def scenario(page: Page, pg: Playground) -> None:
     await expect(panel.locator(".esc-status")).to_contain_text("handed back")
     await expect(thread.locator(".msg").last).to_contain_text(re.compile(r"Source: .*Harrier X4"))
 
+    await expect(panel.locator(".ev-escalation", has_text="handed back by Sam Staff")).to_have_count(1)
+    # Tall enough for the whole thread: the screenshot shows the conversation from question to last answer.
+    await page.set_viewport_size({"width": 1500, "height": 2600})
     await screenshot(page, SCREENSHOT.name)
 
     # What the page did reached the bot as signed Slack requests, and each event and click was accepted (the

@@ -152,6 +152,8 @@ function renderPanel() {
       ...c.handoffs.map((h) => ({at: h.at, html: `<li class="ev-handoff">↪ handoff <b>${esc(h.from_agent)}</b> → <b>${esc(h.to_agent)}</b>${h.reason ? ` <span class="hint">${esc(h.reason)}</span>` : ""}</li>`})),
       ...c.tools.map((t) => ({at: t.at, html: `<li class="ev-tool ${t.ok ? "ok" : "failed"}">🔧 [${esc(t.agent)}] <b>${esc(t.tool)}</b> ${t.ok ? "✓" : "✗ failed"}</li>`})),
       ...c.escalations.map((e) => ({at: e.at, html: `<li class="ev-escalation">🙋 escalated by ${esc(e.agent)} (${esc(e.trigger)}): ${esc(e.reason)}</li>`})),
+      ...c.escalations.filter((e) => e.claimed_at).map((e) => ({at: e.claimed_at, html: `<li class="ev-escalation">👤 claimed by ${esc(userName(e.claimed_by))}</li>`})),
+      ...c.escalations.filter((e) => e.closed_at).map((e) => ({at: e.closed_at, html: `<li class="ev-escalation">${e.status === "resolved" ? "✅ resolved" : "🤖 handed back"} by ${esc(userName(e.closed_by))}</li>`})),
     ].sort((a, b) => a.at.localeCompare(b.at)).map((e) => e.html).join("");
     const escalation = esc_ ? `<div>Escalation <b class="esc-status" data-status="${esc(esc_.status)}">#${esc_.id} ${esc(esc_.status.replace("_", " "))}</b>` +
       `${esc_.claimed_by ? ` · owner ${esc(userName(esc_.claimed_by))}` : ""}${esc_.closed_by ? ` · closed by ${esc(userName(esc_.closed_by))}` : ""}</div>` : "";
