@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench install
+.PHONY: run test lint bench install chromium
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,7 +19,11 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python -m bot run
 
-test: $(STAMP)
+# The browser test drives Debian's chromium (Playwright cannot download its own browser here).
+chromium:
+	test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium fonts-noto-color-emoji)
+
+test: $(STAMP) chromium
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q

@@ -20,6 +20,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", help="serve Slack over HTTP on PORT (/slack/events, /healthz, /metrics)")
     sub.add_parser("socket", help="serve Slack over Socket Mode (SLACK_APP_TOKEN)")
     sub.add_parser("run", help="run the bot with what is configured (what `make run` calls)")
+    sub.add_parser("playground", help="the whole bot with a Slack-like workspace in the browser, no Slack needed")
     kb.add_commands(sub)
     return parser
 
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         # Their INFO lines narrate every start-up step; ours say what matters.
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     from bot.chat import chat
+    from bot.playground import playground
     from bot.server import serve
 
     match args.command:
@@ -67,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(serve(settings, socket_mode=True))
         case "kb":
             return asyncio.run(kb.run(settings, args))
+        case "run" if not settings.slack_configured:
+            return asyncio.run(playground(settings))
         case "run":
             return asyncio.run(serve(settings, socket_mode=settings.slack_app_token is not None))
+        case "playground":
+            return asyncio.run(playground(settings))
     return 2

@@ -52,7 +52,8 @@ NO_SLACK = """Slack is not configured, so there is no workspace to serve. Set:
   SLACK_SIGNING_SECRET=...        (Basic Information -> App Credentials)
   SLACK_APP_TOKEN=xapp-...        (optional: Socket Mode instead of a public HTTP endpoint)
 in the environment or .env; README "Slack app setup" creates the app from manifest.yml.
-Meanwhile `python -m bot chat` talks to the agents in the terminal."""
+Meanwhile `python -m bot playground` runs the whole bot against a local Slack in the browser, and
+`python -m bot chat` talks to the agents in the terminal."""
 
 
 @dataclass

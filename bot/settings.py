@@ -75,6 +75,9 @@ class Settings(BaseSettings):
     case_max_reminders: int = 2
     case_summary: str = "llm"
 
+    # Playground (`python -m bot playground`, or `run` without Slack credentials)
+    playground_port: int = 8000
+
     log_level: str = "INFO"
 
     @property

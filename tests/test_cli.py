@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import signal
 import sys
 from pathlib import Path
 
+import aiohttp
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
@@ -89,10 +92,40 @@ async def test_migrate_command(database_url: str, tmp_path: Path) -> None:
     assert "migrated to head (DATABASE_URL)" in out
 
 
-async def test_run_without_slack_says_what_to_set(database_url: str, tmp_path: Path) -> None:
-    code, out, _ = await run_bot("run", env={"DATABASE_URL": database_url}, cwd=tmp_path)
+async def test_serve_without_slack_says_what_to_set(database_url: str, tmp_path: Path) -> None:
+    code, out, _ = await run_bot("serve", env={"DATABASE_URL": database_url}, cwd=tmp_path)
     assert code == 2
     assert "SLACK_BOT_TOKEN" in out and "SLACK_SIGNING_SECRET" in out and "manifest.yml" in out
+    assert "python -m bot playground" in out
+
+
+async def test_run_without_slack_starts_the_playground(
+    database_url: str, fake_llm: FakeOpenAI, sessions: async_sessionmaker[AsyncSession], tmp_path: Path
+) -> None:
+    env = {
+        "DATABASE_URL": database_url,
+        "PLAYGROUND_PORT": "0",
+        "OPENAI_BASE_URL": fake_llm.base_url,
+        "EMBEDDINGS": "openai",
+        "OPENAI_EMBEDDING_DIM": "64",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "run", stdout=asyncio.subprocess.PIPE, env={**CLEAN, **env}, cwd=tmp_path
+    )
+    assert proc.stdout is not None
+    try:
+        line = (await asyncio.wait_for(proc.stdout.readline(), timeout=120)).decode()
+        match = re.match(r"Playground: open (http://127\.0\.0\.1:\d+) in a browser", line)
+        assert match, line
+        assert (await proc.stdout.readline()).decode().startswith(f"LLM provider: gpt-4o-mini at {fake_llm.base_url}")
+        async with aiohttp.ClientSession() as http:
+            async with http.get(match[1]) as page:
+                assert page.status == 200 and "<title>" in await page.text()
+            async with http.get(f"{match[1]}/api/workspace") as workspace:
+                assert (await workspace.json())["offline"] is False
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), timeout=60) == 0
 
 
 async def test_socket_mode_needs_an_app_token(database_url: str, tmp_path: Path) -> None:

@@ -1,0 +1,292 @@
+"""`python -m bot playground`: the whole bot on this machine, with a small Slack-like workspace in a browser.
+
+Three local servers in one process: the Slack emulator (`fakes/slack_api.py`, the Web API the bot calls and
+the Events API that calls the bot), the real bot behind its `/slack/events` endpoint, and the page. The page
+never talks to the bot: what a person does on it becomes what Slack would send (a signed message event, a
+signed button click, a signed slash command), delivered by the emulator, and what the page shows is the
+emulator's workspace plus a read-only view of the audit trail (`bot/playground_state.py`).
+"""
+
+from __future__ import annotations
+
+import errno
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, Field, SecretStr, ValidationError
+
+from bot.playground_state import recent_conversations
+from bot.server import Bot, _until_signalled, running_bot, web_app
+from bot.settings import Settings
+from fakes.slack_api import DeliveryResult, Msg, SlackEmulator
+
+STATIC = Path(__file__).resolve().parent / "playground_static"
+ADMIN_USER = "U_ADMIN"
+ROLES = {"customer": "U_CUSTOMER", "staff": "U_STAFF", "admin": ADMIN_USER}
+STAFF_CHANNEL = "C_STAFF"
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Ephemeral:
+    """A message only one user sees: a slash command's answer, a response_url post, a chat.postEphemeral."""
+
+    user: str
+    channel: str
+    ts: str
+    text: str
+    source: str
+    thread_ts: str | None = None
+    blocks: list[dict[str, Any]] | None = None
+    in_channel: bool = False
+    """response_type in_channel: Slack would show it to everyone; the playground marks it instead."""
+
+
+@dataclass
+class Playground:
+    url: str
+    slack: SlackEmulator
+    bot: Bot
+    settings: Settings
+    acks: list[Ephemeral] = field(default_factory=list)
+    _response_stamps: list[str] = field(default_factory=list)
+
+    @property
+    def brain(self) -> str:
+        if not self.settings.llm_configured:
+            return "Offline mode: answers are help-article passages (OPENAI_API_KEY or OPENAI_BASE_URL: LLM agents)."
+        where = self.settings.openai_base_url or "OpenAI"
+        return f"LLM provider: {self.settings.openai_model} at {where}"
+
+    def ephemerals(self, user: str) -> list[Ephemeral]:
+        # response_url posts carry no timestamp: each is stamped when the page first sees it, which is within
+        # a poll of when it arrived.
+        log = self.slack.response_log
+        self._response_stamps += [_stamp() for _ in range(len(log) - len(self._response_stamps))]
+        out = [a for a in self.acks if a.user == user]
+        for response, ts in zip(log, self._response_stamps, strict=True):
+            if response.user == user:
+                out.append(_ephemeral_of(response.body, user, response.channel, ts, response.source))
+        out += [
+            Ephemeral(e.user, e.channel, e.message_ts, e.text, "chat.postEphemeral", e.thread_ts, e.blocks)
+            for e in self.slack.ephemerals
+            if e.user == user
+        ]
+        return sorted(out, key=lambda e: e.ts)
+
+
+def _stamp() -> str:
+    return f"{time.time():.6f}"
+
+
+def _ephemeral_of(body: Any, user: str, channel: str, ts: str, source: str) -> Ephemeral:
+    if not isinstance(body, dict):
+        return Ephemeral(user, channel, ts, str(body), source)
+    blocks = body.get("blocks") if isinstance(body.get("blocks"), list) else None
+    in_channel = body.get("response_type") == "in_channel"
+    return Ephemeral(user, channel, ts, str(body.get("text") or ""), source, None, blocks, in_channel)
+
+
+def _ack_answer(command: str, result: DeliveryResult, user: str, channel: str) -> Ephemeral | None:
+    """What Slack shows the user for a slash command's HTTP answer: its body, or the failure."""
+    if result.status != 200:
+        return Ephemeral(user, channel, _stamp(), f"{command} failed: the app answered HTTP {result.status}", command)
+    if not result.body.strip():
+        return None
+    try:
+        body = result.json()
+    except ValueError:
+        return Ephemeral(user, channel, _stamp(), result.body, command)
+    return _ephemeral_of(body, user, channel, _stamp(), command)
+
+
+# --- what the page sends: untrusted JSON, checked here ------------------------------------------------------
+
+
+class _Say(BaseModel):
+    user: str
+    channel: str
+    text: str = Field(min_length=1, max_length=4000)
+    thread_ts: str | None = None
+
+
+class _Click(BaseModel):
+    user: str
+    channel: str
+    message_ts: str
+    action_id: str
+    value: str
+    block_id: str = "b"
+
+
+class _Command(BaseModel):
+    user: str
+    channel: str
+    command: str = Field(pattern=r"^/[a-z0-9_-]+$")
+    text: str = Field(default="", max_length=4000)
+
+
+def _msg_json(msg: Msg) -> dict[str, Any]:
+    return {
+        "ts": msg.ts,
+        "user": msg.user,
+        "text": msg.text,
+        "thread_ts": msg.thread_ts,
+        "bot": msg.bot_id is not None,
+        "username": msg.username,
+        "icon_url": msg.icon_url,
+        "icon_emoji": msg.icon_emoji,
+        "blocks": msg.blocks,
+        "reactions": {name: list(users) for name, users in msg.reactions.items()},
+        "edited": msg.edited,
+    }
+
+
+def page_app(pg: Playground) -> web.Application:
+    slack = pg.slack
+
+    def known(user: str, channel: str) -> None:
+        if user not in slack.users or channel not in slack.channels:
+            raise web.HTTPBadRequest(text="unknown user or channel")
+
+    async def parsed(request: web.Request, model: type[M]) -> M:
+        try:
+            value = model.model_validate_json(await request.read())
+        except ValidationError as exc:
+            raise web.HTTPBadRequest(text=exc.json()) from exc
+        return value
+
+    async def index(_: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC / "index.html")
+
+    async def workspace(request: web.Request) -> web.Response:
+        user = request.query.get("user", ROLES["customer"])
+        users = {
+            u.id: {"name": u.name, "real_name": u.real_name, "is_bot": u.is_bot, "is_admin": u.is_admin}
+            for u in slack.users.values()
+        }
+        return web.json_response(
+            {
+                "brain": pg.brain,
+                "offline": not pg.settings.llm_configured,
+                "roles": ROLES,
+                "users": users,
+                "channels": [{"id": c.id, "name": c.name} for c in slack.channels.values() if not c.is_im],
+                "messages": {c: [_msg_json(m) for m in slack.messages(c)] for c in slack.channels},
+                "ephemerals": [e.__dict__ for e in pg.ephemerals(user)],
+            }
+        )
+
+    async def conversations(_: web.Request) -> web.Response:
+        views = await recent_conversations(pg.bot.db.sessions)
+        # The database outlives the in-memory workspace: earlier runs' conversations have no thread to show.
+        here = [v for v in views if v.channel and v.thread_ts and slack.message(v.channel, v.thread_ts)]
+        return web.json_response([v.to_json() for v in here])
+
+    async def say(request: web.Request) -> web.Response:
+        body = await parsed(request, _Say)
+        known(body.user, body.channel)
+        said = await slack.user_says(body.channel, body.text, user=body.user, thread_ts=body.thread_ts)
+        return web.json_response({"ts": said.ts, "status": said.result.status})
+
+    async def click(request: web.Request) -> web.Response:
+        body = await parsed(request, _Click)
+        known(body.user, body.channel)
+        result = await slack.click(
+            body.action_id,
+            body.value,
+            message_ts=body.message_ts,
+            channel=body.channel,
+            user=body.user,
+            block_id=body.block_id,
+        )
+        return web.json_response({"status": result.status})
+
+    async def command(request: web.Request) -> web.Response:
+        body = await parsed(request, _Command)
+        known(body.user, body.channel)
+        result = await slack.slash_command(body.command, body.text, user=body.user, channel=body.channel)
+        answer = _ack_answer(body.command, result, body.user, body.channel)
+        if answer is not None:
+            pg.acks.append(answer)
+        return web.json_response({"status": result.status})
+
+    app = web.Application()
+    app.router.add_get("/", index)
+    app.router.add_static("/static", STATIC)
+    app.router.add_get("/api/workspace", workspace)
+    app.router.add_get("/api/conversations", conversations)
+    app.router.add_post("/api/say", say)
+    app.router.add_post("/api/click", click)
+    app.router.add_post("/api/command", command)
+    return app
+
+
+def playground_settings(settings: Settings, slack: SlackEmulator, *, token: str) -> Settings:
+    """The user's settings (database, provider, texts) with Slack pointed at the emulator."""
+    admins = ",".join(part for part in (settings.admin_user_ids, ADMIN_USER) if part)
+    return settings.model_copy(
+        update={
+            "slack_bot_token": SecretStr(token),
+            "slack_signing_secret": SecretStr(slack.signing_secret),
+            "slack_app_token": None,
+            "slack_api_url": slack.api_url,
+            "staff_channel_id": STAFF_CHANNEL,
+            "slack_channels": "",
+            "admin_user_ids": admins,
+        }
+    )
+
+
+async def _listen(app: web.Application, port: int) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    return runner, int(runner.addresses[0][1])
+
+
+@asynccontextmanager
+async def running_playground(settings: Settings, *, port: int | None = None) -> AsyncIterator[Playground]:
+    """Emulator, bot and page, all on 127.0.0.1; `port` 0 picks a free one for the page."""
+    token = f"xoxb-playground-{secrets.token_hex(8)}"
+    async with SlackEmulator(signing_secret=secrets.token_hex(16), bot_token=token) as slack:
+        slack.add_user(ADMIN_USER, "alex", "Alex Admin", is_admin=True)
+        bot_settings = playground_settings(settings, slack, token=token)
+        async with running_bot(bot_settings) as bot:
+            bot_runner, bot_port = await _listen(web_app(bot), 0)
+            bot.url = f"http://127.0.0.1:{bot_port}"
+            slack.events_url = f"{bot.url}/slack/events"
+            try:
+                pg = Playground("", slack, bot, bot_settings)
+                page_runner, page_port = await _listen(page_app(pg), settings.playground_port if port is None else port)
+                pg.url = f"http://127.0.0.1:{page_port}"
+                try:
+                    yield pg
+                finally:
+                    await page_runner.cleanup()
+            finally:
+                await bot_runner.cleanup()
+
+
+async def playground(settings: Settings) -> int:
+    try:
+        async with running_playground(settings) as pg:
+            print(f"Playground: open {pg.url} in a browser. No Slack workspace needed; Ctrl-C stops it.", flush=True)
+            print(pg.brain, flush=True)
+            await _until_signalled()
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        print(f"Cannot listen on 127.0.0.1:{settings.playground_port} ({exc.strerror}); set PLAYGROUND_PORT.")
+        return 2
+    return 0
