@@ -22,7 +22,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field, SecretStr, ValidationError
 
 from bot.playground_state import recent_conversations
-from bot.server import Bot, _until_signalled, running_bot, web_app
+from bot.server import Bot, running_bot, until_signalled, web_app
 from bot.settings import Settings
 from fakes.slack_api import DeliveryResult, Msg, SlackEmulator
 
@@ -283,7 +283,7 @@ async def playground(settings: Settings) -> int:
         async with running_playground(settings) as pg:
             print(f"Playground: open {pg.url} in a browser. No Slack workspace needed; Ctrl-C stops it.", flush=True)
             print(pg.brain, flush=True)
-            await _until_signalled()
+            await until_signalled()
     except OSError as exc:
         if exc.errno != errno.EADDRINUSE:
             raise

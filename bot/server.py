@@ -218,7 +218,7 @@ def web_app(bot: Bot) -> web.Application:
     return application
 
 
-async def _until_signalled() -> None:
+async def until_signalled() -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -251,7 +251,7 @@ async def serve(settings: Settings, *, socket_mode: bool = False) -> int:
             handler = AsyncSocketModeHandler(bot.app, settings.slack_app_token.get_secret_value())
             await handler.connect_async()  # type: ignore[no-untyped-call]
         try:
-            await _until_signalled()
+            await until_signalled()
         finally:
             if handler is not None:
                 await handler.close_async()  # type: ignore[no-untyped-call]
