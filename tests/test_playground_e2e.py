@@ -8,6 +8,7 @@ sales, "a person" escalates, and after the hand-back the sales agent answers fro
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -144,12 +145,19 @@ async def scenario(page: Page, pg: Playground) -> None:
     await expect(case).to_contain_text("Handed back to the bot by @Sam Staff", timeout=WAIT_MS)
     await expect(case.locator("button")).to_have_count(0)
 
-    # An admin's slash command: whatever the app answers is shown to the admin alone.
+    # An admin's slash command, answered to the admin alone; a colleague who is no admin is refused.
     await as_role(page, "admin", "C_STAFF")
-    await write(page, "#composer", "/support help")
-    await expect(page.locator("#messages .msg.ephemeral")).to_contain_text("Only visible to you", timeout=WAIT_MS)
+    await write(page, "#composer", "/support conversations")
+    admin_answer = page.locator("#messages .msg.ephemeral")
+    await expect(admin_answer).to_contain_text("Only visible to you", timeout=WAIT_MS)
+    await expect(admin_answer).to_contain_text("Conversations: recent")
+    await expect(admin_answer).to_contain_text("sales")
     await as_role(page, "staff", "C_STAFF")
     await expect(page.locator("#messages .msg.ephemeral")).to_have_count(0)
+    await write(page, "#composer", "/support pause")
+    await expect(page.locator("#messages .msg.ephemeral")).to_contain_text(
+        "only for the people who run this bot", timeout=WAIT_MS
+    )
 
     # The customer writes again, and the bot answers again.
     await as_role(page, "customer", "C_SUPPORT")
@@ -167,10 +175,10 @@ async def scenario(page: Page, pg: Playground) -> None:
     await page.set_viewport_size({"width": 1500, "height": 2600})
     await screenshot(page, SCREENSHOT.name)
 
-    # What the page did reached the bot as signed Slack requests, and each event and click was accepted (the
-    # slash command is answered by whatever commands the app has, so its status is not this test's business).
-    accepted = [d for d in pg.slack.deliveries if "command" not in d.payload]
-    assert accepted and all(d.result is not None and d.result.status == 200 for d in accepted)
+    # What the page did reached the bot as signed Slack requests (events, clicks, slash commands), all accepted.
+    kinds = {"command" if "command" in d.payload else d.payload.get("type") for d in pg.slack.deliveries}
+    assert kinds == {"event_callback", "block_actions", "command"}
+    assert all(d.result is not None and d.result.status == 200 for d in pg.slack.deliveries)
 
 
 async def until(fetch: Callable[[], Awaitable[T]], done: Callable[[T], bool], what: str) -> T:
@@ -250,8 +258,7 @@ async def test_json_endpoints_with_an_llm_provider(
         assert status == 200
         staff_sees = (await get("/api/workspace", user="U_STAFF"))["ephemerals"]
         admin_sees = (await get("/api/workspace", user="U_ADMIN"))["ephemerals"]
-    # Whatever the app answered the signed slash command (an answer, or a failure Slack would report), only the
-    # admin who typed it sees it.
-    assert staff_sees == []
-    if answer["status"] != 200 or admin_sees:
-        assert {e["source"] for e in admin_sees} == {"/support"} and admin_sees[0]["channel"] == "C_STAFF"
+    # The slash command's answer came through the response_url, and only the admin who typed it sees it.
+    assert answer["status"] == 200 and staff_sees == []
+    assert [(e["source"], e["channel"]) for e in admin_sees] == [("/support", "C_STAFF")]
+    assert "/support status" in json.dumps(admin_sees[0]["blocks"])
