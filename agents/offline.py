@@ -2,7 +2,8 @@
 
 It speaks the same protocol as a real model, so the engine runs unchanged (handoffs, tools, escalation,
 audit trail): it asks for a person with `escalate_to_human` when the customer wants one, routes with
-`transfer_to_<agent>` by embedding similarity of the message to the agents' descriptions, looks the question
+`transfer_to_<agent>` to the agent whose knowledge (or, failing that, description) the message is most similar
+to, looks the question
 up with `search_knowledge`, and replies with the passages found and their sources, worded as found articles.
 When nothing matches, it escalates. `FallbackModel` uses it while the real provider is failing.
 """
@@ -12,12 +13,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from agents.errors import ProviderError
+from agents.errors import AgentsError, ProviderError
 from agents.knowledge.embedders import Embedder
+from agents.knowledge.store import KnowledgeBase
 from agents.knowledge.tool import NOTHING_FOUND
 from agents.messages import ToolCall
 from agents.model import Model, ModelResponse, Usage
@@ -29,22 +32,53 @@ ASKS_FOR_PERSON = re.compile(
 )
 
 
-class SimilarityRouter:
-    """Routes a message to the agent whose description it is most similar to."""
+@dataclass(frozen=True)
+class Route:
+    agent: str
+    score: float
+    basis: str
+    """"passage" (the best passage is in this agent's collections) or "description" (the agent's description)."""
 
-    def __init__(self, embedder: Embedder, descriptions: Mapping[str, str]) -> None:
+
+class SimilarityRouter:
+    """Routes a message to the agent whose knowledge answers it: the agent owning the collection of the most
+    similar passage, when that passage is similar enough to count as found (`min_passage_similarity`, the bar
+    `search_knowledge` uses); else the agent whose description the message is most similar to.
+
+    Passages first because descriptions are one line each: on bench/data/routing.jsonl routing by description
+    alone was right for 69% of messages, with the passages first for 84% (README, knowledge benchmark)."""
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        descriptions: Mapping[str, str],
+        *,
+        knowledge: KnowledgeBase | None = None,
+        collections: Mapping[str, Sequence[str]] | None = None,
+        min_passage_similarity: float = 0.35,
+    ) -> None:
         self.embedder = embedder
         self.descriptions = dict(descriptions)
+        self.knowledge = knowledge
+        self.owner = {c: agent for agent, names in (collections or {}).items() for c in names}
+        self.min_passage_similarity = min_passage_similarity
         self._vectors: np.ndarray[Any, Any] | None = None
 
-    async def route(self, text: str) -> tuple[str, float]:
+    async def route(self, text: str) -> Route:
+        if self.knowledge is not None and self.owner:
+            try:
+                hits = await self.knowledge.search(text, collections=list(self.owner), k=1, mode="vector")
+            except AgentsError:  # e.g. a collection embedded by another model: route by description
+                hits = []
+            if hits and (hits[0].similarity or 0.0) >= self.min_passage_similarity:
+                return Route(self.owner[hits[0].collection], float(hits[0].similarity or 0.0), "passage")
         names = list(self.descriptions)
         if self._vectors is None:
             self._vectors = np.array(await self.embedder.embed([self.descriptions[n] for n in names]))
         query = np.array((await self.embedder.embed([text]))[0])
         scores = self._vectors @ query
         best = int(np.argmax(scores))
-        return names[best], float(scores[best])
+        return Route(names[best], float(scores[best]), "description")
 
 
 def _call(name: str, arguments: dict[str, Any], n: int) -> ModelResponse:
@@ -92,9 +126,16 @@ class OfflineModel:
                 return _call("escalate_to_human", {"reason": "no help article matches the question"}, calls)
             return _reply(_found_articles(found))
         if not any(str(r.get("content", "")).startswith("Transferred") for r in results):
-            target, score = await self.router.route(question)
-            if f"transfer_to_{target}" in available and score >= self.min_route_score:
-                return _call(f"transfer_to_{target}", {"reason": f"similar to {target} ({score:.2f})"}, calls)
+            route = await self.router.route(question)
+            if f"transfer_to_{route.agent}" in available and (
+                route.basis == "passage" or route.score >= self.min_route_score
+            ):
+                reason = (
+                    f"closest passage is in {route.agent}'s knowledge ({route.score:.2f})"
+                    if route.basis == "passage"
+                    else f"similar to {route.agent}'s description ({route.score:.2f})"
+                )
+                return _call(f"transfer_to_{route.agent}", {"reason": reason}, calls)
         if "search_knowledge" in available:
             return _call("search_knowledge", {"query": question}, calls)
         return _reply(

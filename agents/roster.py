@@ -99,6 +99,10 @@ SUPPORT = Agent(
 )
 
 
+KNOWLEDGE_OF: dict[str, tuple[str, ...]] = {"sales": ("catalogue",), "support": ("support",)}
+"""The knowledge base collections each agent searches."""
+
+
 def default_roster(knowledge: KnowledgeBase | None = None, *, min_similarity: float = 0.35) -> Roster:
     """The three agents; with a knowledge base, sales searches the catalogue and support the after-sales
     documents (`search_knowledge`), and their instructions say to cite sources."""
@@ -118,4 +122,6 @@ def default_roster(knowledge: KnowledgeBase | None = None, *, min_similarity: fl
             instructions=lambda context: (base(context) if callable(base) else base) + cite,
         )
 
-    return Roster.of((TRIAGE, grounded(SALES, ("catalogue",)), grounded(SUPPORT, ("support",))), entry="triage")
+    return Roster.of(
+        (TRIAGE, grounded(SALES, KNOWLEDGE_OF["sales"]), grounded(SUPPORT, KNOWLEDGE_OF["support"])), entry="triage"
+    )

@@ -20,9 +20,10 @@ Figures
     abstention   `relevant(hits, question, threshold)` over the hybrid hits the search tool takes (k=4): how
                  often it keeps nothing for an unanswerable question (searched in both collections; correct)
                  and for an answerable one (wrong), at several thresholds around the default
-    routing      bench/data/routing.jsonl routed as the offline model does: ASKS_FOR_PERSON first (-> human),
-                 else `SimilarityRouter` over the roster's descriptions, transferring only at a score >= the
-                 threshold (else triage keeps it): accuracy, per label, confusion table, threshold sweep
+    routing      bench/data/routing.jsonl routed: ASKS_FOR_PERSON first (-> human), else `SimilarityRouter` over
+                 the roster's descriptions, transferring only at a score >= the threshold (else triage keeps
+                 it): accuracy, per label, confusion table, threshold sweep; then as the offline model routes
+                 (the most similar passage's agent when it counts as found, else by description)
     latency      hybrid search at the sample's size with the query embedded (total, embedding, rest); then
                  on a synthetic collection (random unit vectors, text drawn from the sample's vocabulary with
                  Zipf-like frequencies) bulk-loaded with COPY: load and HNSW build time, insert rate with the
@@ -66,7 +67,7 @@ from agents.knowledge.local import MODEL, LocalEmbedder, MiniLM
 from agents.knowledge.store import CANDIDATES, TEXT_WEIGHT, Hit, KnowledgeBase, Mode
 from agents.knowledge.tool import relevant, search_knowledge_tool
 from agents.offline import ASKS_FOR_PERSON, OfflineModel, SimilarityRouter
-from agents.roster import default_roster
+from agents.roster import KNOWLEDGE_OF, default_roster
 from bench.setup import RESULTS, admin, postgres_server, quiet, section, summary, table, throwaway_database
 from bench.setup import machine as base_machine
 from db.engine import make_engine, make_sessions
@@ -644,8 +645,8 @@ async def routing(bench: Bench, cases: Sequence[RoutingCase]) -> dict[str, Any]:
         if ASKS_FOR_PERSON.search(case.message):
             routed.append((case, None, None))
         else:
-            target, score = await router.route(case.message)
-            routed.append((case, target, score))
+            route = await router.route(case.message)
+            routed.append((case, route.agent, route.score))
 
     def decide(target: str | None, score: float | None, threshold: float) -> str:
         if target is None or score is None:
@@ -681,6 +682,38 @@ async def routing(bench: Bench, cases: Sequence[RoutingCase]) -> dict[str, Any]:
             }
         )
     default = next(s for s in sweep if s["threshold"] == default_score)
+    # The offline model's router: the agent owning the most similar passage when it counts as found, else the
+    # description route above.
+    grounded = SimilarityRouter(
+        bench.cached,
+        {name: agent.description for name, agent in roster.agents.items()},
+        knowledge=bench.quality_kb,
+        collections=KNOWLEDGE_OF,
+        min_passage_similarity=DEFAULT_MIN_SIMILARITY,
+    )
+    first: list[tuple[RoutingCase, str]] = []
+    for case in cases:
+        if ASKS_FOR_PERSON.search(case.message):
+            first.append((case, "human"))
+            continue
+        route = await grounded.route(case.message)
+        transfer = route.basis == "passage" or route.score >= default_score
+        first.append((case, route.agent if transfer else roster.entry))
+    knowledge_first = {
+        "accuracy": round(sum(1 for c, p in first if c.label == p) / len(first), 3),
+        "per_label": {
+            label: round(
+                sum(1 for c, p in first if c.label == label and p == label)
+                / max(1, sum(1 for c, _ in first if c.label == label)),
+                3,
+            )
+            for label in LABELS
+        },
+        "confusion": {
+            label: {x: sum(1 for c, p in first if c.label == label and p == x) for x in LABELS} for label in LABELS
+        },
+        "wrong": [{"message": c.message, "label": c.label, "routed": p} for c, p in first if c.label != p],
+    }
     messages = [
         {
             "message": c.message,
@@ -702,6 +735,7 @@ async def routing(bench: Bench, cases: Sequence[RoutingCase]) -> dict[str, Any]:
         "sweep": sweep,
         "wrong": [m for m in messages if m["routed"] != m["label"]],
         "all": messages,
+        "knowledge_first": knowledge_first,
     }
 
 
@@ -1155,6 +1189,12 @@ def print_routing(f: dict[str, Any]) -> None:
             + ")"
             for s in f["sweep"]
         )
+    )
+    k = f["knowledge_first"]
+    print(
+        f"the offline model's router (the most similar passage's agent when it counts as found, else the above): "
+        f"accuracy {k['accuracy']:.0%}; per label: "
+        + ", ".join(f"{label} {acc:.0%}" for label, acc in k["per_label"].items())
     )
     print(f"{len(f['wrong'])} routed wrongly at {f['default_threshold']} (all in the JSON), e.g.:")
     for wrong in f["wrong"][:8]:

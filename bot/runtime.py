@@ -20,7 +20,7 @@ from agents.knowledge.store import KnowledgeBase
 from agents.loop import LoopConfig, Texts
 from agents.model import Model, OpenAIChatModel
 from agents.offline import FallbackModel, OfflineModel, SimilarityRouter
-from agents.roster import default_roster
+from agents.roster import KNOWLEDGE_OF, default_roster
 from bot.settings import Settings
 from db import migrate
 from db.embedded import start_embedded
@@ -128,7 +128,13 @@ async def brain(settings: Settings, db: Database) -> Brain:
     knowledge = KnowledgeBase(sessions=db.sessions, embedder=embedder(settings))
     await ensure_sample_knowledge(knowledge)
     roster = default_roster(knowledge, min_similarity=settings.kb_min_similarity)
-    router = SimilarityRouter(knowledge.embedder, {name: a.description for name, a in roster.agents.items()})
+    router = SimilarityRouter(
+        knowledge.embedder,
+        {name: a.description for name, a in roster.agents.items()},
+        knowledge=knowledge,
+        collections=KNOWLEDGE_OF,
+        min_passage_similarity=settings.kb_min_similarity,
+    )
     offline = OfflineModel(router)
     if not settings.llm_configured:
         return Brain(roster, offline, knowledge, offline=True)

@@ -163,19 +163,30 @@ async def test_offline_mode_answers_with_sources_and_escalates_when_nothing_matc
     from agents.conversations import Conversations
     from agents.knowledge.local import LocalEmbedder
     from agents.offline import OfflineModel, SimilarityRouter
-    from agents.roster import default_roster
+    from agents.roster import KNOWLEDGE_OF, default_roster
     from tests.conftest import CONFIG
 
     kb = KnowledgeBase(sessions=sessions, embedder=LocalEmbedder(minilm))  # type: ignore[arg-type]
-    await kb.ingest([SAMPLE / "support"], collection="support", root=SAMPLE)
+    for collection in ("support", "catalogue"):
+        await kb.ingest([SAMPLE / collection], collection=collection, root=SAMPLE)
     roster = default_roster(kb)
-    router = SimilarityRouter(kb.embedder, {name: a.description for name, a in roster.agents.items()})
+    descriptions = {name: a.description for name, a in roster.agents.items()}
+    router = SimilarityRouter(kb.embedder, descriptions, knowledge=kb, collections=KNOWLEDGE_OF)
     service = Conversations(sessions=sessions, roster=roster, model=OfflineModel(router), config=CONFIG)
 
     answer = await service.handle("t:1", "I want to return my drone and get a refund")
     assert answer.kind == "reply" and answer.agent == "support"
     assert answer.reply is not None and answer.reply.startswith("Here is what I found in our help articles")
     assert "_Source: Returns and refunds" in answer.reply
+
+    # A product question goes to sales because its answer is in the catalogue, which sales searches. Routed by
+    # the agents' one-line descriptions alone, it went to support, which found nothing and escalated.
+    product = await service.handle("t:3", "Do you sell propeller guards?")
+    assert (product.kind, product.agent) == ("reply", "sales")
+    assert product.handoffs[0].reason is not None and product.handoffs[0].reason.startswith("closest passage is in")
+    assert "catalogue/propellers-and-guards.md" in (product.reply or "")
+    by_description = SimilarityRouter(kb.embedder, descriptions)
+    assert (await by_description.route("Do you sell propeller guards?")).agent == "support"
 
     # With a bar no passage reaches, the same kind of question finds nothing, and a person is asked in.
     strict = default_roster(kb, min_similarity=0.95)
