@@ -21,7 +21,10 @@ run: $(STAMP)
 
 # The browser test drives Debian's chromium (Playwright cannot download its own browser here).
 chromium:
-	test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium fonts-noto-color-emoji)
+	@test -x /usr/bin/chromium || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium fonts-noto-color-emoji; \
+	  else echo "The browser test needs Debian's chromium: sudo apt-get install chromium fonts-noto-color-emoji" >&2; \
+	  exit 1; fi; }
 
 test: $(STAMP) chromium
 	$(BIN)/ruff check .

@@ -8,7 +8,7 @@ import logging
 
 from agents.logcontext import current_conversation
 from bot import kb
-from bot.settings import get_settings
+from bot.settings import Settings, get_settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,10 +54,18 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("pgserver", "alembic", "httpx", "openai"):
         # Their INFO lines narrate every start-up step; ours say what matters.
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    try:
+        return _run(args, settings)
+    except KeyboardInterrupt:  # Ctrl-C during start-up, before the signal handlers are in place
+        return 130
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
     from bot.chat import chat
     from bot.playground import playground
     from bot.server import serve
 
+    no_slack = not (settings.slack_bot_token or settings.slack_signing_secret or settings.slack_app_token)
     match args.command:
         case "migrate":
             return asyncio.run(_migrate())
@@ -69,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(serve(settings, socket_mode=True))
         case "kb":
             return asyncio.run(kb.run(settings, args))
-        case "run" if not settings.slack_configured:
+        case "run" if no_slack:
+            # Nothing of Slack is configured: the whole bot in the browser. Partly configured is a mistake that
+            # `serve` names, rather than a silent playground.
             return asyncio.run(playground(settings))
         case "run":
             return asyncio.run(serve(settings, socket_mode=settings.slack_app_token is not None))

@@ -9,9 +9,11 @@ emulator's workspace plus a read-only view of the audit trail (`bot/playground_s
 
 from __future__ import annotations
 
-import errno
+import logging
 import secrets
+import socket
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from pydantic import BaseModel, Field, SecretStr, ValidationError
 
 from bot.playground_state import recent_conversations
@@ -26,6 +29,7 @@ from bot.server import Bot, running_bot, until_signalled, web_app
 from bot.settings import Settings
 from fakes.slack_api import DeliveryResult, Msg, SlackEmulator
 
+log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "playground_static"
 ADMIN_USER = "U_ADMIN"
 ROLES = {"customer": "U_CUSTOMER", "staff": "U_STAFF", "admin": ADMIN_USER}
@@ -54,7 +58,8 @@ class Playground:
     slack: SlackEmulator
     bot: Bot
     settings: Settings
-    acks: list[Ephemeral] = field(default_factory=list)
+    acks: deque[Ephemeral] = field(default_factory=lambda: deque(maxlen=500))
+    """Answers shown only to whoever acted: slash command acks, and what Slack reports when a request failed."""
     _response_stamps: list[str] = field(default_factory=list)
 
     @property
@@ -91,6 +96,11 @@ def _ephemeral_of(body: Any, user: str, channel: str, ts: str, source: str) -> E
     blocks = body.get("blocks") if isinstance(body.get("blocks"), list) else None
     in_channel = body.get("response_type") == "in_channel"
     return Ephemeral(user, channel, ts, str(body.get("text") or ""), source, None, blocks, in_channel)
+
+
+def _failure(what: str, result: DeliveryResult, user: str, channel: str, thread_ts: str | None = None) -> Ephemeral:
+    """What Slack would show when the app refused a request: here, a note only the person who acted sees."""
+    return Ephemeral(user, channel, _stamp(), f"{what} failed: the app answered HTTP {result.status}", what, thread_ts)
 
 
 def _ack_answer(command: str, result: DeliveryResult, user: str, channel: str) -> Ephemeral | None:
@@ -193,6 +203,8 @@ def page_app(pg: Playground) -> web.Application:
         body = await parsed(request, _Say)
         known(body.user, body.channel)
         said = await slack.user_says(body.channel, body.text, user=body.user, thread_ts=body.thread_ts)
+        if said.result.status != 200:
+            pg.acks.append(_failure("Your message", said.result, body.user, body.channel, body.thread_ts))
         return web.json_response({"ts": said.ts, "status": said.result.status})
 
     async def click(request: web.Request) -> web.Response:
@@ -206,6 +218,8 @@ def page_app(pg: Playground) -> web.Application:
             user=body.user,
             block_id=body.block_id,
         )
+        if result.status != 200:
+            pg.acks.append(_failure("The button", result, body.user, body.channel))
         return web.json_response({"status": result.status})
 
     async def command(request: web.Request) -> web.Response:
@@ -217,7 +231,23 @@ def page_app(pg: Playground) -> web.Application:
             pg.acks.append(answer)
         return web.json_response({"status": result.status})
 
-    app = web.Application()
+    @web.middleware
+    async def same_origin(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Only this page may use the API. Another site open in the browser could otherwise POST to it (a form
+        or fetch needs no CORS for that), and a DNS-rebound name could read it: check Host on every request,
+        and Origin and the JSON content type on every POST."""
+        port = pg.url.rsplit(":", 1)[-1]
+        if request.host not in (f"127.0.0.1:{port}", f"localhost:{port}"):
+            raise web.HTTPForbidden(text="unexpected Host")
+        if request.method == "POST":
+            origin = request.headers.get("Origin")
+            if origin is not None and origin not in (f"http://127.0.0.1:{port}", f"http://localhost:{port}"):
+                raise web.HTTPForbidden(text="cross-origin request")
+            if request.content_type != "application/json":
+                raise web.HTTPUnsupportedMediaType(text="send JSON")
+        return await handler(request)
+
+    app = web.Application(middlewares=[same_origin])
     app.router.add_get("/", index)
     app.router.add_static("/static", STATIC)
     app.router.add_get("/api/workspace", workspace)
@@ -278,15 +308,30 @@ async def running_playground(settings: Settings, *, port: int | None = None) -> 
                 await bot_runner.cleanup()
 
 
+def _port_taken(port: int) -> str | None:
+    """Why the page cannot listen on `port`, or None. Checked before Postgres starts and the sample is embedded
+    (a minute on a first run), not after."""
+    if port == 0:
+        return None
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
 async def playground(settings: Settings) -> int:
-    try:
-        async with running_playground(settings) as pg:
-            print(f"Playground: open {pg.url} in a browser. No Slack workspace needed; Ctrl-C stops it.", flush=True)
-            print(pg.brain, flush=True)
-            await until_signalled()
-    except OSError as exc:
-        if exc.errno != errno.EADDRINUSE:
-            raise
-        print(f"Cannot listen on 127.0.0.1:{settings.playground_port} ({exc.strerror}); set PLAYGROUND_PORT.")
+    if (taken := _port_taken(settings.playground_port)) is not None:
+        print(f"Cannot listen on 127.0.0.1:{settings.playground_port} ({taken}); set PLAYGROUND_PORT.")
         return 2
+    if settings.database_url:
+        # The playground's outbox sender would send another bot's queued Slack calls to the emulator, and its
+        # /support pause would pause that bot: it keeps to its own embedded database.
+        log.warning("the playground ignores DATABASE_URL: it uses the embedded Postgres in DATA_DIR")
+        settings = settings.model_copy(update={"database_url": None})
+    async with running_playground(settings) as pg:
+        print(f"Playground: open {pg.url} in a browser. No Slack workspace needed; Ctrl-C stops it.", flush=True)
+        print(pg.brain, flush=True)
+        await until_signalled()
     return 0

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -99,11 +101,17 @@ async def test_serve_without_slack_says_what_to_set(database_url: str, tmp_path:
     assert "python -m bot playground" in out
 
 
-async def test_run_without_slack_starts_the_playground(
-    database_url: str, fake_llm: FakeOpenAI, sessions: async_sessionmaker[AsyncSession], tmp_path: Path
-) -> None:
+async def test_run_with_slack_partly_configured_names_what_is_missing(database_url: str, tmp_path: Path) -> None:
+    env = {"DATABASE_URL": database_url, "SLACK_BOT_TOKEN": "xoxb-1"}
+    code, out, _ = await run_bot("run", env=env, cwd=tmp_path)
+    assert code == 2 and "SLACK_SIGNING_SECRET" in out  # not a playground that hides the mistake
+
+
+async def test_run_without_slack_starts_the_playground(fake_llm: FakeOpenAI, tmp_path: Path) -> None:
+    # DATABASE_URL is set and ignored: the playground keeps to its own embedded Postgres (in DATA_DIR).
     env = {
-        "DATABASE_URL": database_url,
+        "DATABASE_URL": "postgresql://nobody@127.0.0.1:9/production",
+        "DATA_DIR": str(tmp_path / "data"),
         "PLAYGROUND_PORT": "0",
         "OPENAI_BASE_URL": fake_llm.base_url,
         "EMBEDDINGS": "openai",
@@ -123,6 +131,18 @@ async def test_run_without_slack_starts_the_playground(
                 assert page.status == 200 and "<title>" in await page.text()
             async with http.get(f"{match[1]}/api/workspace") as workspace:
                 assert (await workspace.json())["offline"] is False
+            # Only the page itself may use the API: not another site, not another Host name, not a form post.
+            say = {"user": "U_CUSTOMER", "channel": "C_SUPPORT", "text": "hi"}
+            for headers, status in (
+                ({"Origin": "http://evil.example"}, 403),
+                ({"Host": "evil.example"}, 403),
+                ({"Content-Type": "text/plain"}, 415),
+            ):
+                kwargs: dict[str, Any] = {"data": json.dumps(say)} if "Content-Type" in headers else {"json": say}
+                async with http.post(f"{match[1]}/api/say", headers=headers, **kwargs) as refused:
+                    assert refused.status == status, headers
+            async with http.post(f"{match[1]}/api/say", json=say, headers={"Origin": match[1]}) as said:
+                assert said.status == 200
     finally:
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), timeout=60) == 0

@@ -82,7 +82,11 @@ async def test_customer_sales_escalation_staff_reply_and_hand_back(chromium: Pat
         browser = await pw.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
         try:
             page = await browser.new_page(viewport={"width": 1500, "height": 900})
-            await scenario(page, playground)
+            try:
+                await scenario(page, playground)
+            except BaseException:
+                await screenshot(page, "playground-failure.png")  # what the page showed when it went wrong
+                raise
         finally:
             await browser.close()
 
@@ -158,6 +162,7 @@ async def scenario(page: Page, pg: Playground) -> None:
     await expect(page.locator("#messages .msg.ephemeral")).to_contain_text(
         "only for the people who run this bot", timeout=WAIT_MS
     )
+    await expect(page.locator("#messages .msg.ephemeral")).to_have_count(1)  # the admin's answer is not here
 
     # The customer writes again, and the bot answers again.
     await as_role(page, "customer", "C_SUPPORT")

@@ -30,20 +30,32 @@ function channelName(id) {
 function me() { return state.ws ? state.ws.roles[state.role] : "U_CUSTOMER"; }
 function time(ts) { return new Date(parseFloat(ts) * 1000).toLocaleTimeString(); }
 
-// Slack's mrkdwn, the parts the bot uses.
+const emoji = (name) => (Object.hasOwn(EMOJI, name) ? EMOJI[name] : null);
+
+// Slack's mrkdwn, the parts the bot uses. Links and mentions are taken out first and put back last, so that
+// formatting never reaches inside an address.
 function mrkdwn(text) {
-  let h = esc(text);
-  h = h.replace(/&lt;@(\w+)&gt;/g, (_, id) => `<span class="mention">@${esc(userName(id))}</span>`);
-  h = h.replace(/&lt;#(\w+)(?:\|([^&]*))?&gt;/g, (_, id, n) => `<span class="mention">#${esc(n || channelName(id))}</span>`);
-  h = h.replace(/&lt;(https?:[^|&\s]+)\|(.+?)&gt;/g, '<a href="$1" target="_blank" rel="noopener">$2</a>');
-  h = h.replace(/&lt;(https?:[^&\s]+)&gt;/g, '<a href="$1" target="_blank" rel="noopener">$1</a>');
+  const kept = [];
+  const keep = (html) => `\u0000${kept.push(html) - 1}\u0000`;
+  let h = String(text ?? "").replace(/<([^<>\n]+)>/g, (whole, inner) => {
+    const [target, label] = inner.split("|", 2);
+    if (/^@\w+$/.test(target)) return keep(`<span class="mention">@${esc(userName(target.slice(1)))}</span>`);
+    if (/^#\w+$/.test(target)) return keep(`<span class="mention">#${esc(label || channelName(target.slice(1)))}</span>`);
+    const href = target.replace(/&amp;/g, "&");
+    if (/^https?:\/\/[^\s"]+$/.test(href)) {
+      return keep(`<a href="${esc(href)}" target="_blank" rel="noopener">${esc((label || href).replace(/&amp;/g, "&"))}</a>`);
+    }
+    return whole;
+  });
+  h = esc(h.replace(/&amp;/g, "&").replace(/&lt;/g, "<").replace(/&gt;/g, ">"));
   h = h.replace(/```([\s\S]*?)```/g, "<pre>$1</pre>");
   h = h.replace(/`([^`\n]+)`/g, "<code>$1</code>");
   h = h.replace(/(^|[\s(>])\*([^*\n]+)\*/g, "$1<b>$2</b>");
   h = h.replace(/(^|[\s(>])_([^_\n]+)_/g, "$1<i>$2</i>");
   h = h.replace(/(^|[\s(>])~([^~\n]+)~/g, "$1<s>$2</s>");
   h = h.replace(/^&gt; ?(.*)$/gm, "<blockquote>$1</blockquote>");
-  h = h.replace(/:([a-z0-9_+-]+):/g, (m, n) => EMOJI[n] || m);
+  h = h.replace(/:([a-z0-9_+-]+):/g, (m, n) => emoji(n) || m);
+  h = h.replace(/\u0000(\d+)\u0000/g, (_, i) => kept[Number(i)]);
   return h.replace(/\n/g, "<br>");
 }
 
@@ -72,17 +84,21 @@ function avatar(m) {
   const name = m.username || userName(m.user);
   let url = m.icon_url;
   // The emulator's profile pictures live on a made-up domain; draw initials instead of a broken image.
-  if (url && new URL(url).hostname.endsWith(".test")) url = null;
+  try {
+    if (url && !/^https?:$/.test(new URL(url).protocol)) url = null;
+    if (url && new URL(url).hostname.endsWith(".test")) url = null;
+  } catch { url = null; }
   if (url) return `<img class="avatar" src="${esc(url)}" alt="">`;
   const initials = name.split(/\s+/).map((w) => w[0]).join("").slice(0, 2).toUpperCase();
-  return `<div class="avatar ${m.bot && !m.username ? "bot" : ""}">${m.bot && !m.username ? "🤖" : esc(initials)}</div>`;
+  const app = m.bot && (!m.username || m.ephemeral);
+  return `<div class="avatar ${app ? "bot" : ""}">${app ? "🤖" : esc(initials)}</div>`;
 }
 
 function message(m, inThread) {
   const name = m.username || (m.bot ? "helpdesk" : userName(m.user));
   const body = m.blocks ? blocks(m.blocks, m) : `<div class="text">${mrkdwn(m.text)}</div>`;
   const reactions = Object.entries(m.reactions || {}).map(([n, users]) =>
-    `<span class="reaction" data-reaction="${esc(n)}">${EMOJI[n] || ":" + esc(n) + ":"} ${users.length}</span>`).join("");
+    `<span class="reaction" data-reaction="${esc(n)}">${emoji(n) || ":" + esc(n) + ":"} ${users.length}</span>`).join("");
   const replies = inThread ? "" : repliesOf(m.channel, m.ts).length;
   const threadLink = inThread || m.ephemeral ? "" :
     `<a class="replies-link" data-ts="${esc(m.ts)}">${replies ? `${replies} repl${replies === 1 ? "y" : "ies"}` : "Reply in thread"}</a>`;
@@ -194,14 +210,20 @@ function composer(form, thread) {
     try { await send(text, thread()); } catch (err) { area.value = text; alert(err.message); }
   };
   form.addEventListener("submit", submit);
-  area.addEventListener("keydown", (e) => { if (e.key === "Enter" && !e.shiftKey) submit(e); });
+  area.addEventListener("keydown", (e) => { if (e.key === "Enter" && !e.shiftKey && !e.isComposing) submit(e); });
 }
 
+let asked = 0;
+let shown = 0;
 async function refresh() {
+  // Answers can arrive out of order (a slow poll, then a role switch): never draw an older one over a newer.
+  const ticket = ++asked;
   const [ws, convs] = await Promise.all([
     fetch(`/api/workspace?user=${encodeURIComponent(me())}`).then((r) => r.json()),
     fetch("/api/conversations").then((r) => r.json()),
   ]);
+  if (ticket < shown) return;
+  shown = ticket;
   state.ws = ws;
   state.convs = convs;
   render();
@@ -229,8 +251,13 @@ document.addEventListener("click", async (e) => {
     state.thread = link.thread;
   } else if (t.matches(".b-button")) {
     t.disabled = true;
-    await post("/api/click", {user: me(), channel: t.dataset.channel, message_ts: t.dataset.ts,
-      action_id: t.dataset.actionId, value: t.dataset.value, block_id: t.dataset.blockId});
+    try {
+      await post("/api/click", {user: me(), channel: t.dataset.channel, message_ts: t.dataset.ts,
+        action_id: t.dataset.actionId, value: t.dataset.value, block_id: t.dataset.blockId});
+    } catch (err) {
+      t.disabled = false;
+      alert(err.message);
+    }
   } else if (t.matches(".replies-link")) {
     state.thread = t.dataset.ts;
   } else if (t.matches("#close-thread")) {
