@@ -261,8 +261,12 @@ async def test_json_endpoints_with_an_llm_provider(
             "/api/command", {"user": "U_ADMIN", "channel": "C_STAFF", "command": "/support", "text": "help"}
         )
         assert status == 200
+        admin_sees = (
+            await until(
+                lambda: get("/api/workspace", user="U_ADMIN"), lambda w: bool(w["ephemerals"]), "the admin's answer"
+            )
+        )["ephemerals"]
         staff_sees = (await get("/api/workspace", user="U_STAFF"))["ephemerals"]
-        admin_sees = (await get("/api/workspace", user="U_ADMIN"))["ephemerals"]
     # The slash command's answer came through the response_url, and only the admin who typed it sees it.
     assert answer["status"] == 200 and staff_sees == []
     assert [(e["source"], e["channel"]) for e in admin_sees] == [("/support", "C_STAFF")]
