@@ -185,4 +185,9 @@ class CaseDelivery:
                 return await self.summarize(lines)
             except Exception as exc:  # a case without an LLM summary beats no case
                 log.warning("case summary failed, showing the last messages: %s", exc)
-        return "\n".join(f"*{who}:* {text[:300]}" for who, text in lines[-6:]) or "(no messages)"
+        return "\n".join(f"*{who}:* {_clip(text, 300)}" for who, text in lines[-6:]) or "(no messages)"
+
+
+def _clip(text: str, limit: int) -> str:
+    """At most `limit` characters, cut at a word and marked, so a summary line never ends mid-word."""
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " …"
