@@ -22,7 +22,18 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
-from bench.setup import RESULTS, admin, machine, postgres_server, quiet, section, summary, table, throwaway_database
+from bench.setup import (
+    RESULTS,
+    admin,
+    machine,
+    postgres_server,
+    quiet,
+    section,
+    summary,
+    table,
+    throwaway_database,
+    write_report,
+)
 from bench.slack import CORES_NOTE, SIGNING_SECRET, answer, bot_process, source_version
 from fakes.openai_server import FakeOpenAI
 from fakes.slack_api import SlackEmulator
@@ -192,8 +203,4 @@ def main(*, quick: bool = False, results: Path = RESULTS) -> dict[str, Any]:
     with postgres_server() as (server_url, database):
         report = asyncio.run(run(server_url, database, params))
     report["source"] = source
-    results.mkdir(parents=True, exist_ok=True)
-    out = results / "admin.json"
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\ntotal {report['total_s']} s; results written to {out}")
-    return report
+    return write_report(report, results / "admin.json")

@@ -50,6 +50,7 @@ from bench.setup import (
     summary,
     table,
     throwaway_database,
+    write_report,
 )
 from bench.setup import machine as base_machine
 from db import models as m
@@ -615,8 +616,4 @@ def main(*, quick: bool = False, results: Path = RESULTS) -> dict[str, Any]:
     print(f"engine benchmark{' (quick)' if quick else ''}: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
     with postgres_server() as (server_url, database):
         report = asyncio.run(run(server_url, database, params))
-    results.mkdir(parents=True, exist_ok=True)
-    out = results / "engine.json"
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\ntotal {report['total_s']} s; results written to {out}")
-    return report
+    return write_report(report, results / "engine.json")

@@ -68,7 +68,17 @@ from agents.knowledge.store import CANDIDATES, TEXT_WEIGHT, Hit, KnowledgeBase, 
 from agents.knowledge.tool import relevant, search_knowledge_tool
 from agents.offline import ASKS_FOR_PERSON, OfflineModel, SimilarityRouter
 from agents.roster import KNOWLEDGE_OF, default_roster
-from bench.setup import RESULTS, admin, postgres_server, quiet, section, summary, table, throwaway_database
+from bench.setup import (
+    RESULTS,
+    admin,
+    postgres_server,
+    quiet,
+    section,
+    summary,
+    table,
+    throwaway_database,
+    write_report,
+)
 from bench.setup import machine as base_machine
 from db.engine import make_engine, make_sessions
 from db.url import async_url
@@ -1349,8 +1359,4 @@ def main(*, quick: bool = False, results: Path = RESULTS) -> dict[str, Any]:
     print(f"knowledge benchmark{' (quick)' if quick else ''}: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
     with postgres_server() as (server_url, database):
         report = asyncio.run(run(server_url, database, params))
-    results.mkdir(parents=True, exist_ok=True)
-    out = results / "knowledge.json"
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\ntotal {report['total_s']} s; results written to {out}")
-    return report
+    return write_report(report, results / "knowledge.json")

@@ -4,6 +4,7 @@ throwaway database built by the migrations, statistics, plain-text tables and th
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import os
@@ -124,6 +125,14 @@ def _cell(value: object) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
+
+
+def write_report(report: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Write a benchmark's report as JSON to `out` and say where; the report is returned for the caller."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\ntotal {report['total_s']} s; results written to {out}")
+    return report
 
 
 def section(title: str) -> None:

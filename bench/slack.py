@@ -62,6 +62,7 @@ from bench.setup import (
     summary,
     table,
     throwaway_database,
+    write_report,
 )
 from bot.settings import Settings
 from db import models as m
@@ -1097,8 +1098,4 @@ def main(*, quick: bool = False, results: Path = RESULTS) -> dict[str, Any]:
     with postgres_server() as (server_url, database):
         report = asyncio.run(run(server_url, database, params))
     report["source"] = source
-    results.mkdir(parents=True, exist_ok=True)
-    out = results / "slack.json"
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\ntotal {report['total_s']} s; results written to {out}")
-    return report
+    return write_report(report, results / "slack.json")
