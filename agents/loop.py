@@ -168,6 +168,7 @@ async def run_turn(
     handoffs: list[HandoffRecord] = []
     tools: list[ToolRecord] = []
     calls: list[LLMCallRecord] = []
+    asked = 0  # model calls made; `calls` may hold two records for one (a provider failure and its stand-in)
     visited = [agent.name]
     limit = asyncio.Semaphore(config.max_parallel_tools)
 
@@ -182,7 +183,7 @@ async def run_turn(
         return TurnResult(agent.name, context, tuple(new), outcome, text, tuple(handoffs), tuple(tools), tuple(calls))
 
     while True:
-        if len(calls) >= config.max_llm_calls:
+        if asked >= config.max_llm_calls:
             return await finish(Escalate("LLM call budget for one message ran out", "budget"), config.texts.budget)
         agent_tools = roster.tools_of(agent.name)
         schemas = roster.schemas_of(agent.name)
@@ -193,13 +194,17 @@ async def run_turn(
             tools=schemas,
             budget=config.token_budget,
         )
+        asked += 1
         try:
             response = await model.complete(model=model_name, messages=window, tools=schemas)
         except ProviderError as exc:
             calls.append(LLMCallRecord(agent.name, model_name, False, str(exc), Usage(), 0.0))
             failure = Escalate(f"LLM provider failure ({exc.kind})", "provider")
             return await finish(failure, config.texts.provider_failure)
-        calls.append(LLMCallRecord(agent.name, model_name, True, None, response.usage, response.latency_ms))
+        if response.fallback_from is not None:
+            calls.append(LLMCallRecord(agent.name, model_name, False, response.fallback_from, Usage(), 0.0))
+        answered_by = response.model or model_name
+        calls.append(LLMCallRecord(agent.name, answered_by, True, None, response.usage, response.latency_ms))
         if response.tool_calls or (response.content or "").strip():
             # An empty answer is not kept: providers refuse an assistant message with neither text nor calls.
             new.append(Message("assistant", response.content, agent=agent.name, tool_calls=response.tool_calls))

@@ -32,6 +32,10 @@ class ModelResponse:
     usage: Usage
     latency_ms: float
     """Wall time of the call as the client saw it, retries included."""
+    model: str | None = None
+    """Who answered, when not the model asked for: "offline" for the offline stand-in."""
+    fallback_from: str | None = None
+    """The provider failure this answer stands in for (FallbackModel), so that the failure is recorded too."""
 
 
 class Model(Protocol):

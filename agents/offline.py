@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -81,12 +81,16 @@ class SimilarityRouter:
         return Route(names[best], float(scores[best]), "description")
 
 
+OFFLINE = "offline"
+"""The model name recorded for the offline stand-in's answers (llm_calls.model)."""
+
+
 def _call(name: str, arguments: dict[str, Any], n: int) -> ModelResponse:
-    return ModelResponse(None, (ToolCall(f"offline_{n}", name, json.dumps(arguments)),), Usage(), 0.0)
+    return ModelResponse(None, (ToolCall(f"offline_{n}", name, json.dumps(arguments)),), Usage(), 0.0, OFFLINE)
 
 
 def _reply(text: str) -> ModelResponse:
-    return ModelResponse(text, (), Usage(), 0.0)
+    return ModelResponse(text, (), Usage(), 0.0, OFFLINE)
 
 
 def _found_articles(result: str) -> str:
@@ -164,5 +168,6 @@ class FallbackModel:
     ) -> ModelResponse:
         try:
             return await self.primary.complete(model=model, messages=messages, tools=tools)
-        except ProviderError:
-            return await self.fallback.complete(model=model, messages=messages, tools=tools)
+        except ProviderError as exc:
+            answer = await self.fallback.complete(model=model, messages=messages, tools=tools)
+            return replace(answer, fallback_from=str(exc))

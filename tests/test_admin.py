@@ -26,7 +26,7 @@ from bot.admin.parse import (
     parse,
 )
 from db import models as m
-from fakes.openai_server import FakeOpenAI, reply, slow, tool_call, tools
+from fakes.openai_server import FakeOpenAI, error, reply, slow, tool_call, tools
 from fakes.slack_api import SlackEmulator
 from tests.conftest import bot_settings, serving
 from tests.test_escalation import STAFF, SUPPORT, escalate, escalation_row
@@ -449,3 +449,24 @@ async def test_status_still_answers_when_the_database_is_down(sessions: Sessions
     text = json.dumps(reply.blocks, ensure_ascii=False)
     assert "⚠️ down: " in text and "offline mode" in text and "9.9" in text
     assert await admin_log(sessions) == [(ADMIN, "status", "", True, False)]
+
+
+async def test_a_provider_outage_shows_in_status_and_stats_as_failures_answered_offline(
+    admin_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    fake_llm.rule = lambda request: error(503, "overloaded")  # every chat completion fails
+    said = await emulator.user_says(SUPPORT, "what is the warranty on the harrier?")
+    first = (await replies_in(emulator, SUPPORT, said.ts, 1))[0]
+    assert not first.startswith("I'm sorry, I'm having trouble")  # the offline stand-in answered, no apology
+    await settle(sessions)
+    async with sessions() as s:
+        calls = (await s.execute(select(m.LLMCall.model, m.LLMCall.ok).order_by(m.LLMCall.id))).all()
+    # Each model call: the provider's failure, then the offline answer standing in for it.
+    assert calls[0::2] == [("fake-model", False)] * (len(calls) // 2)
+    assert calls[1::2] == [("offline", True)] * (len(calls) // 2) and calls
+    offline = len(calls) // 2
+    assert f"{offline} call(s), {offline} failed; {offline} answered offline" in shown(
+        await support(emulator, "status")
+    )
+    stats = shown(await support(emulator, "stats"))
+    assert f"{offline} call(s), {offline} failed" in stats and f"{offline} answered offline" in stats

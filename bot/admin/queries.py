@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Float, cast, extract, func, or_, select, true
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.offline import OFFLINE
 from bot.admin.parse import CaseRef, Listing, Ref, ThreadRef
 from db import models as m
 
@@ -77,6 +78,8 @@ class Health:
     """(label, who paused)"""
     llm_calls_15m: int
     llm_failures_15m: int
+    offline_answers_15m: int
+    """Answers of the offline stand-in: all of them offline, else one per provider failure it covered."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class Usage:
     median_to_first_reply_s: float | None
     llm_calls: int
     llm_failures: int
+    offline_answers: int
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
@@ -251,12 +255,8 @@ class AdminQueries:
                 )
             ).one()
             pauses = await s.execute(select(m.Pause.label, m.Pause.paused_by).order_by(m.Pause.created_at))
-            calls, failures = (
-                await s.execute(
-                    select(func.count(), func.count().filter(m.LLMCall.ok.is_(False))).where(
-                        m.LLMCall.created_at > func.now() - timedelta(minutes=15)
-                    )
-                )
+            calls, failures, offline = (
+                await s.execute(select(*_llm_counts()).where(m.LLMCall.created_at > func.now() - timedelta(minutes=15)))
             ).one()
         return Health(
             database_ms,
@@ -268,6 +268,7 @@ class AdminQueries:
             tuple(pauses.all()),
             calls,
             failures,
+            offline,
         )
 
     async def usage(self, days: int) -> Usage:
@@ -308,8 +309,7 @@ class AdminQueries:
             llm = (
                 await s.execute(
                     select(
-                        func.count(),
-                        func.count().filter(m.LLMCall.ok.is_(False)),
+                        *_llm_counts(),
                         func.coalesce(func.sum(m.LLMCall.prompt_tokens), 0),
                         func.coalesce(func.sum(m.LLMCall.completion_tokens), 0),
                         func.coalesce(func.sum(m.LLMCall.cached_tokens), 0),
@@ -330,10 +330,21 @@ class AdminQueries:
             median_to_first_reply_s=to_reply,
             llm_calls=llm[0],
             llm_failures=llm[1],
-            prompt_tokens=int(llm[2]),
-            completion_tokens=int(llm[3]),
-            cached_tokens=int(llm[4]),
+            offline_answers=llm[2],
+            prompt_tokens=int(llm[3]),
+            completion_tokens=int(llm[4]),
+            cached_tokens=int(llm[5]),
         )
+
+
+def _llm_counts() -> tuple[ColumnElement[int], ColumnElement[int], ColumnElement[int]]:
+    """(provider calls, failed provider calls, offline answers) over llm_calls rows."""
+    provider = m.LLMCall.model != OFFLINE
+    return (
+        func.count().filter(provider),
+        func.count().filter(provider, m.LLMCall.ok.is_(False)),
+        func.count().filter(m.LLMCall.model == OFFLINE),
+    )
 
 
 def _median_seconds(interval: ColumnElement[Any]) -> ColumnElement[float]:

@@ -151,7 +151,9 @@ def status_reply(health: Health | str, *, llm: str, version: str, uptime_s: floa
     backlog = f"{health.pending_messages} message(s) waiting"
     if health.oldest_pending_s is not None:
         backlog += f", the oldest for {duration(health.oldest_pending_s)}"
-    llm_recent = f"{health.llm_calls_15m} call(s) in 15 min, {health.llm_failures_15m} failed"
+    llm_recent = f"last 15 min: {health.llm_calls_15m} call(s), {health.llm_failures_15m} failed"
+    if health.offline_answers_15m:
+        llm_recent += f"; {health.offline_answers_15m} answered offline"
     pauses = ", ".join(f"{label} (by <@{who}>)" for label, who in health.pauses) or "none"
     fields = [
         f"*Database*\nok, {health.database_ms:.0f} ms",
@@ -257,7 +259,8 @@ def usage_stats_reply(u: Usage) -> Reply:
         f"*Escalations*\n{u.escalations} ({rate} of conversations)" + (f"\n{triggers}" if triggers else ""),
         f"*Median time*\nto claim {duration(u.median_to_claim_s)}, to first human reply "
         f"{duration(u.median_to_first_reply_s)}",
-        f"*LLM*\n{u.llm_calls} call(s), {u.llm_failures} failed\n{tokens} tokens",
+        f"*LLM*\n{u.llm_calls} call(s), {u.llm_failures} failed\n{tokens} tokens"
+        + (f"\n{u.offline_answers} answered offline" if u.offline_answers else ""),
     ]
     title = f"Last {u.days} day{'s' if u.days != 1 else ''}"
     return _fields_reply(title, fields, _section(f"*Handoffs*\n{pairs}"))
