@@ -86,6 +86,7 @@ from bench.slack import (
     echo_figures,
     find_postmaster,
     paused_gc,
+    poll_until,
     source_version,
 )
 from bot.mrkdwn import to_mrkdwn
@@ -352,17 +353,7 @@ class Bench:
         return CpuSample.take(self.bot.proc.pid, self.postmaster)
 
     async def until(self, done: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.001) -> bool:
-        """Poll the emulator's record until `done()`; False on timeout (the bot being dead raises)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self.watcher.scan()
-            if done():
-                return True
-            self.bot.check_alive()
-            if time.monotonic() >= deadline:
-                print(f"WARNING: gave up waiting after {timeout_s:.0f} s for {what}", flush=True)
-                return False
-            await asyncio.sleep(poll_s)
+        return await poll_until(self.watcher.scan, self.bot, done, timeout_s, what, poll_s)
 
 
 # ------------------------------------------------------------------------------------------------ set-up

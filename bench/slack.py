@@ -291,6 +291,28 @@ class BotProcess:
             raise RuntimeError(f"the bot exited with {self.proc.returncode}; its log ends:\n{tail}")
 
 
+async def poll_until(
+    scan: Callable[[], object],
+    bot: BotProcess,
+    done: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    poll_s: float = 0.001,
+) -> bool:
+    """Poll the emulator's record (`scan` reads what is new) until `done()`; False on timeout (the bot being
+    dead raises)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        scan()
+        if done():
+            return True
+        bot.check_alive()
+        if time.monotonic() >= deadline:
+            print(f"WARNING: gave up waiting after {timeout_s:.0f} s for {what}", flush=True)
+            return False
+        await asyncio.sleep(poll_s)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -627,17 +649,7 @@ class Bench:
         return CpuSample.take(self.bot.proc.pid, self.postmaster)
 
     async def until(self, done: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.001) -> bool:
-        """Poll the emulator's record until `done()`; False on timeout (the bot being dead raises)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self.watcher.scan()
-            if done():
-                return True
-            self.bot.check_alive()
-            if time.monotonic() >= deadline:
-                print(f"WARNING: gave up waiting after {timeout_s:.0f} s for {what}", flush=True)
-                return False
-            await asyncio.sleep(poll_s)
+        return await poll_until(self.watcher.scan, self.bot, done, timeout_s, what, poll_s)
 
 
 # ------------------------------------------------------------------------------------------------ figures
