@@ -73,6 +73,8 @@ class SimilarityRouter:
             if hits and (hits[0].similarity or 0.0) >= self.min_passage_similarity:
                 return Route(self.owner[hits[0].collection], float(hits[0].similarity or 0.0), "passage")
         names = list(self.descriptions)
+        if self.knowledge is not None and self.knowledge.unavailable is not None:
+            return Route(names[0], 0.0, "description")  # no vectors to compare: no transfer
         if self._vectors is None:
             self._vectors = np.array(await self.embedder.embed([self.descriptions[n] for n in names]))
         query = np.array((await self.embedder.embed([text]))[0])

@@ -7,13 +7,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import admin, engine, knowledge, relay, slack
+from bench import admin, engine, first_start, knowledge, relay, slack
 from bench.setup import RESULTS
 
 Benchmark = Callable[..., dict[str, Any]]
 BENCHMARKS: dict[str, Benchmark] = {"engine": engine.main, "slack": slack.main, "relay": relay.main}
 BENCHMARKS["knowledge"] = knowledge.main
 BENCHMARKS["admin"] = admin.main
+BENCHMARKS["first_start"] = first_start.main
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """Benchmark of the handoff engine: what `Conversations.handle()` costs on top of the LLM, how many turns a
 second one process gets through, and how many LLM calls and prompt tokens conversations use.
 
-Everything is real except the LLM: Postgres (the embedded pgserver, or the server in BENCH_DATABASE_URL) with
+Everything is real except the LLM: Postgres (the embedded Postgres, or the server in BENCH_DATABASE_URL) with
 a fresh database built by the migrations, the real `OpenAIChatModel` over HTTP, and the in-process
 `FakeOpenAI` answering at once with `bench.conversations.policy`, a deterministic stand-in for the model.
 

@@ -2,7 +2,7 @@
 routing, search latency (at the sample's size and on a synthetic collection of 100,000 chunks), and
 ingestion and embedding throughput of the local embedder (all-MiniLM-L6-v2 run with NumPy).
 
-Everything is real: Postgres with pgvector (the embedded pgserver, or the server in BENCH_DATABASE_URL), a
+Everything is real: Postgres with pgvector (the embedded Postgres, or the server in BENCH_DATABASE_URL), a
 fresh database built by the migrations, `KnowledgeBase` as the agents use it and the local embedder. Only the
 synthetic collection is embedded by a stub that returns random unit vectors, since its text is random too.
 
@@ -80,11 +80,12 @@ from bench.setup import (
     write_report,
 )
 from bench.setup import machine as base_machine
+from bot.runtime import SAMPLE_KNOWLEDGE
 from db.engine import make_engine, make_sessions
 from db.url import async_url
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLE = ROOT / "knowledge" / "sample"
+SAMPLE = SAMPLE_KNOWLEDGE
 DATA = Path(__file__).resolve().parent / "data"
 COLLECTIONS = ("catalogue", "support")
 SYNTHETIC = "bench-synthetic"

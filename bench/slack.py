@@ -67,7 +67,7 @@ from bench.setup import (
 from bot.settings import Settings
 from db import models as m
 from db.url import async_url
-from fakes.openai_server import EMBEDDING_DIM, FakeOpenAI, FakeReply, RecordedRequest, reply
+from fakes.openai_server import FakeOpenAI, FakeReply, RecordedRequest, reply
 from fakes.slack_api import TEAM_ID, ApiCall, SlackEmulator
 
 SIGNING_SECRET = "bench-signing-secret"
@@ -358,7 +358,6 @@ async def bot_process(
         # The fake LLM serves embeddings too, of its own size (as tests/conftest.py configures the bot).
         "EMBEDDINGS": "openai",
         "OPENAI_EMBEDDING_MODEL": "fake-embed",
-        "OPENAI_EMBEDDING_DIM": str(EMBEDDING_DIM),
         "HOST": "127.0.0.1",
         "PORT": str(port),
         "LOG_LEVEL": "WARNING",

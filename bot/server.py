@@ -27,6 +27,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import text
 
 from agents.conversations import Conversations
+from agents.knowledge.store import KnowledgeBase
 from agents.model import Model
 from bot import runtime
 from bot.admin.actions import AdminActions
@@ -65,6 +66,7 @@ class Bot:
     metrics: Metrics
     conversations: Conversations
     desk: CaseDesk
+    knowledge: KnowledgeBase
     url: str = ""
     """Where the HTTP endpoints listen, once they do."""
 
@@ -120,7 +122,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             sessions=db.sessions,
             roster=roster,
             model=model,
-            config=runtime.loop_config(settings),
+            config=runtime.loop_config(settings, token_budget=brain.token_budget),
             after_turn=turn_outbox(roster, style, policy, clock=now),
         )
         metrics = Metrics()
@@ -158,7 +160,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
         register_admin(app, admin_commands(settings, client, db, brain, desk), name=settings.admin_command)
         await workers.start()
         try:
-            yield Bot(settings, db, app, workers, metrics, conversations, desk)
+            yield Bot(settings, db, app, workers, metrics, conversations, desk, brain.knowledge)
         finally:
             await workers.stop()
             await brain.close()
@@ -206,7 +208,17 @@ def web_app(bot: Bot) -> web.Application:
         except Exception as exc:
             database = f"error: {type(exc).__name__}"
         ready = database == "ok" and bot.workers.ready
-        return web.json_response({"database": database, "ready": ready}, status=200 if ready else 503)
+        body: dict[str, object] = {"database": database, "ready": ready}
+        if database == "ok":
+            # Degraded knowledge search is reported, not fatal: the bot answers, by full text.
+            knowledge = await bot.knowledge.status()
+            body["knowledge"] = {
+                "search": knowledge.search,
+                "embedder": knowledge.embedder,
+                "dim": knowledge.dim,
+                "problems": knowledge.problems,
+            }
+        return web.json_response(body, status=200 if ready else 503)
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=await bot.metrics.render(bot.db.sessions), content_type="text/plain")

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 class Settings(BaseSettings):
@@ -20,7 +19,7 @@ class Settings(BaseSettings):
 
     # Storage
     database_url: str | None = Field(default=None, description="Postgres URL; unset starts an embedded one.")
-    data_dir: Path = Field(default=PROJECT_ROOT / ".data", description="Where the embedded Postgres lives.")
+    data_dir: Path = Field(default=Path(".data"), description="Local state (the embedded Postgres), from the cwd.")
     db_pool_size: int = 20
     ack_pool_size: int = 10
 
@@ -31,9 +30,13 @@ class Settings(BaseSettings):
     openai_timeout_s: float = 30.0
     openai_max_retries: int = 2
     openai_stream: bool = False
-    embeddings: str = "auto"
-    openai_embedding_model: str = "text-embedding-3-small"
-    openai_embedding_dim: int = 1536
+    embeddings: Literal["auto", "openai", "local", "none"] = "auto"
+    embeddings_base_url: str | None = None
+    embeddings_api_key: SecretStr | None = None
+    embeddings_model: str = Field(
+        default="text-embedding-3-small", validation_alias=AliasChoices("embeddings_model", "openai_embedding_model")
+    )
+    embeddings_dim: int | None = None
     kb_min_similarity: float = 0.35
 
     # Engine budgets, per customer message
@@ -83,6 +86,15 @@ class Settings(BaseSettings):
     @property
     def llm_configured(self) -> bool:
         return self.openai_api_key is not None or self.openai_base_url is not None
+
+    @property
+    def embeddings_source(self) -> Literal["provider", "local", "none"]:
+        """auto: the provider's embeddings when a key or an embeddings URL is set (a keyless OPENAI_BASE_URL is
+        usually a local chat server, Ollama or vLLM, without the default embeddings model), else the local model."""
+        if self.embeddings == "auto":
+            keyed = self.embeddings_base_url or self.embeddings_api_key or self.openai_api_key
+            return "provider" if keyed else "local"
+        return {"openai": "provider", "local": "local", "none": "none"}[self.embeddings]  # type: ignore[return-value]
 
     @property
     def served_channels(self) -> frozenset[str]:

@@ -7,7 +7,16 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+
+def _migrations() -> Path:
+    # Installed from a wheel, the folder is `db/migrations` (pyproject's package-dir); in a checkout, the
+    # repository's top-level `migrations/`.
+    here = Path(__file__).resolve().parent
+    installed = here / "migrations"
+    return installed if installed.is_dir() else here.parent / "migrations"
+
+
+MIGRATIONS = _migrations()
 
 
 def include_object(obj: object, name: str | None, type_: str, reflected: bool, compare_to: object) -> bool:

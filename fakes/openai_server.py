@@ -216,10 +216,20 @@ class FakeOpenAI:
         self.rule: Rule | None = None
         self.requests: list[RecordedRequest] = []
         self.embedding_requests: list[RecordedRequest] = []
+        self.embedding_headers: list[dict[str, str]] = []
         self.models_delay = 0.0
         """Seconds GET /models waits before answering: a provider that is slow to say it is there."""
         self.models_status = 200
         """Anything else: GET /models fails with it (a provider that is down)."""
+        self.embedding_dim = EMBEDDING_DIM
+        """Width of the vectors when the request names no `dimensions` (local servers serve 384, 768, 1024)."""
+        self.embeddings_status = 200
+        """Anything else: POST /embeddings fails with it (404: a provider without embeddings, like Anthropic's)."""
+        self.model_fields: dict[str, Any] = {}
+        """Extra fields of the model in GET /models, as vLLM (`max_model_len`) or OpenRouter (`context_length`)."""
+        self.ollama: dict[str, Any] | None = None
+        """Play Ollama's native API too: {"num_ctx": N} (a Modelfile's parameter, from /api/show) and/or
+        {"loaded_context": N} (what /api/ps reports for the loaded model). None: no such API (404)."""
         self._queue: deque[FakeReply] = deque()
         # Ids never repeat over the server's life, so a multi-turn conversation
         # never sees two tool calls with the same id (as with the real API).
@@ -233,6 +243,8 @@ class FakeOpenAI:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/api/show", self._ollama_show)
+        app.router.add_get("/api/ps", self._ollama_ps)
         # Cancel handlers whose client went away (e.g. after a client timeout on
         # a slow() reply) and don't wait long on stop: this is a test fixture.
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5, access_log=None)
@@ -276,7 +288,9 @@ class FakeOpenAI:
         self.rule = None
         self.requests.clear()
         self.embedding_requests.clear()
+        self.embedding_headers.clear()
         self.models_delay, self.models_status = 0.0, 200
+        self.embedding_dim, self.embeddings_status, self.model_fields, self.ollama = EMBEDDING_DIM, 200, {}, None
 
     def _next_reply(self, recorded: RecordedRequest) -> FakeReply:
         if self._queue:
@@ -339,10 +353,13 @@ class FakeOpenAI:
         except ValueError:
             body = None
         self.embedding_requests.append(RecordedRequest(body if isinstance(body, dict) else {}))
+        self.embedding_headers.append(dict(request.headers))
         if not isinstance(body, dict):
             return _error_response(400, "fake openai: request body is not a JSON object")
+        if self.embeddings_status != 200:
+            return _error_response(self.embeddings_status, "fake openai: no embeddings here")
         texts = _embedding_inputs(body.get("input"))
-        dim = int(body.get("dimensions") or EMBEDDING_DIM)
+        dim = int(body.get("dimensions") or self.embedding_dim)
         # The client asks for base64 by default and decodes it as float32.
         as_base64 = body.get("encoding_format") == "base64"
         data = []
@@ -367,5 +384,26 @@ class FakeOpenAI:
             await asyncio.sleep(self.models_delay)
         if self.models_status != 200:
             return _error_response(self.models_status, "fake provider outage")
-        model = {"id": FAKE_MODEL, "object": "model", "created": 0, "owned_by": "fake"}
+        model = {"id": FAKE_MODEL, "object": "model", "created": 0, "owned_by": "fake", **self.model_fields}
         return web.json_response({"object": "list", "data": [model]})
+
+    async def _ollama_show(self, request: web.Request) -> web.Response:
+        if self.ollama is None:
+            return web.Response(status=404, text="404 page not found")
+        body = await request.json()
+        parameters = f"num_ctx                        {self.ollama['num_ctx']}" if "num_ctx" in self.ollama else ""
+        return web.json_response(
+            {
+                "parameters": parameters,
+                "model_info": {"general.architecture": "llama", "llama.context_length": 131072},
+                "details": {"family": "llama"},
+                "model": body.get("model"),
+            }
+        )
+
+    async def _ollama_ps(self, request: web.Request) -> web.Response:
+        if self.ollama is None:
+            return web.Response(status=404, text="404 page not found")
+        loaded = self.ollama.get("loaded_context")
+        models = [{"name": FAKE_MODEL, "model": FAKE_MODEL, "context_length": loaded}] if loaded else []
+        return web.json_response({"models": models})

@@ -1,4 +1,4 @@
-"""Shared fixtures: a real Postgres (embedded pgserver, or TEST_DATABASE_URL's server) with a throwaway
+"""Shared fixtures: a real Postgres (the embedded one, or TEST_DATABASE_URL's server) with a throwaway
 database built by the Alembic migrations, and the scriptable fake OpenAI server spoken to by the real SDK."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ async def _admin(server_url: str, sql: str) -> None:
 
 @pytest.fixture(scope="session")
 def server_url() -> Iterator[str]:
-    """TEST_DATABASE_URL names a server to use (never the embedded one); otherwise start a private pgserver."""
+    """TEST_DATABASE_URL names a server to use (never the embedded one); otherwise start a private embedded one."""
     external = os.environ.get("TEST_DATABASE_URL")
     if external:
         yield external
@@ -139,8 +139,7 @@ def bot_settings(database_url: str, fake: FakeOpenAI, emulator: Any, **overrides
         "turn_workers": 4,
         "case_summary": "transcript",
         "embeddings": "openai",
-        "openai_embedding_model": "fake-embed",
-        "openai_embedding_dim": 64,
+        "embeddings_model": "fake-embed",
     }
     return Settings(_env_file=None, **(values | overrides))  # type: ignore[call-arg]
 

@@ -438,7 +438,7 @@ async def test_status_still_answers_when_the_database_is_down(sessions: Sessions
         queries=dead,
         actions=AdminActions(sessions=sessions, queries=dead, desk=desk, entry_agent="triage"),
         roster=default_roster(),
-        knowledge=KnowledgeBase(sessions=sessions, embedder=OpenAIEmbedder(client=None, model="m", dim=8)),  # type: ignore[arg-type]
+        knowledge=KnowledgeBase(sessions=dead.sessions, embedder=OpenAIEmbedder(client=None, model="m", dimensions=8)),  # type: ignore[arg-type]
         probe=provider_probe(None, model="m"),
         version="9.9",
     )
@@ -448,6 +448,7 @@ async def test_status_still_answers_when_the_database_is_down(sessions: Sessions
         await dead_engine.dispose()
     text = json.dumps(reply.blocks, ensure_ascii=False)
     assert "⚠️ down: " in text and "offline mode" in text and "9.9" in text
+    assert "*Knowledge*\\nunknown (" in text
     assert await admin_log(sessions) == [(ADMIN, "status", "", True, False)]
 
 

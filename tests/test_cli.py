@@ -68,7 +68,6 @@ async def test_chat_shows_agents_handoffs_and_tools(
         "OPENAI_BASE_URL": fake_llm.base_url,
         "OPENAI_MODEL": "fake-model",
         "EMBEDDINGS": "openai",
-        "OPENAI_EMBEDDING_DIM": "64",
     }
     code, out, err = await run_bot(
         "chat", "--conversation", "demo", env=env, cwd=tmp_path, stdin="I'm Ada, where is DW-1002?\nthanks\n"
@@ -115,7 +114,6 @@ async def test_run_without_slack_starts_the_playground(fake_llm: FakeOpenAI, tmp
         "PLAYGROUND_PORT": "0",
         "OPENAI_BASE_URL": fake_llm.base_url,
         "EMBEDDINGS": "openai",
-        "OPENAI_EMBEDDING_DIM": "64",
     }
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot", "run", stdout=asyncio.subprocess.PIPE, env={**CLEAN, **env}, cwd=tmp_path

@@ -20,8 +20,9 @@ from playwright.async_api import Page, async_playwright, expect
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.playground import Playground, running_playground
-from bot.settings import PROJECT_ROOT, Settings
+from bot.settings import Settings
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
+from tests import ROOT as PROJECT_ROOT
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -208,8 +209,7 @@ async def test_json_endpoints_with_an_llm_provider(
         openai_model="fake-model",
         openai_max_retries=0,
         embeddings="openai",
-        openai_embedding_model="fake-embed",
-        openai_embedding_dim=64,
+        embeddings_model="fake-embed",
         case_summary="transcript",
     )
     fake_llm.script(tools(tool_call("transfer_to_sales", {"reason": "product question"})), reply("It is $899."))

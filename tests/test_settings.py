@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.settings import PROJECT_ROOT, Settings
+from bot.settings import Settings
+from tests import ROOT as PROJECT_ROOT
 
 
 def test_blank_values_mean_unset(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -15,7 +16,7 @@ def test_blank_values_mean_unset(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     settings = Settings()
     assert settings.database_url is None
     assert settings.openai_api_key is None and not settings.llm_configured
-    assert settings.data_dir == PROJECT_ROOT / ".data"
+    assert settings.data_dir == Path(".data")
     assert settings.openai_model == "gpt-4o-mini"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from bot.settings import PROJECT_ROOT
+from tests import ROOT as PROJECT_ROOT
 
 
 def test_manifest_points_everything_at_the_one_endpoint() -> None:

@@ -238,7 +238,12 @@ async def test_healthz_and_metrics(
     await settle(sessions)
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{slack_bot.url}/healthz") as health:
-            assert health.status == 200 and json.loads(await health.text()) == {"database": "ok", "ready": True}
+            assert health.status == 200
+            assert json.loads(await health.text()) == {
+                "database": "ok",
+                "ready": True,
+                "knowledge": {"search": "hybrid", "embedder": "openai:fake-embed", "dim": 64, "problems": []},
+            }
         async with http.get(f"{slack_bot.url}/metrics") as metrics:
             body = await metrics.text()
     assert 'helpdesk_events_received_total{disposition="stored"} 1.0' in body

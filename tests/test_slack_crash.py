@@ -50,7 +50,6 @@ async def bot_process(
         "LOG_LEVEL": "WARNING",
         "CASE_SUMMARY": "transcript",
         "EMBEDDINGS": "openai",
-        "OPENAI_EMBEDDING_DIM": "64",
     }
     emulator.events_url = f"http://127.0.0.1:{port}/slack/events"
     started: list[asyncio.subprocess.Process] = []

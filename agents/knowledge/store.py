@@ -3,12 +3,18 @@
 Search runs a vector query (cosine distance on the collection's HNSW index) and a full-text query (the
 question's words OR-ed, ranked by ts_rank_cd) and fuses the two rankings by reciprocal rank fusion, so an
 exact product code (which embeddings blur) and a paraphrase (which shares no words) are both found.
+
+The embedder is optional. While it does not work (`Unavailable`), documents are stored without vectors and
+every search is full text; a collection embedded by another model than the configured one is searched by
+full text too. `status()` says which, and why; `backfill()` embeds what was stored without vectors once the
+embedder works.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -17,10 +23,10 @@ from sqlalchemy import delete, func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from agents.errors import AgentsError
-from agents.knowledge.chunking import chunk_document
+from agents.errors import AgentsError, ProviderError
+from agents.knowledge.chunking import Chunk, chunk_document
 from agents.knowledge.documents import Document, find_documents, read_document
-from agents.knowledge.embedders import Embedder
+from agents.knowledge.embedders import Embedder, Unavailable
 from db import models as m
 
 log = logging.getLogger(__name__)
@@ -29,6 +35,7 @@ Mode = Literal["hybrid", "vector", "text"]
 RRF_K = 60
 TEXT_WEIGHT = 0.5
 CANDIDATES = 40
+REPROBE_S = 60.0
 
 
 class EmbedderMismatch(AgentsError):
@@ -46,12 +53,42 @@ class Hit:
     similarity: float | None
     """Cosine similarity of the passage to the question, when the vector search saw it."""
     collection: str
+    vector_searched: bool = True
+    """False when the passage's collection could only be searched by full text (no working embedder, or the
+    collection was embedded by another model): there is no similarity to judge it by."""
 
     @property
     def citation(self) -> str:
         where = f"{self.title} › {self.heading}" if self.heading else self.title
         link = f" <{self.source}>" if self.source.startswith(("http://", "https://")) else f" ({self.source})"
         return where + link
+
+
+@dataclass(frozen=True)
+class CollectionStatus:
+    name: str
+    embedder: str
+    dim: int | None
+    vector_search: bool
+    problem: str | None
+    """Why the collection is searched by full text only, with the fix."""
+
+
+@dataclass(frozen=True)
+class KnowledgeStatus:
+    embedder: str
+    dim: int | None
+    unavailable: Unavailable | None
+    collections: tuple[CollectionStatus, ...]
+
+    @property
+    def search(self) -> Literal["hybrid", "full-text", "mixed", "empty"]:
+        vector = {c.vector_search for c in self.collections}
+        return "empty" if not vector else "mixed" if len(vector) == 2 else "hybrid" if True in vector else "full-text"
+
+    @property
+    def problems(self) -> list[str]:
+        return [str(self.unavailable)] if self.unavailable else [c.problem for c in self.collections if c.problem]
 
 
 @dataclass(frozen=True)
@@ -65,40 +102,75 @@ class IngestReport:
 
 class KnowledgeBase:
     def __init__(
-        self, *, sessions: async_sessionmaker[AsyncSession], embedder: Embedder, text_weight: float = TEXT_WEIGHT
+        self,
+        *,
+        sessions: async_sessionmaker[AsyncSession],
+        embedder: Embedder,
+        unavailable: Unavailable | None = None,
+        reprobe: Callable[[], Awaitable[Unavailable | None]] | None = None,
+        reprobe_every_s: float = REPROBE_S,
+        text_weight: float = TEXT_WEIGHT,
     ) -> None:
         self.sessions = sessions
         self.embedder = embedder
+        self.unavailable = unavailable
+        """Set while the embedder does not work: documents are then stored without vectors, searched by text."""
+        self._reprobe = reprobe
+        self._reprobe_every_s = reprobe_every_s
+        self._next_probe = time.monotonic() + reprobe_every_s
         self.text_weight = text_weight
         """The full-text ranking's weight in the fusion, the vector ranking's being 1 (see README for the
         evaluation that chose it)."""
 
+    async def _embedder_works(self) -> bool:
+        """Whether vectors can be made now; a failure that may pass is probed again once a minute."""
+        if self.unavailable is None:
+            return True
+        if not (self.unavailable.retry and self._reprobe) or time.monotonic() < self._next_probe:
+            return False
+        self._next_probe = time.monotonic() + self._reprobe_every_s
+        self.unavailable = await self._reprobe()
+        if self.unavailable is None:
+            log.info("the embedder %s answers again: embedding the passages stored without vectors", self.embedder.name)
+            await self.backfill()
+        return self.unavailable is None
+
+    def _mismatch(self, row: m.KnowledgeCollection) -> str | None:
+        if row.embedder == self.embedder.name and row.dim in (None, self.embedder.dim):
+            return None
+        return (
+            f"collection {row.name!r} was embedded with {row.embedder} ({row.dim} dimensions), but the configured "
+            f"embedder is {self.embedder.name} ({self.embedder.dim or 'unknown'} dimensions). Re-embed it with "
+            f"`python -m bot kb reembed --collection {row.name}`, or configure the embedder it was built with."
+        )
+
     async def ensure_collection(self, collection: str) -> None:
+        works = await self._embedder_works()
         async with self.sessions() as s, s.begin():
             await s.execute(
                 insert(m.KnowledgeCollection)
-                .values(name=collection, embedder=self.embedder.name, dim=self.embedder.dim)
+                .values(name=collection, embedder=self.embedder.name, dim=self.embedder.dim if works else None)
                 .on_conflict_do_nothing()
             )
-            await self._check(s, collection)
-            # One partial HNSW index per dimension (the migration made 384 and 1536).
-            dim = int(self.embedder.dim)
-            await s.execute(
-                text(
-                    f"CREATE INDEX IF NOT EXISTS ix_kb_chunks_hnsw_{dim} ON kb_chunks "
-                    f"USING hnsw ((embedding::vector({dim})) vector_cosine_ops) WHERE dim = {dim}"
-                )
-            )
+            row = await s.get(m.KnowledgeCollection, collection)
+            if row is not None and (problem := self._mismatch(row)):
+                raise EmbedderMismatch(problem)
+            if works:
+                await self._vectors_ready(s, collection)
 
-    async def _check(self, s: AsyncSession, collection: str) -> None:
-        row = await s.get(m.KnowledgeCollection, collection)
-        if row is not None and (row.embedder, row.dim) != (self.embedder.name, self.embedder.dim):
-            raise EmbedderMismatch(
-                f"collection {collection!r} was embedded with {row.embedder} ({row.dim} dimensions), but the "
-                f"configured embedder is {self.embedder.name} ({self.embedder.dim}). Re-embed it with "
-                f"`python -m bot kb delete --collection {collection}` and then `python -m bot kb ingest PATH... "
-                f"--collection {collection}`, or configure the embedder it was built with."
+    async def _vectors_ready(self, s: AsyncSession, collection: str) -> None:
+        # One partial HNSW index per dimension (the migration made 384 and 1536).
+        dim = int(self.embedder.dim)
+        await s.execute(
+            text(
+                f"CREATE INDEX IF NOT EXISTS ix_kb_chunks_hnsw_{dim} ON kb_chunks "
+                f"USING hnsw ((embedding::vector({dim})) vector_cosine_ops) WHERE dim = {dim}"
             )
+        )
+        await s.execute(
+            text("UPDATE kb_collections SET dim = :dim WHERE name = :name AND dim IS NULL"),
+            {"dim": dim, "name": collection},
+        )
 
     async def ingest(
         self,
@@ -139,7 +211,9 @@ class KnowledgeBase:
         if existing is not None and existing.content_hash == document.content_hash:
             return "unchanged", 0
         pieces = chunk_document(document)
-        vectors = await self.embedder.embed([c.embedding_text for c in pieces]) if pieces else []
+        vectors: list[list[float] | None] = [None] * len(pieces)
+        if pieces and await self._embedder_works():
+            vectors = list(await self.embedder.embed([c.embedding_text for c in pieces]))
         async with self.sessions() as s, s.begin():
             if existing is not None:
                 await s.execute(delete(m.KnowledgeDocument).where(m.KnowledgeDocument.id == existing.id))
@@ -159,13 +233,74 @@ class KnowledgeBase:
                             "title": c.title,
                             "heading": c.heading,
                             "text": c.text,
-                            "dim": self.embedder.dim,
+                            "dim": self.embedder.dim if vector is not None else None,
                             "embedding": vector,
                         }
                         for c, vector in zip(pieces, vectors, strict=True)
                     ],
                 )
         return ("replaced" if existing is not None else "added"), len(pieces)
+
+    async def backfill(self, *, progress: Callable[[int, int], None] | None = None, batch: int = 64) -> int:
+        """Embed the passages stored without vectors in collections of the configured embedder; returns how
+        many. A collection embedded by another model is left alone (see `reembed`)."""
+        if self.unavailable is not None:
+            return 0
+        async with self.sessions() as s:
+            collections = (
+                await s.scalars(
+                    select(m.KnowledgeCollection.name).where(
+                        m.KnowledgeCollection.embedder == self.embedder.name,
+                        (m.KnowledgeCollection.dim.is_(None)) | (m.KnowledgeCollection.dim == self.embedder.dim),
+                    )
+                )
+            ).all()
+            total = await s.scalar(
+                select(func.count()).where(m.KnowledgeChunk.collection.in_(collections), m.KnowledgeChunk.dim.is_(None))
+            )
+        done = 0
+        for collection in collections:
+            async with self.sessions() as s, s.begin():
+                await self._vectors_ready(s, collection)
+            while rows := await self._unembedded(collection, batch):
+                vectors = await self.embedder.embed([chunk.embedding_text for _, chunk in rows])
+                async with self.sessions() as s, s.begin():
+                    for (chunk_id, _), vector in zip(rows, vectors, strict=True):
+                        await s.execute(
+                            text("UPDATE kb_chunks SET embedding = :v, dim = :dim WHERE id = :id AND dim IS NULL"),
+                            {"v": str(vector), "dim": self.embedder.dim, "id": chunk_id},
+                        )
+                done += len(rows)
+                if progress:
+                    progress(done, int(total or 0))
+        return done
+
+    async def _unembedded(self, collection: str, limit: int) -> list[tuple[int, Chunk]]:
+        async with self.sessions() as s:
+            rows = await s.execute(
+                select(m.KnowledgeChunk.id, m.KnowledgeChunk.title, m.KnowledgeChunk.heading, m.KnowledgeChunk.text)
+                .where(m.KnowledgeChunk.collection == collection, m.KnowledgeChunk.dim.is_(None))
+                .order_by(m.KnowledgeChunk.id)
+                .limit(limit)
+            )
+            return [(chunk_id, Chunk(0, title, heading, body)) for chunk_id, title, heading, body in rows]
+
+    async def reembed(self, collection: str, *, progress: Callable[[int, int], None] | None = None) -> int:
+        """Give the collection to the configured embedder: its vectors are dropped and made again from the
+        stored passages (no need for the original files)."""
+        if self.unavailable is not None:
+            raise EmbedderMismatch(f"cannot re-embed: {self.unavailable}")
+        async with self.sessions() as s, s.begin():
+            found = await s.execute(
+                text("UPDATE kb_collections SET embedder = :e, dim = NULL WHERE name = :n RETURNING name"),
+                {"e": self.embedder.name, "n": collection},
+            )
+            if found.first() is None:
+                raise EmbedderMismatch(f"there is no collection {collection!r}")
+            await s.execute(
+                text("UPDATE kb_chunks SET embedding = NULL, dim = NULL WHERE collection = :n"), {"n": collection}
+            )
+        return await self.backfill(progress=progress)
 
     async def _prune(self, collection: str, keep: set[str]) -> int:
         async with self.sessions() as s, s.begin():
@@ -179,25 +314,31 @@ class KnowledgeBase:
     async def search(
         self, query: str, *, collections: Sequence[str] = (), k: int = 5, mode: Mode = "hybrid"
     ) -> list[Hit]:
+        """Collections that cannot be searched by vector (see `status`) are searched by full text alone;
+        no `collections` means all of them."""
         async with self.sessions() as s:
-            for collection in collections:
-                await self._check(s, collection)
-            names = list(collections) or list(
-                (
-                    await s.scalars(
-                        select(m.KnowledgeCollection.name).where(
-                            m.KnowledgeCollection.embedder == self.embedder.name,
-                            m.KnowledgeCollection.dim == self.embedder.dim,
-                        )
-                    )
-                ).all()
-            )
-            if not names:
-                return []
-            vector_ranked = await self._vector(s, query, names) if mode != "text" else []
+            rows = (
+                await s.scalars(
+                    select(m.KnowledgeCollection).where(m.KnowledgeCollection.name.in_(collections))
+                    if collections
+                    else select(m.KnowledgeCollection)
+                )
+            ).all()
+        names = [row.name for row in rows]
+        by_vector = [row.name for row in rows if self._mismatch(row) is None]
+        vector: list[float] | None = None
+        if mode != "text" and by_vector and await self._embedder_works():
+            vector = await self._embed_query(query)
+        if vector is None:
+            by_vector = []
+            mode = "text" if mode == "hybrid" else mode
+        if not names:
+            return []
+        async with self.sessions() as s:
+            vector_ranked = await self._vector(s, vector, by_vector) if vector is not None and mode != "text" else []
             text_ranked = await self._text(s, query, names) if mode != "vector" else []
         similarity = {row[0]: float(row[-1]) for row in vector_ranked}
-        rows = {row[0]: row for row in [*vector_ranked, *text_ranked]}
+        found = {row[0]: row for row in [*vector_ranked, *text_ranked]}
         scores: dict[int, float] = {}
         if mode == "vector":
             scores = dict(similarity)
@@ -210,19 +351,32 @@ class KnowledgeBase:
         best = sorted(scores, key=lambda chunk_id: -scores[chunk_id])[:k]
         return [
             Hit(
-                source=rows[i][1],
-                title=rows[i][2],
-                heading=rows[i][3],
-                text=rows[i][4],
+                source=found[i][1],
+                title=found[i][2],
+                heading=found[i][3],
+                text=found[i][4],
                 score=scores[i],
                 similarity=similarity.get(i),
-                collection=rows[i][5],
+                collection=found[i][5],
+                vector_searched=found[i][5] in by_vector,
             )
             for i in best
         ]
 
-    async def _vector(self, s: AsyncSession, query: str, collections: list[str]) -> list[tuple]:  # type: ignore[type-arg]
-        [vector] = await self.embedder.embed([query])
+    async def _embed_query(self, query: str) -> list[float] | None:
+        """The query's vector; None (full text only, for a minute) when the embedder fails now."""
+        try:
+            [vector] = await self.embedder.embed([query])
+        except ProviderError as exc:
+            self.unavailable = Unavailable(
+                self.embedder.name, f"the embeddings request failed ({exc})", "Searching by full text meanwhile", True
+            )
+            self._next_probe = time.monotonic() + self._reprobe_every_s
+            log.warning("knowledge search falls back to full text: %s", self.unavailable)
+            return None
+        return vector
+
+    async def _vector(self, s: AsyncSession, vector: list[float], collections: list[str]) -> list[tuple]:  # type: ignore[type-arg]
         dim = int(self.embedder.dim)
         # A cached generic plan walks the HNSW index over every collection and filters afterwards, losing
         # candidates (to none, beside a large collection): plan per query, and let the index look further.
@@ -254,6 +408,19 @@ class KnowledgeBase:
             {"query": query, "collections": collections},
         )
         return [tuple(r) for r in result]
+
+    async def status(self) -> KnowledgeStatus:
+        """How each collection is searched, and why not by vector where it is not."""
+        works = await self._embedder_works()
+        async with self.sessions() as s:
+            rows = (await s.scalars(select(m.KnowledgeCollection).order_by(m.KnowledgeCollection.name))).all()
+        collections = []
+        for row in rows:
+            problem = self._mismatch(row)
+            if problem is None and not works:
+                problem = f"collection {row.name!r} is searched by full text only: {self.unavailable}"
+            collections.append(CollectionStatus(row.name, row.embedder, row.dim, problem is None, problem))
+        return KnowledgeStatus(self.embedder.name, self.embedder.dim or None, self.unavailable, tuple(collections))
 
     async def stats(self) -> list[dict[str, object]]:
         async with self.sessions() as s:

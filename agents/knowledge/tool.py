@@ -20,12 +20,15 @@ _CODE = re.compile(r"\b[A-Z]{1,4}-[A-Z0-9]{1,6}\b")
 
 def relevant(hits: Sequence[Hit], query: str, min_similarity: float) -> list[Hit]:
     """Hits close enough to the question in meaning, or that contain a product code the question names
-    (embeddings blur codes; an exact match is the strongest evidence there is)."""
+    (embeddings blur codes; an exact match is the strongest evidence there is). A hit of a collection that
+    could only be searched by full text has no similarity to judge: its word match is all the evidence."""
     codes = set(_CODE.findall(query.upper()))
     return [
         h
         for h in hits
-        if (h.similarity is not None and h.similarity >= min_similarity) or any(c in h.text.upper() for c in codes)
+        if not h.vector_searched
+        or (h.similarity is not None and h.similarity >= min_similarity)
+        or any(c in h.text.upper() for c in codes)
     ]
 
 

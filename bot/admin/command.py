@@ -18,7 +18,7 @@ from slack_bolt.context.respond.async_respond import AsyncRespond
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agents.agent import Roster
-from agents.knowledge.store import KnowledgeBase
+from agents.knowledge.store import KnowledgeBase, KnowledgeStatus
 from bot.admin import parse as p
 from bot.admin import views
 from bot.admin.actions import AdminActions
@@ -143,9 +143,11 @@ class AdminCommands:
             case p.Help(topic):
                 return True, views.help_reply(topic)
             case p.Status():
-                health, llm = await asyncio.gather(self._health(), self.probe())
+                health, llm, knowledge = await asyncio.gather(self._health(), self.probe(), self._knowledge())
                 uptime = time.monotonic() - self._started_monotonic
-                reply = views.status_reply(health, llm=llm, version=self.version, uptime_s=uptime, started=self.started)
+                reply = views.status_reply(
+                    health, llm=llm, knowledge=knowledge, version=self.version, uptime_s=uptime, started=self.started
+                )
                 return isinstance(health, Health), reply
             case p.Agents():
                 return True, views.agents_reply(self.roster)
@@ -175,6 +177,12 @@ class AdminCommands:
                 return True, views.kb_stats_reply(await self.knowledge.stats())
             case p.Stats(days):
                 return True, views.usage_stats_reply(await self.queries.usage(days))
+
+    async def _knowledge(self) -> KnowledgeStatus | str:
+        try:
+            return await self.knowledge.status()
+        except Exception as exc:  # the database is down: status still answers, saying so
+            return f"unknown ({type(exc).__name__})"
 
     async def _health(self) -> Health | str:
         """The database's view, or why there is none: when the database is down, status must still answer."""

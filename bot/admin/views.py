@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agents.agent import Roster
-from agents.knowledge.store import Hit
+from agents.knowledge.store import Hit, KnowledgeStatus
 from bot.admin.parse import USAGE, UsageError
 from bot.admin.queries import CaseRow, ConversationDetail, ConversationRow, Health, Usage
 from escalation.desk import ActionResult
@@ -141,10 +141,29 @@ def result_reply(title: str, result: ActionResult) -> Reply:
     return _reply(title, _section(("✅ " if result.ok else "⚠️ ") + result.message))
 
 
-def status_reply(health: Health | str, *, llm: str, version: str, uptime_s: float, started: datetime) -> Reply:
+def knowledge_field(status: KnowledgeStatus | str) -> str:
+    """How knowledge search runs; when it is full text only, why and what to do, in the admin's words."""
+    if isinstance(status, str):
+        return f"*Knowledge*\n{status}"
+    dims = f", {status.dim} dims" if status.dim else ""
+    if status.search in ("hybrid", "empty"):
+        return f"*Knowledge*\n{status.search} search ({status.embedder}{dims})"
+    problems = "\n".join(f"⚠️ {_clip(p.replace('<', '‹').replace('>', '›'), 600)}" for p in status.problems[:3])
+    return f"*Knowledge*\n{status.search} search ({status.embedder}{dims})\n{problems}"
+
+
+def status_reply(
+    health: Health | str,
+    *,
+    llm: str,
+    knowledge: KnowledgeStatus | str,
+    version: str,
+    uptime_s: float,
+    started: datetime,
+) -> Reply:
     running = f"*Version*\n{version}, up {duration(uptime_s)} (since {started:%Y-%m-%d %H:%M} UTC)"
     if isinstance(health, str):
-        fields = [f"*Database*\n⚠️ down: {health}", f"*LLM provider*\n{llm}", running]
+        fields = [f"*Database*\n⚠️ down: {health}", f"*LLM provider*\n{llm}", knowledge_field(knowledge), running]
         return Reply(
             "Status: " + " | ".join(f.replace("\n", " ") for f in fields), [_header("Status"), _fields(fields)]
         )
@@ -158,6 +177,7 @@ def status_reply(health: Health | str, *, llm: str, version: str, uptime_s: floa
     fields = [
         f"*Database*\nok, {health.database_ms:.0f} ms",
         f"*LLM provider*\n{llm}\n{llm_recent}",
+        knowledge_field(knowledge),
         f"*Inbox*\n{backlog}; {health.unsent_outbox} Slack call(s) unsent",
         f"*Escalations*\n{health.open_cases} open, {health.unclaimed_cases} unclaimed",
         f"*Paused*\n{pauses}",

@@ -1,0 +1,239 @@
+"""No optional part stops the bot: embeddings from any OpenAI-compatible provider (their width learned, or asked
+for), from a separate embeddings server, or from none at all (full-text search, said plainly, and vectors made
+later); the local model shipped with the package; the sample's shipped vectors; the history budget fitted to
+the provider's context. Providers are the fake OpenAI server over HTTP, Postgres is real."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from agents.context_window import OLLAMA_DEFAULT, RESERVE
+from agents.knowledge.embedders import OpenAIEmbedder, Precomputed, probe, text_key
+from agents.knowledge.local import LocalEmbedder
+from agents.knowledge.store import KnowledgeBase
+from agents.knowledge.tool import NOTHING_FOUND, search_knowledge_tool
+from agents.tools import ToolContext
+from bot import runtime
+from bot.runtime import SAMPLE_KNOWLEDGE, SAMPLE_VECTORS, ensure_sample_knowledge, fitted_budget, knowledge_base
+from bot.settings import Settings
+from db import models as m
+from fakes.openai_server import FakeOpenAI
+
+Sessions = async_sessionmaker[AsyncSession]
+SUPPORT = SAMPLE_KNOWLEDGE / "support"
+QUESTION = "how long is the warranty on a drone"
+
+
+def provider(fake: FakeOpenAI, **values: Any) -> Settings:
+    """Settings as an operator writes them: chat (and by default embeddings) from the fake provider."""
+    base: dict[str, Any] = {
+        "openai_api_key": "sk-chat",
+        "openai_base_url": fake.base_url,
+        "openai_model": "fake-model",
+        "openai_max_retries": 0,
+    }
+    return Settings(_env_file=None, **(base | values))  # type: ignore[call-arg]
+
+
+async def chunk_dims(sessions: Sessions) -> list[int | None]:
+    async with sessions() as s:
+        return list((await s.scalars(select(m.KnowledgeChunk.dim).distinct())).all())
+
+
+async def test_a_provider_with_384_dimensions_is_used_as_it_is(sessions: Sessions, fake_llm: FakeOpenAI) -> None:
+    """The reported failure: a compatible server serving 384-wide vectors under the default model name."""
+    fake_llm.embedding_dim = 384
+    kb = await knowledge_base(provider(fake_llm), sessions)
+    assert kb.unavailable is None and kb.embedder.dim == 384
+    assert "dimensions" not in fake_llm.embedding_requests[0].body  # nothing asked: the width is learned
+    await kb.ingest([SUPPORT], collection="support", root=SAMPLE_KNOWLEDGE)
+    assert await chunk_dims(sessions) == [384]
+    status = await kb.status()
+    assert status.search == "hybrid" and status.dim == 384 and not status.problems
+    hits = await kb.search(QUESTION, collections=["support"])
+    assert hits and hits[0].similarity is not None
+
+
+async def test_embeddings_dim_is_asked_of_the_model(sessions: Sessions, fake_llm: FakeOpenAI) -> None:
+    kb = await knowledge_base(provider(fake_llm, embeddings_dim=32), sessions)
+    assert kb.embedder.dim == 32 and fake_llm.embedding_requests[0].body["dimensions"] == 32
+
+
+async def test_embeddings_from_their_own_server_and_key(sessions: Sessions, fake_llm: FakeOpenAI) -> None:
+    """Chat from one place, embeddings from another (EMBEDDINGS_BASE_URL, EMBEDDINGS_API_KEY, EMBEDDINGS_MODEL)."""
+    async with FakeOpenAI() as embeddings_server:
+        settings = provider(
+            fake_llm,
+            embeddings_base_url=embeddings_server.base_url,
+            embeddings_api_key="sk-embeddings",
+            embeddings_model="nomic-embed-text",
+        )
+        kb = await knowledge_base(settings, sessions)
+        await kb.search(QUESTION)
+        assert kb.unavailable is None and kb.embedder.name == "openai:nomic-embed-text"
+        assert fake_llm.embedding_requests == []
+        assert {r.model for r in embeddings_server.embedding_requests} == {"nomic-embed-text"}
+        assert embeddings_server.embedding_headers[0]["Authorization"] == "Bearer sk-embeddings"
+
+
+async def test_a_provider_without_embeddings_leaves_full_text_search(
+    sessions: Sessions, fake_llm: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anthropic's compatibility endpoint has no embeddings: the knowledge base is stored without vectors and
+    searched by full text, the log says what is wrong and how to fix it, and the agents' tool still finds."""
+    fake_llm.embeddings_status = 404
+    with caplog.at_level(logging.WARNING, logger="bot.runtime"):
+        kb = await knowledge_base(provider(fake_llm), sessions)
+    assert kb.unavailable is not None and not kb.unavailable.retry
+    assert "has no embeddings endpoint" in caplog.text and "EMBEDDINGS=local" in caplog.text
+    await ensure_sample_knowledge(kb)
+    assert await chunk_dims(sessions) == [None]
+    status = await kb.status()
+    assert status.search == "full-text" and "no embeddings endpoint" in status.problems[0]
+    hits = await kb.search(QUESTION, collections=["support"])
+    assert hits and all(h.similarity is None and not h.vector_searched for h in hits)
+    tool = search_knowledge_tool(kb, collections=["support"])
+    answer = await tool.invoke(ToolContext(1, None, "support", {}), json.dumps({"query": QUESTION}))
+    assert answer != NOTHING_FOUND and "Warranty" in str(answer)
+
+
+async def test_vectors_are_made_once_the_embedder_works(sessions: Sessions, fake_llm: FakeOpenAI) -> None:
+    """A provider down at start-up (503) is probed again; once it answers, what was stored without vectors is
+    embedded and search is hybrid again, without a restart."""
+    fake_llm.embeddings_status = 503
+    client = openai.AsyncOpenAI(api_key="test", base_url=fake_llm.base_url, max_retries=0)
+    embedder = OpenAIEmbedder(client=client, model="fake-embed")
+
+    async def reprobe() -> Any:
+        return await probe(embedder, where="the fake")
+
+    kb = KnowledgeBase(
+        sessions=sessions, embedder=embedder, unavailable=await reprobe(), reprobe=reprobe, reprobe_every_s=0
+    )
+    assert kb.unavailable is not None and kb.unavailable.retry
+    await kb.ingest([SUPPORT], collection="support", root=SAMPLE_KNOWLEDGE)
+    assert await chunk_dims(sessions) == [None]
+    fake_llm.embeddings_status = 200
+    status = await kb.status()
+    assert status.search == "hybrid" and await chunk_dims(sessions) == [64]
+    hits = await kb.search(QUESTION, collections=["support"])
+    assert hits[0].similarity is not None
+    await client.close()
+
+
+async def test_a_collection_of_another_width_is_searched_by_text_until_reembedded(
+    sessions: Sessions, fake_llm: FakeOpenAI
+) -> None:
+    old = await knowledge_base(provider(fake_llm, embeddings_dim=48), sessions)
+    await old.ingest([SUPPORT], collection="support", root=SAMPLE_KNOWLEDGE)
+    kb = await knowledge_base(provider(fake_llm), sessions)  # the operator dropped EMBEDDINGS_DIM: 64 now
+    status = await kb.status()
+    assert status.search == "full-text" and "kb reembed --collection support" in status.problems[0]
+    hits = await kb.search(QUESTION, collections=["support"])
+    assert hits and not hits[0].vector_searched
+    assert await kb.reembed("support") > 0
+    assert (await kb.status()).search == "hybrid" and await chunk_dims(sessions) == [64]
+
+
+async def test_a_missing_local_model_leaves_full_text_search(sessions: Sessions, tmp_path: Path) -> None:
+    local = LocalEmbedder(path=tmp_path / "gone")
+    kb = KnowledgeBase(sessions=sessions, embedder=local, unavailable=await local.load())
+    assert kb.unavailable is not None and "could not be loaded" in kb.unavailable.problem
+    await kb.ingest([SUPPORT], collection="support", root=SAMPLE_KNOWLEDGE)
+    assert (await kb.search(QUESTION))[0].collection == "support"
+
+
+async def test_embeddings_none_is_full_text_by_choice(sessions: Sessions, fake_llm: FakeOpenAI) -> None:
+    kb = await knowledge_base(provider(fake_llm, embeddings="none"), sessions)
+    assert kb.unavailable is not None and fake_llm.embedding_requests == []
+
+
+# --- the sample's shipped vectors ----------------------------------------------------------------------------
+
+
+class Counting:
+    """The local model, counting what it is asked to embed."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.name, self.dim, self.texts = inner, inner.name, inner.dim, 0
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        self.texts += len(texts)
+        vectors: list[list[float]] = await self.inner.embed(texts)
+        return vectors
+
+
+def test_the_shipped_vectors_cover_every_passage_of_the_sample() -> None:
+    """Fails when the sample (or its chunking) changes without `python scripts/sample_vectors.py`."""
+    from scripts.sample_vectors import sample_texts
+
+    stored = np.load(SAMPLE_VECTORS)
+    assert str(stored["embedder"]) == LocalEmbedder.name and stored["vectors"].shape[1] == LocalEmbedder.dim
+    assert {text_key(t) for t in sample_texts()} <= {str(k) for k in stored["keys"]}
+
+
+async def test_first_start_uses_the_shipped_vectors_and_shows_progress(
+    sessions: Sessions, caplog: pytest.LogCaptureFixture
+) -> None:
+    counting = Counting(LocalEmbedder())
+    kb = KnowledgeBase(sessions=sessions, embedder=counting)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="bot.runtime"):
+        await ensure_sample_knowledge(kb)
+    assert counting.texts == 3  # the check against the model; the 121 passages came with the sample
+    assert "sample knowledge 17/17" in caplog.text and "shipped vectors" in caplog.text
+    assert await chunk_dims(sessions) == [384]
+    async with sessions() as s:
+        assert await s.scalar(select(func.count()).select_from(m.KnowledgeChunk)) == 121
+    assert (await kb.search("spare battery for the harrier", collections=["catalogue"]))[0].similarity
+
+
+async def test_shipped_vectors_of_another_model_are_not_used() -> None:
+    class Other(Counting):
+        async def embed(self, texts: list[str]) -> list[list[float]]:
+            return [list(np.roll(v, 7)) for v in await super().embed(texts)]  # same name, other vectors
+
+    assert await Precomputed.load(Other(LocalEmbedder()), SAMPLE_VECTORS) is None  # type: ignore[arg-type]
+    assert await Precomputed.load(Counting(LocalEmbedder()), SAMPLE_VECTORS) is not None  # type: ignore[arg-type]
+
+
+# --- the history budget within the provider's context ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "ollama", "budget"),
+    [
+        ({}, None, 12_000),  # says nothing: CONTEXT_TOKEN_BUDGET as configured
+        ({"max_model_len": 4096}, None, 4096 - RESERVE),  # vLLM
+        ({"context_length": 200_000}, None, 12_000),  # OpenRouter: larger than the budget
+        ({}, {"num_ctx": 8192}, 8192 - RESERVE),  # Ollama, a Modelfile's num_ctx
+        ({}, {"loaded_context": 32_768}, 12_000),  # Ollama, as loaded (OLLAMA_CONTEXT_LENGTH)
+        ({}, {}, OLLAMA_DEFAULT - RESERVE),  # Ollama, nothing said: its default
+    ],
+)
+async def test_the_history_budget_fits_the_providers_context(
+    fake_llm: FakeOpenAI, fields: dict[str, Any], ollama: dict[str, Any] | None, budget: int
+) -> None:
+    fake_llm.model_fields, fake_llm.ollama = fields, ollama
+    assert await fitted_budget(provider(fake_llm)) == budget
+
+
+async def test_the_engine_gets_the_fitted_budget(
+    database_url: str, fake_llm: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_llm.ollama = {"num_ctx": 4096}
+    settings = provider(fake_llm, database_url=database_url, embeddings="openai", embeddings_model="fake-embed")
+    with caplog.at_level(logging.WARNING, logger="bot.runtime"):
+        async with runtime.open_database(settings, run_migrations=False) as db:
+            brain = await runtime.brain(settings, db)
+            await brain.close()
+    assert runtime.loop_config(settings, token_budget=brain.token_budget).token_budget == 4096 - RESERVE
+    assert "OLLAMA_CONTEXT_LENGTH" in caplog.text
