@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import openai
 import pytest
@@ -237,3 +238,39 @@ async def test_the_engine_gets_the_fitted_budget(
             await brain.close()
     assert runtime.loop_config(settings, token_budget=brain.token_budget).token_budget == 4096 - RESERVE
     assert "OLLAMA_CONTEXT_LENGTH" in caplog.text
+
+
+# --- the whole bot, over Slack, with a provider that has no embeddings -------------------------------------------
+
+
+async def test_the_bot_starts_answers_and_says_why_search_is_full_text(
+    database_url: str, fake_llm: FakeOpenAI, emulator: Any
+) -> None:
+    from fakes.openai_server import reply, tool_call, tools
+    from tests.conftest import bot_settings, serving
+
+    fake_llm.embeddings_status = 404
+    emulator.add_user("U_ADMIN", "ada", "Ada Admin")
+    settings = bot_settings(database_url, fake_llm, emulator, admin_user_ids="U_ADMIN")
+    fake_llm.script(
+        tools(tool_call("transfer_to_support", {"reason": "warranty"})),
+        tools(tool_call("search_knowledge", {"query": QUESTION})),
+        reply("Two years, see [1]."),
+    )
+    async with serving(settings, emulator) as bot:
+        said = await emulator.user_says("C_SUPPORT", QUESTION)
+        await emulator.wait_for(lambda: emulator.posts("C_SUPPORT", said.ts))
+        assert [p.text for p in emulator.posts("C_SUPPORT", said.ts)][-1] == "Two years, see [1]."
+        # The passages found by full text reached the model.
+        tool_result = fake_llm.requests[-1].messages[-1]
+        assert tool_result["role"] == "tool" and "Warranty" in tool_result["content"]
+
+        async with aiohttp.ClientSession() as http, http.get(f"{bot.url}/healthz") as health:
+            body = await health.json()
+        assert health.status == 200 and body["ready"] is True
+        assert body["knowledge"]["search"] == "full-text" and "EMBEDDINGS_MODEL" in body["knowledge"]["problems"][0]
+
+        await emulator.slash_command("/support", "status", user="U_ADMIN", channel="C_STAFF")
+        [answer] = await emulator.wait_for(lambda: emulator.response_log)
+        shown = json.dumps(answer.body["blocks"], ensure_ascii=False)
+        assert "*Knowledge*\\nfull-text search" in shown and "no embeddings endpoint" in shown
