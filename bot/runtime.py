@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +14,7 @@ import openai
 from pydantic import SecretStr
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from yarl import URL
 
 from agents.agent import Roster
 from agents.context_window import context_window, history_budget
@@ -95,31 +96,45 @@ def _provider_client(settings: Settings, *, base_url: str | None, api_key: Secre
     )
 
 
+def shown_url(url: str | None) -> str:
+    """A base URL as logs, /healthz and /support may show it: without credentials or query."""
+    if not url:
+        return "OpenAI"
+    try:
+        return str(URL(url).with_user(None).with_password(None).with_query(None).with_fragment(None))
+    except ValueError:
+        return "the configured URL"
+
+
 async def knowledge_base(settings: Settings, sessions: async_sessionmaker[AsyncSession]) -> KnowledgeBase:
     """The configured embedder, probed: one that does not work leaves the knowledge base on full-text search,
-    logged with the reason and the fix (and shown by /healthz and /support status)."""
-    source = settings.embeddings_source
-    if source == "provider":
+    logged with the reason and the fix (and shown by /healthz and /support status). With EMBEDDINGS=auto, a
+    provider without embeddings gives way to the local model."""
+    if settings.embeddings_source == "provider":
         base_url = settings.embeddings_base_url or settings.openai_base_url
-        client = _provider_client(
-            settings, base_url=base_url, api_key=settings.embeddings_api_key or settings.openai_api_key
-        )
+        # The chat key goes only where the chat requests go: never to a separate embeddings server.
+        api_key = settings.embeddings_api_key or (None if settings.embeddings_base_url else settings.openai_api_key)
+        client = _provider_client(settings, base_url=base_url, api_key=api_key)
         remote = OpenAIEmbedder(client=client, model=settings.embeddings_model, dimensions=settings.embeddings_dim)
-        where = base_url or "OpenAI"
+        where = shown_url(base_url)
 
         async def reprobe() -> Unavailable | None:
             return await probe(remote, where=where)
 
         unavailable = await reprobe()
-        kb = KnowledgeBase(sessions=sessions, embedder=remote, unavailable=unavailable, reprobe=reprobe)
-    elif source == "local":
-        local = LocalEmbedder()
-        kb = KnowledgeBase(sessions=sessions, embedder=local, unavailable=await local.load())
-    else:
+        if not (unavailable and unavailable.why == "no_embeddings" and settings.embeddings == "auto"):
+            return _said(KnowledgeBase(sessions=sessions, embedder=remote, unavailable=unavailable, reprobe=reprobe))
+        log.warning("%s. Using the local model instead (EMBEDDINGS=auto)", unavailable)
+    if settings.embeddings_source == "none":
         off = Unavailable(
-            f"local:{LOCAL_MODEL}", "EMBEDDINGS=none", "Set EMBEDDINGS=local (or openai) for hybrid search", False
+            f"local:{LOCAL_MODEL}", "disabled", "EMBEDDINGS=none", "Set EMBEDDINGS=local (or openai) for hybrid search"
         )
-        kb = KnowledgeBase(sessions=sessions, embedder=LocalEmbedder(), unavailable=off)
+        return _said(KnowledgeBase(sessions=sessions, embedder=LocalEmbedder(), unavailable=off))
+    local = LocalEmbedder()
+    return _said(KnowledgeBase(sessions=sessions, embedder=local, unavailable=await local.load()))
+
+
+def _said(kb: KnowledgeBase) -> KnowledgeBase:
     if kb.unavailable is not None:
         log.warning("knowledge search is full text only. %s", kb.unavailable)
     return kb
@@ -134,45 +149,39 @@ SAMPLE_COLLECTIONS = ("catalogue", "support")
 
 async def ensure_sample_knowledge(kb: KnowledgeBase) -> None:
     """First start on an empty knowledge base: ingest the sample (catalogue and support collections), with
-    its shipped vectors when they fit the embedder; later starts embed what was stored without vectors."""
-    if await kb.stats():
-        if await kb.backfill(progress=_progress("embedding the passages stored without vectors")):
-            log.info("embedded the passages stored without vectors")
-        await _warn_about(kb)
-        return
+    its shipped vectors when they fit the embedder. Then, in the background, embed whatever was stored
+    without vectors (while no embedder worked)."""
+    if not await kb.stats():
+        await _ingest_sample(kb)
+    status = await kb.status()
+    for problem in status.problems:
+        log.warning("knowledge: %s", problem)
+    if status.unembedded:
+        kb.start_backfill()
+
+
+async def _ingest_sample(kb: KnowledgeBase) -> None:
     shipped = await Precomputed.load(kb.embedder, SAMPLE_VECTORS) if kb.unavailable is None else None
-    ingesting = KnowledgeBase(sessions=kb.sessions, embedder=shipped or kb.embedder, unavailable=kb.unavailable)
     files = sum(len(find_documents([SAMPLE_KNOWLEDGE / c])) for c in SAMPLE_COLLECTIONS)
-    log.info(
-        "first start: adding the sample knowledge (%d documents, %s)",
-        files,
-        "shipped vectors" if shipped else "embedding them now" if kb.unavailable is None else "no vectors",
-    )
-    done = 0
-    for collection in SAMPLE_COLLECTIONS:
+    how = "shipped vectors" if shipped else "embedding them now" if kb.unavailable is None else "no vectors yet"
+    log.info("first start: adding the sample knowledge (%d documents, %s)", files, how)
+    embedder, kb.embedder = kb.embedder, shipped or kb.embedder
+    try:
+        done = 0
+        for collection in SAMPLE_COLLECTIONS:
 
-        def progress(n: int, of: int, source: str, before: int = done) -> None:
-            log.info("  sample knowledge %d/%d: %s", before + n, files, source)
+            def progress(n: int, of: int, source: str, before: int = done) -> None:
+                log.info("  sample knowledge %d/%d: %s", before + n, files, source)
 
-        report = await ingesting.ingest(
-            [SAMPLE_KNOWLEDGE / collection], collection=collection, root=SAMPLE_KNOWLEDGE, progress=progress
-        )
-        done += report.added + report.replaced + report.unchanged
-        log.info("ingested the sample %s: %d documents, %d chunks", collection, report.added, report.chunks)
+            report = await kb.ingest(
+                [SAMPLE_KNOWLEDGE / collection], collection=collection, root=SAMPLE_KNOWLEDGE, progress=progress
+            )
+            done += report.added + report.replaced + report.unchanged
+            log.info("ingested the sample %s: %d documents, %d chunks", collection, report.added, report.chunks)
+    finally:
+        kb.embedder = embedder
     if shipped is not None and shipped.misses:
         log.info("%d passages were not among the shipped vectors and were embedded now", shipped.misses)
-
-
-def _progress(what: str) -> Callable[[int, int], None]:
-    def report(done: int, total: int) -> None:
-        log.info("  %s: %d/%d", what, done, total)
-
-    return report
-
-
-async def _warn_about(kb: KnowledgeBase) -> None:
-    for problem in (await kb.status()).problems:
-        log.warning("knowledge: %s", problem)
 
 
 @dataclass
@@ -189,6 +198,7 @@ class Brain:
     """History tokens that fit the provider's context window, where it says what that is."""
 
     async def close(self) -> None:
+        await self.knowledge.close()
         closer = getattr(self.model, "close", None) or getattr(getattr(self.model, "primary", None), "close", None)
         if closer is not None:
             await closer()

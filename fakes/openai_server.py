@@ -228,8 +228,11 @@ class FakeOpenAI:
         self.model_fields: dict[str, Any] = {}
         """Extra fields of the model in GET /models, as vLLM (`max_model_len`) or OpenRouter (`context_length`)."""
         self.ollama: dict[str, Any] | None = None
-        """Play Ollama's native API too: {"num_ctx": N} (a Modelfile's parameter, from /api/show) and/or
-        {"loaded_context": N} (what /api/ps reports for the loaded model). None: no such API (404)."""
+        """Play Ollama's native API too: {"num_ctx": N} (a Modelfile's parameter, from /api/show),
+        {"loaded_context": N} (what /api/ps reports for the loaded model, named `model:latest` as Ollama does),
+        {"context_on_load": N} (the context a model gets when POST /api/generate loads it). None: no such API."""
+        self.lmstudio: dict[str, Any] | None = None
+        """Play LM Studio's GET /api/v0/models: fields of the model's entry, e.g. {"loaded_context_length": N}."""
         self._queue: deque[FakeReply] = deque()
         # Ids never repeat over the server's life, so a multi-turn conversation
         # never sees two tool calls with the same id (as with the real API).
@@ -245,6 +248,8 @@ class FakeOpenAI:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/api/show", self._ollama_show)
         app.router.add_get("/api/ps", self._ollama_ps)
+        app.router.add_post("/api/generate", self._ollama_generate)
+        app.router.add_get("/api/v0/models", self._lmstudio_models)
         # Cancel handlers whose client went away (e.g. after a client timeout on
         # a slow() reply) and don't wait long on stop: this is a test fixture.
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5, access_log=None)
@@ -290,7 +295,8 @@ class FakeOpenAI:
         self.embedding_requests.clear()
         self.embedding_headers.clear()
         self.models_delay, self.models_status = 0.0, 200
-        self.embedding_dim, self.embeddings_status, self.model_fields, self.ollama = EMBEDDING_DIM, 200, {}, None
+        self.embedding_dim, self.embeddings_status, self.model_fields = EMBEDDING_DIM, 200, {}
+        self.ollama = self.lmstudio = None
 
     def _next_reply(self, recorded: RecordedRequest) -> FakeReply:
         if self._queue:
@@ -405,5 +411,20 @@ class FakeOpenAI:
         if self.ollama is None:
             return web.Response(status=404, text="404 page not found")
         loaded = self.ollama.get("loaded_context")
-        models = [{"name": FAKE_MODEL, "model": FAKE_MODEL, "context_length": loaded}] if loaded else []
+        tagged = f"{FAKE_MODEL}:latest"
+        models = [{"name": tagged, "model": tagged, "context_length": loaded}] if loaded else []
         return web.json_response({"models": models})
+
+    async def _ollama_generate(self, request: web.Request) -> web.Response:
+        if self.ollama is None:
+            return web.Response(status=404, text="404 page not found")
+        if "context_on_load" in self.ollama:
+            self.ollama["loaded_context"] = self.ollama["context_on_load"]
+        body = await request.json()
+        return web.json_response({"model": body.get("model"), "response": "", "done": True, "done_reason": "load"})
+
+    async def _lmstudio_models(self, request: web.Request) -> web.Response:
+        if self.lmstudio is None:
+            return web.Response(status=404, text="Unexpected endpoint or method.")
+        model = {"id": FAKE_MODEL, "object": "model", "type": "llm", **self.lmstudio}
+        return web.json_response({"object": "list", "data": [model]})

@@ -12,7 +12,7 @@ import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 import openai
@@ -31,15 +31,25 @@ class Embedder(Protocol):
     async def embed(self, texts: list[str]) -> list[list[float]]: ...
 
 
+Why = Literal["no_embeddings", "refused", "unreachable", "error", "lost", "broken_model", "disabled"]
+"""no_embeddings: the provider has no embeddings endpoint, or does not serve the model (404, 405); refused: the
+key (401, 403); unreachable: no answer, 429 or 5xx at start-up; error: another refusal; lost: a request failed
+after the embedder had worked; broken_model: the local model's files do not load; disabled: EMBEDDINGS=none."""
+
+
 @dataclass(frozen=True)
 class Unavailable:
     """Why the configured embedder cannot embed, and what the operator can do about it."""
 
     name: str
+    why: Why
     problem: str
     fix: str
-    retry: bool
-    """True for a failure that may pass (connection, timeout, 5xx, 429): probe again later."""
+
+    @property
+    def retry(self) -> bool:
+        """A failure that may pass: probed again once a minute."""
+        return self.why in ("unreachable", "lost")
 
     def __str__(self) -> str:
         return f"{self.name}: {self.problem}. {self.fix}"
@@ -74,40 +84,51 @@ class OpenAIEmbedder:
             raise ProviderError("embeddings", str(exc)) from exc
         if vectors and not self.dim:
             self.dim = len(vectors[0])
-        if any(len(v) != self.dim for v in vectors):
-            raise ProviderError("embeddings", f"{self.model} returned {len(vectors[0])} dimensions, earlier {self.dim}")
+        if odd := next((len(v) for v in vectors if len(v) != self.dim), None):
+            raise ProviderError("embeddings", f"{self.model} returned a vector of {odd} dimensions, not {self.dim}")
         return vectors
 
 
 _TRANSIENT = (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError, openai.InternalServerError)
 
 
+PROBE_TIMEOUT_S = 5.0
+
+
 async def probe(embedder: OpenAIEmbedder, *, where: str) -> Unavailable | None:
-    """Embed one short text: None when the provider answers (and `embedder.dim` is then known), else why not.
-    `where` names the endpoint for the operator (its base URL)."""
+    """Embed one short text, without retries and within a few seconds (start-up, and later probes, must not
+    wait for the SDK's 30-second timeouts): None when the provider answers, and `embedder.dim` is then known;
+    else why not. `where` names the endpoint for the operator (its base URL, without credentials)."""
+    quick = OpenAIEmbedder(
+        client=embedder.client.with_options(timeout=PROBE_TIMEOUT_S, max_retries=0),
+        model=embedder.model,
+        dimensions=embedder.dimensions,
+    )
     try:
-        await embedder.embed(["dimension probe"])
+        await quick.embed(["dimension probe"])
     except ProviderError as exc:
         cause = exc.__cause__
-        retry = isinstance(cause, _TRANSIENT)
         status = getattr(cause, "status_code", None)
+        why: Why
         if status in (404, 405):
-            problem = f"{where} has no embeddings endpoint, or does not serve the model {embedder.model!r}"
+            why, problem = "no_embeddings", f"{where} has no embeddings endpoint, or does not serve the model"
+            problem += f" {embedder.model!r}"
             fix = (
                 "Set EMBEDDINGS_MODEL to an embedding model it serves (Ollama: `ollama pull nomic-embed-text`), "
                 "point EMBEDDINGS_BASE_URL (and EMBEDDINGS_API_KEY) at a server that has one, or set "
                 "EMBEDDINGS=local for the model shipped with the bot"
             )
         elif status in (401, 403):
-            problem = f"{where} refused the key for embeddings (HTTP {status})"
+            why, problem = "refused", f"{where} refused the key for embeddings (HTTP {status})"
             fix = "Check EMBEDDINGS_API_KEY (or OPENAI_API_KEY, which it falls back to), or set EMBEDDINGS=local"
-        elif retry:
-            problem = f"{where} did not answer an embeddings request ({exc})"
+        elif isinstance(cause, _TRANSIENT):
+            why, problem = "unreachable", f"{where} did not answer an embeddings request ({exc})"
             fix = "The bot tries again every minute; EMBEDDINGS=local avoids the dependency"
         else:
-            problem = f"{where} failed an embeddings request ({exc})"
+            why, problem = "error", f"{where} failed an embeddings request ({exc})"
             fix = "Check EMBEDDINGS_MODEL and EMBEDDINGS_DIM, or set EMBEDDINGS=local"
-        return Unavailable(embedder.name, problem, fix, retry)
+        return Unavailable(embedder.name, why, problem, fix)
+    embedder.dim = quick.dim
     return None
 
 
@@ -130,14 +151,16 @@ class Precomputed:
     @classmethod
     async def load(cls, embedder: Embedder, path: Path, *, check: int = 3) -> Precomputed | None:
         try:
-            stored = await asyncio.to_thread(np.load, path)
+            shipped_name, keys, vectors, texts = await asyncio.to_thread(_read_precomputed, path)
         except FileNotFoundError:
             return None
-        if str(stored["embedder"]) != embedder.name or stored["vectors"].shape[1] != embedder.dim:
+        except Exception as exc:  # a damaged file (or a Git LFS pointer) costs embedding, never the start-up
+            log.warning("cannot read the shipped vectors in %s (%s): embedding instead", path, exc)
             return None
-        keys = [str(k) for k in stored["keys"]]
-        table = dict(zip(keys, stored["vectors"].astype(np.float32).tolist(), strict=True))
-        texts = [str(t) for t in stored["check_texts"][:check]]
+        if shipped_name != embedder.name or vectors.shape[1] != embedder.dim:
+            return None
+        table = dict(zip(keys, vectors.tolist(), strict=True))
+        texts = texts[:check]
         fresh = np.array(await embedder.embed(texts), dtype=np.float32)
         shipped = np.array([table[text_key(t)] for t in texts], dtype=np.float32)
         cosines = (fresh * shipped).sum(axis=1) / (
@@ -159,6 +182,13 @@ class Precomputed:
             for text, vector in zip(missing, await self.embedder.embed(missing), strict=True):
                 self.vectors[text_key(text)] = vector
         return [self.vectors[text_key(t)] for t in texts]
+
+
+def _read_precomputed(path: Path) -> tuple[str, list[str], np.ndarray, list[str]]:
+    with np.load(path) as stored:
+        keys = [str(k) for k in stored["keys"]]
+        texts = [str(t) for t in stored["check_texts"]]
+        return str(stored["embedder"]), keys, stored["vectors"].astype(np.float32), texts
 
 
 def save_precomputed(path: Path, embedder_name: str, texts: list[str], vectors: list[list[float]]) -> None:

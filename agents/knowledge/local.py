@@ -152,9 +152,9 @@ class LocalEmbedder:
         except Exception as exc:  # any failure to load leaves the bot on full-text search, not down
             return Unavailable(
                 self.name,
+                "broken_model",
                 f"the local model in {self.path} could not be loaded ({type(exc).__name__}: {exc})",
                 "Reinstall the bot (`pip install --force-reinstall .`), or set EMBEDDINGS=openai with a provider",
-                False,
             )
         return None
 

@@ -12,6 +12,8 @@ embedder works.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from sqlalchemy import delete, func, select, text
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -54,8 +56,10 @@ class Hit:
     """Cosine similarity of the passage to the question, when the vector search saw it."""
     collection: str
     vector_searched: bool = True
-    """False when the passage's collection could only be searched by full text (no working embedder, or the
-    collection was embedded by another model): there is no similarity to judge it by."""
+    """False when the passage could only be searched by full text (no working embedder, a collection embedded
+    by another model, or a passage stored without a vector): there is no similarity to judge it by."""
+    text_match: float | None = None
+    """The share of the question's words (stemmed) that the passage contains, when full text found it."""
 
     @property
     def citation(self) -> str:
@@ -80,6 +84,8 @@ class KnowledgeStatus:
     dim: int | None
     unavailable: Unavailable | None
     collections: tuple[CollectionStatus, ...]
+    unembedded: int = 0
+    """Passages stored without vectors (searched by full text until embedded)."""
 
     @property
     def search(self) -> Literal["hybrid", "full-text", "mixed", "empty"]:
@@ -118,43 +124,122 @@ class KnowledgeBase:
         self._reprobe = reprobe
         self._reprobe_every_s = reprobe_every_s
         self._next_probe = time.monotonic() + reprobe_every_s
+        self._background: asyncio.Task[None] | None = None
+        self._backfilling = asyncio.Lock()
         self.text_weight = text_weight
         """The full-text ranking's weight in the fusion, the vector ranking's being 1 (see README for the
         evaluation that chose it)."""
 
-    async def _embedder_works(self) -> bool:
-        """Whether vectors can be made now; a failure that may pass is probed again once a minute."""
+    # --- the embedder's state: requests never wait for probes or backfills, which run in the background ---
+
+    def _embedder_works(self) -> bool:
+        """Whether vectors can be made now. A failure that may pass is probed again in the background, at most
+        once per `reprobe_every_s`; once the embedder answers, what was stored without vectors is embedded."""
         if self.unavailable is None:
             return True
-        if not (self.unavailable.retry and self._reprobe) or time.monotonic() < self._next_probe:
-            return False
-        self._next_probe = time.monotonic() + self._reprobe_every_s
+        due = self.unavailable.retry and self._reprobe is not None and time.monotonic() >= self._next_probe
+        if due and not self._busy():
+            self._next_probe = time.monotonic() + self._reprobe_every_s
+            self._background = asyncio.create_task(self._recover(), name="knowledge-reprobe")
+        return False
+
+    def _busy(self) -> bool:
+        return self._background is not None and not self._background.done()
+
+    async def _recover(self) -> None:
+        assert self._reprobe is not None
         self.unavailable = await self._reprobe()
         if self.unavailable is None:
-            log.info("the embedder %s answers again: embedding the passages stored without vectors", self.embedder.name)
-            await self.backfill()
-        return self.unavailable is None
+            log.info("the embedder %s answers again: embedding what was stored without vectors", self.embedder.name)
+            await self._backfill_quietly()
+
+    def start_backfill(self) -> None:
+        """Embed, in the background, the passages stored without vectors (nothing to do is cheap)."""
+        if self.unavailable is None and not self._busy():
+            self._background = asyncio.create_task(self._backfill_quietly(), name="knowledge-backfill")
+
+    async def _backfill_quietly(self) -> None:
+        try:
+            if done := await self.backfill():
+                log.info("embedded %d passages that were stored without vectors", done)
+        except ProviderError as exc:
+            self._lost(exc)
+        except Exception:  # a background task: its failure is logged, the passages stay searchable by text
+            log.exception("embedding the passages stored without vectors failed")
+
+    def _lost(self, exc: ProviderError) -> None:
+        """The embedder failed after it had worked: full text until a probe succeeds (a minute from now)."""
+        self.unavailable = Unavailable(
+            self.embedder.name,
+            "lost",
+            f"an embeddings request failed ({exc})",
+            "Searching by full text meanwhile; the bot tries the embedder again every minute",
+        )
+        self._next_probe = time.monotonic() + self._reprobe_every_s
+        log.warning("knowledge search falls back to full text: %s", self.unavailable)
+
+    async def close(self, *, grace_s: float = 5.0) -> None:
+        """Let the background probe or backfill finish, for `grace_s` at most, then stop it: its work is safe to
+        interrupt (what it embedded is kept; the rest waits for the next start). Waiting first, because a query
+        cancelled mid-flight can leave its connection, and its locks, behind for a while."""
+        if self._background is None or self._background.done():
+            return
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+            await asyncio.wait_for(asyncio.shield(self._background), timeout=grace_s)
+        if not self._background.done():
+            self._background.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._background
+
+    async def settle(self) -> None:
+        """Wait for the background probe or backfill, if one runs (tests, and a clean shutdown)."""
+        while self._busy():
+            assert self._background is not None
+            await asyncio.shield(self._background)
+
+    def _vector_ready(self, row: m.KnowledgeCollection) -> bool:
+        """Whether the collection can be searched by vector now."""
+        return (
+            self.unavailable is None
+            and row.embedder == self.embedder.name
+            and row.dim is not None
+            and row.dim == self.embedder.dim
+        )
 
     def _mismatch(self, row: m.KnowledgeCollection) -> str | None:
-        if row.embedder == self.embedder.name and row.dim in (None, self.embedder.dim):
+        """The collection's vectors are another model's (or another size): not comparable with this one's."""
+        if row.dim is None or (row.embedder == self.embedder.name and row.dim == (self.embedder.dim or row.dim)):
             return None
+        size = f"{self.embedder.dim} dimensions" if self.embedder.dim else "size not known yet"
         return (
             f"collection {row.name!r} was embedded with {row.embedder} ({row.dim} dimensions), but the configured "
-            f"embedder is {self.embedder.name} ({self.embedder.dim or 'unknown'} dimensions). Re-embed it with "
+            f"embedder is {self.embedder.name} ({size}). Re-embed it with "
             f"`python -m bot kb reembed --collection {row.name}`, or configure the embedder it was built with."
         )
 
+    def _problem(self, row: m.KnowledgeCollection) -> str | None:
+        if mismatch := self._mismatch(row):
+            return mismatch
+        if self.unavailable is not None:
+            return f"collection {row.name!r} is searched by full text only: {self.unavailable}"
+        if row.dim is None:
+            return f"collection {row.name!r} has no vectors yet (being embedded): searched by full text meanwhile"
+        return None
+
     async def ensure_collection(self, collection: str) -> None:
-        works = await self._embedder_works()
+        works = self._embedder_works()
         async with self.sessions() as s, s.begin():
             await s.execute(
                 insert(m.KnowledgeCollection)
-                .values(name=collection, embedder=self.embedder.name, dim=self.embedder.dim if works else None)
+                .values(name=collection, embedder=self.embedder.name, dim=None)
                 .on_conflict_do_nothing()
             )
             row = await s.get(m.KnowledgeCollection, collection)
-            if row is not None and (problem := self._mismatch(row)):
+            assert row is not None
+            if problem := self._mismatch(row):
                 raise EmbedderMismatch(problem)
+            if row.dim is None and row.embedder != self.embedder.name:
+                row.embedder = self.embedder.name  # never embedded: whichever embedder works may take it
             if works:
                 await self._vectors_ready(s, collection)
 
@@ -168,8 +253,8 @@ class KnowledgeBase:
             )
         )
         await s.execute(
-            text("UPDATE kb_collections SET dim = :dim WHERE name = :name AND dim IS NULL"),
-            {"dim": dim, "name": collection},
+            text("UPDATE kb_collections SET dim = :dim, embedder = :embedder WHERE name = :name AND dim IS NULL"),
+            {"dim": dim, "name": collection, "embedder": self.embedder.name},
         )
 
     async def ingest(
@@ -212,8 +297,11 @@ class KnowledgeBase:
             return "unchanged", 0
         pieces = chunk_document(document)
         vectors: list[list[float] | None] = [None] * len(pieces)
-        if pieces and await self._embedder_works():
-            vectors = list(await self.embedder.embed([c.embedding_text for c in pieces]))
+        if pieces and self._embedder_works():
+            try:
+                vectors = list(await self.embedder.embed([c.embedding_text for c in pieces]))
+            except ProviderError as exc:
+                self._lost(exc)  # stored without vectors, embedded once the embedder answers again
         async with self.sessions() as s, s.begin():
             if existing is not None:
                 await s.execute(delete(m.KnowledgeDocument).where(m.KnowledgeDocument.id == existing.id))
@@ -242,38 +330,47 @@ class KnowledgeBase:
         return ("replaced" if existing is not None else "added"), len(pieces)
 
     async def backfill(self, *, progress: Callable[[int, int], None] | None = None, batch: int = 64) -> int:
-        """Embed the passages stored without vectors in collections of the configured embedder; returns how
-        many. A collection embedded by another model is left alone (see `reembed`)."""
+        """Embed the passages stored without vectors, in collections of the configured embedder (and in those
+        never embedded, which it takes); returns how many. A collection another model embedded is left alone
+        (see `reembed`). One at a time: concurrent calls wait, then find less to do."""
         if self.unavailable is not None:
             return 0
-        async with self.sessions() as s:
-            collections = (
-                await s.scalars(
-                    select(m.KnowledgeCollection.name).where(
-                        m.KnowledgeCollection.embedder == self.embedder.name,
-                        (m.KnowledgeCollection.dim.is_(None)) | (m.KnowledgeCollection.dim == self.embedder.dim),
+        async with self._backfilling:
+            async with self.sessions() as s, s.begin():
+                await s.execute(
+                    update(m.KnowledgeCollection)
+                    .where(m.KnowledgeCollection.dim.is_(None))
+                    .values(embedder=self.embedder.name)
+                )
+                collections = (
+                    await s.scalars(
+                        select(m.KnowledgeCollection.name).where(
+                            m.KnowledgeCollection.embedder == self.embedder.name,
+                            m.KnowledgeCollection.dim.is_(None) | (m.KnowledgeCollection.dim == self.embedder.dim),
+                        )
+                    )
+                ).all()
+                total = await s.scalar(
+                    select(func.count()).where(
+                        m.KnowledgeChunk.collection.in_(collections), m.KnowledgeChunk.dim.is_(None)
                     )
                 )
-            ).all()
-            total = await s.scalar(
-                select(func.count()).where(m.KnowledgeChunk.collection.in_(collections), m.KnowledgeChunk.dim.is_(None))
-            )
-        done = 0
-        for collection in collections:
-            async with self.sessions() as s, s.begin():
-                await self._vectors_ready(s, collection)
-            while rows := await self._unembedded(collection, batch):
-                vectors = await self.embedder.embed([chunk.embedding_text for _, chunk in rows])
+            done = 0
+            for collection in collections:
                 async with self.sessions() as s, s.begin():
-                    for (chunk_id, _), vector in zip(rows, vectors, strict=True):
-                        await s.execute(
-                            text("UPDATE kb_chunks SET embedding = :v, dim = :dim WHERE id = :id AND dim IS NULL"),
-                            {"v": str(vector), "dim": self.embedder.dim, "id": chunk_id},
-                        )
-                done += len(rows)
-                if progress:
-                    progress(done, int(total or 0))
-        return done
+                    await self._vectors_ready(s, collection)
+                while rows := await self._unembedded(collection, batch):
+                    vectors = await self.embedder.embed([chunk.embedding_text for _, chunk in rows])
+                    async with self.sessions() as s, s.begin():
+                        for (chunk_id, _), vector in zip(rows, vectors, strict=True):
+                            await s.execute(
+                                text("UPDATE kb_chunks SET embedding = :v, dim = :dim WHERE id = :id AND dim IS NULL"),
+                                {"v": str(vector), "dim": self.embedder.dim, "id": chunk_id},
+                            )
+                    done += len(rows)
+                    if progress:
+                        progress(done, int(total or 0))
+            return done
 
     async def _unembedded(self, collection: str, limit: int) -> list[tuple[int, Chunk]]:
         async with self.sessions() as s:
@@ -314,8 +411,9 @@ class KnowledgeBase:
     async def search(
         self, query: str, *, collections: Sequence[str] = (), k: int = 5, mode: Mode = "hybrid"
     ) -> list[Hit]:
-        """Collections that cannot be searched by vector (see `status`) are searched by full text alone;
-        no `collections` means all of them."""
+        """Collections that cannot be searched by vector (see `status`), and passages stored without vectors, are
+        searched by full text alone; no `collections` means all of them."""
+        works = self._embedder_works()
         async with self.sessions() as s:
             rows = (
                 await s.scalars(
@@ -325,10 +423,8 @@ class KnowledgeBase:
                 )
             ).all()
         names = [row.name for row in rows]
-        by_vector = [row.name for row in rows if self._mismatch(row) is None]
-        vector: list[float] | None = None
-        if mode != "text" and by_vector and await self._embedder_works():
-            vector = await self._embed_query(query)
+        by_vector = [row.name for row in rows if works and self._vector_ready(row)]
+        vector = await self._embed_query(query) if mode != "text" and by_vector else None
         if vector is None:
             by_vector = []
             mode = "text" if mode == "hybrid" else mode
@@ -337,13 +433,15 @@ class KnowledgeBase:
         async with self.sessions() as s:
             vector_ranked = await self._vector(s, vector, by_vector) if vector is not None and mode != "text" else []
             text_ranked = await self._text(s, query, names) if mode != "vector" else []
-        similarity = {row[0]: float(row[-1]) for row in vector_ranked}
+        similarity = {row[0]: float(row[6]) for row in vector_ranked}
+        match = {row[0]: float(row[8]) for row in text_ranked}
+        vectorless = {row[0] for row in text_ranked if row[7] is None}
         found = {row[0]: row for row in [*vector_ranked, *text_ranked]}
         scores: dict[int, float] = {}
         if mode == "vector":
             scores = dict(similarity)
         elif mode == "text":
-            scores = {row[0]: float(row[-1]) for row in text_ranked}
+            scores = {row[0]: float(row[6]) for row in text_ranked}
         else:
             for weight, ranking in ((1.0, vector_ranked), (self.text_weight, text_ranked)):
                 for rank, row in enumerate(ranking):
@@ -358,21 +456,18 @@ class KnowledgeBase:
                 score=scores[i],
                 similarity=similarity.get(i),
                 collection=found[i][5],
-                vector_searched=found[i][5] in by_vector,
+                vector_searched=found[i][5] in by_vector and i not in vectorless,
+                text_match=match.get(i),
             )
             for i in best
         ]
 
     async def _embed_query(self, query: str) -> list[float] | None:
-        """The query's vector; None (full text only, for a minute) when the embedder fails now."""
+        """The query's vector; None (full text only, until a probe succeeds) when the embedder fails now."""
         try:
             [vector] = await self.embedder.embed([query])
         except ProviderError as exc:
-            self.unavailable = Unavailable(
-                self.embedder.name, f"the embeddings request failed ({exc})", "Searching by full text meanwhile", True
-            )
-            self._next_probe = time.monotonic() + self._reprobe_every_s
-            log.warning("knowledge search falls back to full text: %s", self.unavailable)
+            self._lost(exc)
             return None
         return vector
 
@@ -385,7 +480,8 @@ class KnowledgeBase:
         distance = f"(c.embedding::vector({dim}) <=> CAST(:q AS vector({dim})))"
         result = await s.execute(
             text(
-                f"SELECT c.id, d.source, c.title, c.heading, c.text, c.collection, 1 - {distance} AS similarity "
+                f"SELECT c.id, d.source, c.title, c.heading, c.text, c.collection, 1 - {distance} AS similarity, "
+                "c.dim, NULL AS matched "
                 "FROM kb_chunks c JOIN kb_documents d ON d.id = c.document_id "
                 f"WHERE c.dim = {dim} AND c.collection = ANY(:collections) "
                 f"ORDER BY {distance} LIMIT {CANDIDATES}"
@@ -399,8 +495,10 @@ class KnowledgeBase:
         result = await s.execute(
             text(
                 "WITH q AS (SELECT to_tsquery('english', replace(plainto_tsquery('english', :query)::text, '&', '|'))"
-                " AS tsq) "
-                "SELECT c.id, d.source, c.title, c.heading, c.text, c.collection, ts_rank_cd(c.tsv, q.tsq) AS rank "
+                " AS tsq, tsvector_to_array(to_tsvector('english', :query)) AS words) "
+                "SELECT c.id, d.source, c.title, c.heading, c.text, c.collection, ts_rank_cd(c.tsv, q.tsq) AS rank, "
+                "c.dim, (SELECT count(*) FILTER (WHERE c.tsv @@ plainto_tsquery('simple', w))::float "
+                "  / greatest(count(*), 1) FROM unnest(q.words) AS w) AS matched "
                 "FROM kb_chunks c JOIN kb_documents d ON d.id = c.document_id, q "
                 "WHERE c.collection = ANY(:collections) AND c.tsv @@ q.tsq "
                 f"ORDER BY rank DESC LIMIT {CANDIDATES}"
@@ -411,16 +509,17 @@ class KnowledgeBase:
 
     async def status(self) -> KnowledgeStatus:
         """How each collection is searched, and why not by vector where it is not."""
-        works = await self._embedder_works()
+        self._embedder_works()
         async with self.sessions() as s:
             rows = (await s.scalars(select(m.KnowledgeCollection).order_by(m.KnowledgeCollection.name))).all()
-        collections = []
-        for row in rows:
-            problem = self._mismatch(row)
-            if problem is None and not works:
-                problem = f"collection {row.name!r} is searched by full text only: {self.unavailable}"
-            collections.append(CollectionStatus(row.name, row.embedder, row.dim, problem is None, problem))
-        return KnowledgeStatus(self.embedder.name, self.embedder.dim or None, self.unavailable, tuple(collections))
+            unembedded = await s.scalar(select(func.count()).where(m.KnowledgeChunk.dim.is_(None)))
+        collections = tuple(
+            CollectionStatus(row.name, row.embedder, row.dim, self._vector_ready(row), self._problem(row))
+            for row in rows
+        )
+        return KnowledgeStatus(
+            self.embedder.name, self.embedder.dim or None, self.unavailable, collections, int(unembedded or 0)
+        )
 
     async def stats(self) -> list[dict[str, object]]:
         async with self.sessions() as s:

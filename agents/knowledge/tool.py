@@ -16,19 +16,22 @@ NOTHING_FOUND = (
     "do not guess, and offer to bring in a colleague (escalate_to_human) if they want."
 )
 _CODE = re.compile(r"\b[A-Z]{1,4}-[A-Z0-9]{1,6}\b")
+MIN_TEXT_MATCH = 0.5
+"""A passage found only by full text counts as found when it holds at least this share of the question's words:
+one shared word ("open", "write") is not an answer."""
 
 
 def relevant(hits: Sequence[Hit], query: str, min_similarity: float) -> list[Hit]:
     """Hits close enough to the question in meaning, or that contain a product code the question names
-    (embeddings blur codes; an exact match is the strongest evidence there is). A hit of a collection that
-    could only be searched by full text has no similarity to judge: its word match is all the evidence."""
+    (embeddings blur codes; an exact match is the strongest evidence there is). A passage that could only be
+    searched by full text has no similarity to judge it by: it must hold most of the question's words."""
     codes = set(_CODE.findall(query.upper()))
     return [
         h
         for h in hits
-        if not h.vector_searched
-        or (h.similarity is not None and h.similarity >= min_similarity)
+        if (h.similarity is not None and h.similarity >= min_similarity)
         or any(c in h.text.upper() for c in codes)
+        or (not h.vector_searched and (h.text_match or 0.0) >= MIN_TEXT_MATCH)
     ]
 
 

@@ -142,14 +142,20 @@ def result_reply(title: str, result: ActionResult) -> Reply:
 
 
 def knowledge_field(status: KnowledgeStatus | str) -> str:
-    """How knowledge search runs; when it is full text only, why and what to do, in the admin's words."""
+    """How knowledge search runs; when not by vector everywhere, why and what to do, in the admin's words."""
     if isinstance(status, str):
         return f"*Knowledge*\n{status}"
     dims = f", {status.dim} dims" if status.dim else ""
-    if status.search in ("hybrid", "empty"):
-        return f"*Knowledge*\n{status.search} search ({status.embedder}{dims})"
-    problems = "\n".join(f"⚠️ {_clip(p.replace('<', '‹').replace('>', '›'), 600)}" for p in status.problems[:3])
-    return f"*Knowledge*\n{status.search} search ({status.embedder}{dims})\n{problems}"
+    lines = [f"*Knowledge*\n{status.search} search ({status.embedder}{dims})"]
+    if status.unembedded:
+        lines.append(f"{status.unembedded} passage(s) without vectors yet (found by full text meanwhile)")
+    # Provider error messages are untrusted text: escaped, so they cannot become links or mentions.
+    lines += [f"⚠️ {_clip(_escape(problem), 600)}" for problem in status.problems[:3]]
+    return "\n".join(lines)
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def status_reply(
