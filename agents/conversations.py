@@ -2,12 +2,17 @@
 at a time per conversation, in arrival order, across processes.
 
     submit()        stores the message (idempotent on external_id) and returns at once
-    process_next()  locks the conversation row (SELECT ... FOR NO KEY UPDATE), takes its oldest unprocessed message,
-                    runs the turn and commits everything the turn produced in that same transaction
-    handle()        submit, then process until this message is done: what the CLI and tests call
+    run_leased()    under the conversation's lease (agents.leases), runs its waiting messages in order: each in
+                    a short transaction that counts the attempt and reads what the turn needs, the turn itself
+                    (LLM and tool calls) outside any transaction, then one short transaction that checks the
+                    lease's fence and commits everything the turn produced
+    process_next()  claims a lease, runs one message, releases it; handle(): submit, then process until this
+                    message is done (what the CLI and tests call)
 
-A crash mid-turn rolls the transaction back and leaves the message unprocessed, so it is run again; after
-`max_attempts` failures the customer gets an apology and a human instead of silence.
+No transaction, row lock or pooled connection is held across a model call. A turn whose lease expired
+meanwhile commits nothing (LeaseLost) and is run again by the next holder; a crash leaves the message
+unprocessed, to be run again once the lease expires; after `max_attempts` failures the customer gets an apology
+and a human instead of silence.
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from sqlalchemy import func, insert, literal, select, update
+from sqlalchemy import func, insert, literal, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.agent import Roster
+from agents.leases import Lease, LeaseLost, Leases, fenced, process_owner
 from agents.logcontext import current_conversation
 from agents.loop import Escalate, EventSink, HandoffRecord, LoopConfig, TurnInput, TurnResult, run_turn
 from agents.messages import Message, ToolCall
@@ -108,6 +114,13 @@ class TurnCommit:
 TurnHook = Callable[[AsyncSession, TurnCommit], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class _Planned:
+    """A message that needs a turn: what the turn gets, read in the first transaction."""
+
+    input: TurnInput
+
+
 def _row_to_message(row: m.Message) -> Message:
     return Message(
         role=row.role,  # type: ignore[arg-type]
@@ -145,8 +158,10 @@ class Conversations:
         history_limit: int = 200,
         max_attempts: int = 3,
         after_turn: TurnHook | None = None,
+        leases: Leases | None = None,
     ) -> None:
         self.sessions = sessions
+        self.leases = leases or Leases(sessions, owner=process_owner())
         self.roster = roster
         self.model = model
         self.config = config
@@ -260,34 +275,93 @@ class Conversations:
             return ConversationState(row.id, row.key, row.mode, row.active_agent, dict(row.context))  # type: ignore[arg-type]
 
     async def process_next(
-        self, conversation_id: int | None = None, *, on_event: EventSink | None = None
+        self, conversation_id: int | None = None, *, on_event: EventSink | None = None, wait_s: float = 300.0
     ) -> MessageResult | None:
-        """Run the oldest unprocessed message of one conversation, waiting for its lock; or, with no id, of any
-        conversation with waiting messages that no other worker is running (SKIP LOCKED). None when there was
-        nothing to do.
-
-        Each attempt is counted in its own committed transaction before the turn runs, so a message that keeps
-        failing, even by killing the process, gets the apology and a human after `max_attempts`."""
-        claim: tuple[int, int, int] | None = None  # conversation, message, attempt
+        """Run the oldest waiting message of one conversation (waiting up to `wait_s` while another holder has
+        its lease), or, with no id, of any conversation with waiting messages that nobody runs. None when there
+        was nothing to do."""
+        if conversation_id is None:
+            claimed = await self.leases.claim_pending(1)
+            lease = claimed[0] if claimed else None
+        else:
+            lease = await self.leases.wait_for(conversation_id, timeout_s=wait_s)
+        if lease is None:
+            return None
+        failed = False
         try:
-            async with self.sessions() as s, s.begin():
-                conv = await self._lock(s, conversation_id)
-                inbound = None if conv is None else await self._oldest(s, conv.id)
-                if conv is None or inbound is None:
-                    return None
-                current_conversation.set(conv.key)
-                claim = (conv.id, inbound.id, await self._count_attempt(inbound.id))
-                return await self._process_locked(s, conv, inbound, on_event, give_up=claim[2] > self.max_attempts)
+            return await self.run_one(lease, on_event=on_event)
         except Exception:
-            if claim is None or claim[2] < self.max_attempts:
+            failed = True
+            raise
+        finally:
+            await self.leases.release(lease, retry_after_s=0.2 if failed else 0.0)
+
+    async def run_leased(self, lease: Lease, *, on_event: EventSink | None = None) -> list[MessageResult]:
+        """Every waiting message of the leased conversation, in order, renewing the lease meanwhile; released at
+        the end (after a failure, kept from everyone for a second, so a failing message is not retried in a
+        tight loop). Raises LeaseLost when the lease was taken: what was committed before stays."""
+        lost = asyncio.Event()
+        keeper = asyncio.create_task(self.leases.keep(lease, lost), name=f"lease-{lease.conversation_id}")
+        results: list[MessageResult] = []
+        retry_after = 0.0
+        try:
+            while (result := await self.run_one(lease, on_event=on_event)) is not None:
+                results.append(result)
+                if lost.is_set():
+                    raise LeaseLost(f"conversation {lease.conversation_id}")
+        except Exception:
+            retry_after = 1.0
+            raise
+        finally:
+            keeper.cancel()
+            await self.leases.release(lease, retry_after_s=retry_after)
+        return results
+
+    async def run_one(self, lease: Lease, *, on_event: EventSink | None = None) -> MessageResult | None:
+        """The oldest waiting message of the leased conversation, or None when there is none."""
+        async with self.sessions() as s, s.begin():
+            if not await fenced(s, lease, ttl_s=self.leases.ttl_s):
+                raise LeaseLost(f"conversation {lease.conversation_id}")
+            conv = await s.get(m.Conversation, lease.conversation_id)
+            inbound = None if conv is None else await self._oldest(s, conv.id)
+            if conv is None or inbound is None:
+                return None
+            current_conversation.set(conv.key)
+            # Counted in this committed transaction, before the turn: a message that keeps failing, even by
+            # killing the process, gets the apology and a human after `max_attempts`.
+            inbound.attempts += 1
+            attempt = inbound.attempts
+            planned = await self._plan(s, conv, inbound, give_up=attempt > self.max_attempts)
+            if isinstance(planned, MessageResult):
+                return planned  # decided without a turn (staff, human, paused, given up): committed here
+        try:
+            turn = await run_turn(
+                planned.input, roster=self.roster, model=self.model, config=self.config, db=self.sessions,
+                on_event=on_event,
+            )  # fmt: skip
+        except Exception:
+            if attempt < self.max_attempts:
                 raise
-            log.exception("turn failed %d times; apologising", claim[2])
-            async with self.sessions() as s, s.begin():
-                conv = await self._lock(s, claim[0])
-                inbound = await s.get(m.Inbound, claim[1])
-                if conv is None or inbound is None or inbound.processed_at is not None:
-                    return None  # another worker got there first
-                return await self._process_locked(s, conv, inbound, on_event, give_up=True)
+            log.exception("turn failed %d times; apologising", attempt)
+            return await self._finish(lease, planned, None)
+        return await self._finish(lease, planned, turn)
+
+    async def _finish(self, lease: Lease, planned: _Planned, turn: TurnResult | None) -> MessageResult:
+        """The turn's one commit: nothing unless the lease still holds."""
+        async with self.sessions() as s, s.begin():
+            if not await fenced(s, lease, ttl_s=self.leases.ttl_s):
+                raise LeaseLost(f"conversation {lease.conversation_id}")
+            conv = await s.get(m.Conversation, lease.conversation_id)
+            inbound = await s.get(m.Inbound, planned.input.inbound_id)
+            assert conv is not None and inbound is not None
+            user = planned.input.history[-1]
+            if turn is None:
+                reason = Escalate("the bot failed repeatedly on this message", "error")
+                apology = self.config.texts.provider_failure
+                return await self._to_human(
+                    s, conv, inbound, user, planned.input.agent, dict(planned.input.context), reason, apology
+                )
+            return await self._commit_turn(s, conv, inbound, user, turn)
 
     async def _oldest(self, s: AsyncSession, conversation_id: int) -> m.Inbound | None:
         return await s.scalar(
@@ -297,45 +371,15 @@ class Conversations:
             .limit(1)
         )
 
-    async def _count_attempt(self, inbound_id: int) -> int:
-        async with self.sessions() as s, s.begin():
-            attempts = await s.scalar(
-                update(m.Inbound)
-                .where(m.Inbound.id == inbound_id)
-                .values(attempts=m.Inbound.attempts + 1)
-                .returning(m.Inbound.attempts)
-            )
-        return attempts or 0
-
-    async def _lock(self, s: AsyncSession, conversation_id: int | None) -> m.Conversation | None:
-        # FOR NO KEY UPDATE: turns of one conversation exclude each other, while tools writing rows that
-        # reference the conversation (their FK checks take KEY SHARE) from their own transactions still can.
-        query = select(m.Conversation)
-        if conversation_id is not None:
-            return await s.scalar(query.where(m.Conversation.id == conversation_id).with_for_update(key_share=True))
-        waiting = select(m.Inbound.conversation_id).where(m.Inbound.processed_at.is_(None))
-        return await s.scalar(
-            query.where(m.Conversation.id.in_(waiting))
-            .order_by(m.Conversation.updated_at)
-            .limit(1)
-            .with_for_update(key_share=True, skip_locked=True)
-        )
-
-    async def _process_locked(
-        self,
-        s: AsyncSession,
-        conv: m.Conversation,
-        inbound: m.Inbound,
-        on_event: EventSink | None,
-        *,
-        give_up: bool = False,
-    ) -> MessageResult:
+    async def _plan(
+        self, s: AsyncSession, conv: m.Conversation, inbound: m.Inbound, *, give_up: bool
+    ) -> MessageResult | _Planned:
+        """Within the first transaction: the outcome when no turn is needed, else what the turn needs."""
         if inbound.kind == "staff":
             return await self._staff_message(s, conv, inbound)
         user = Message("user", inbound.text, author=inbound.author)
         if conv.mode == "closed":
-            # Reopened with the bot. Not written to the row until the turn's end: an uncommitted UPDATE of the
-            # conversation row would make every message stored meanwhile wait for this whole turn.
+            # Reopened with the bot (written to the row with the turn's results).
             agent, context, reopened = self.roster.entry, {}, True
         else:
             agent, context, reopened = conv.active_agent, dict(conv.context), False
@@ -358,16 +402,12 @@ class Conversations:
         if await self._paused(s, conv.key):
             reason = Escalate("the bot is paused here by an admin", "paused")
             return await self._to_human(s, conv, inbound, user, agent, context, reason, self.config.texts.paused)
-
         history = await self._history(s, conv.id, conv.history_from)
-        turn = await run_turn(
-            TurnInput(conv.id, inbound.id, agent, context, (*history, user)),
-            roster=self.roster,
-            model=self.model,
-            config=self.config,
-            db=self.sessions,
-            on_event=on_event,
-        )
+        return _Planned(TurnInput(conv.id, inbound.id, agent, context, (*history, user)))
+
+    async def _commit_turn(
+        self, s: AsyncSession, conv: m.Conversation, inbound: m.Inbound, user: Message, turn: TurnResult
+    ) -> MessageResult:
         escalated = isinstance(turn.outcome, Escalate)
         result = MessageResult(
             inbound.id,

@@ -153,7 +153,7 @@ async def run(server_url: str, database: str, params: Params) -> dict[str, Any]:
                 fake,
                 emulator,
                 Path(tmp),
-                turn_workers=2,
+                max_turns=2,
                 db_pool_size=10,
                 ack_pool_size=None,
                 extra_env={"ADMIN_USER_IDS": ADMIN},

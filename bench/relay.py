@@ -127,7 +127,7 @@ class Params:
     drain_timeout_s: float
     quiet_s: float
     """After everything is relayed: how long to keep watching for duplicate relays."""
-    bot_turn_workers: int = int(DEFAULTS["turn_workers"].default)
+    bot_max_turns: int = int(DEFAULTS["max_concurrent_turns"].default)
     bot_db_pool_size: int = int(DEFAULTS["db_pool_size"].default)
     bot_ack_pool_size: int = int(DEFAULTS["ack_pool_size"].default)
 
@@ -760,7 +760,7 @@ async def run(server_url: str, database: str, params: Params) -> dict[str, Any]:
                 fake,
                 emulator,
                 Path(tmp),
-                turn_workers=params.bot_turn_workers,
+                max_turns=params.bot_max_turns,
                 db_pool_size=params.bot_db_pool_size,
                 ack_pool_size=params.bot_ack_pool_size,
                 extra_env={"CASE_SUMMARY": "transcript"},

@@ -101,7 +101,7 @@ class Params:
     """After everything is answered: how long to keep watching for duplicate replies."""
     connection_limit: int = 2000
     """This process's connections to the bot (aiohttp's default of 100 would queue a burst's requests here)."""
-    bot_turn_workers: int = int(DEFAULTS["turn_workers"].default)
+    bot_max_turns: int = int(DEFAULTS["max_concurrent_turns"].default)
     bot_db_pool_size: int = int(DEFAULTS["db_pool_size"].default)
     bot_ack_pool_size: int | None = int(DEFAULTS["ack_pool_size"].default) if "ack_pool_size" in DEFAULTS else None
     """The acknowledgements' own pool, in bot versions that have one."""
@@ -334,7 +334,7 @@ async def bot_process(
     emulator: SlackEmulator,
     workdir: Path,
     *,
-    turn_workers: int,
+    max_turns: int,
     db_pool_size: int,
     ack_pool_size: int | None,
     extra_env: dict[str, str] | None = None,
@@ -353,7 +353,7 @@ async def bot_process(
         "SLACK_SIGNING_SECRET": SIGNING_SECRET,
         "SLACK_API_URL": emulator.api_url,
         "STAFF_CHANNEL_ID": STAFF_CHANNEL,
-        "TURN_WORKERS": str(turn_workers),
+        "MAX_CONCURRENT_TURNS": str(max_turns),
         "DB_POOL_SIZE": str(db_pool_size),
         # The fake LLM serves embeddings too, of its own size (as tests/conftest.py configures the bot).
         "EMBEDDINGS": "openai",
@@ -1027,7 +1027,7 @@ async def run(server_url: str, database: str, params: Params) -> dict[str, Any]:
                 fake,
                 emulator,
                 Path(tmp),
-                turn_workers=params.bot_turn_workers,
+                max_turns=params.bot_max_turns,
                 db_pool_size=params.bot_db_pool_size,
                 ack_pool_size=params.bot_ack_pool_size,
             ) as bot:

@@ -1,16 +1,18 @@
 """The outbox: Web API calls owed to Slack, written in the transaction that caused them, sent exactly once.
 
-Per conversation, rows go out in id order under a Postgres advisory lock held on one connection, so several
-bot processes never send one conversation's rows concurrently, and a crashed sender's lock dies with its
-connection. Before a post, its attempt is committed; a post whose attempt was recorded but never confirmed
-(the process died waiting for Slack's answer) is looked for in the thread by the outbox id carried in its
-message metadata, and only posted if it is not there.
+Per conversation, rows go out in id order under a send lease (`send_leases`: owner and expiry, claimed and
+renewed in short statements), so several bot processes never send one conversation's rows concurrently, no
+connection is held while Slack answers, and a crashed sender's lease runs out. Before a post, its attempt is
+committed; a post whose attempt was recorded but never confirmed (the process died waiting for Slack's answer,
+or stalled past its lease) is looked for in the thread by the outbox id carried in its message metadata, and
+only posted if it is not there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -20,10 +22,11 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.engine import Row
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from agents.agent import Roster
 from agents.conversations import TurnCommit
+from agents.leases import process_owner
 from bot.mrkdwn import split_text, to_mrkdwn
 from bot.slack_events import parse_conversation_key
 from db import models as m
@@ -34,7 +37,6 @@ from escalation.policy import EscalationPolicy
 log = logging.getLogger(__name__)
 
 METADATA_TYPE = "helpdesk_outbox"
-_LOCK_NAMESPACE = 0x0B0C << 48
 _REACTION_OK = {"react_add": "already_reacted", "react_remove": "no_reaction"}
 
 
@@ -158,8 +160,13 @@ class OutboxSender:
         client: AsyncWebClient,
         cases: CaseDelivery | None = None,
         give_up_after: timedelta = timedelta(hours=24),
+        owner: str = "",
+        lease_s: float = 30.0,
     ) -> None:
         self.engine = engine
+        self.owner = owner or process_owner()
+        self.lease_s = lease_s
+        """How long a send lease lasts unrenewed: a crashed sender's conversations wait this long."""
         self.cases = cases
         self.client = client
         """Should retry only 429s by itself: a post retried after a connection error inside the SDK could land
@@ -189,15 +196,18 @@ class OutboxSender:
         return sum(r for r in results if isinstance(r, int))
 
     async def _send_conversation(self, conversation_id: int | None) -> int:
-        key = _LOCK_NAMESPACE | (conversation_id or 0)
+        key = conversation_id or 0
+        if not await self._lease(key):
+            return 0
         sent = 0
-        async with self.engine.connect() as conn:
-            got = await conn.scalar(text("SELECT pg_try_advisory_lock(:k)"), {"k": key})
-            await conn.commit()
-            if not got:
-                return 0
-            try:
-                while True:
+        renewed = time.monotonic()
+        try:
+            while True:
+                if time.monotonic() - renewed > self.lease_s / 3:
+                    if not await self._lease(key):
+                        break  # another sender took over (this one stalled): it goes on from the head
+                    renewed = time.monotonic()
+                async with self.engine.connect() as conn:
                     row = (
                         await conn.execute(
                             select(m.Outbox)
@@ -207,31 +217,47 @@ class OutboxSender:
                             .limit(1)
                         )
                     ).first()
-                    await conn.commit()
-                    if row is None or (row.next_attempt_at and row.next_attempt_at > datetime.now(UTC)):
-                        break  # nothing left, or the head waits out its backoff and the rest wait behind it
-                    if not await self._deliver(conn, row):
-                        break
-                    sent += 1
-            finally:
-                await conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
-                await conn.commit()
+                if row is None or (row.next_attempt_at and row.next_attempt_at > datetime.now(UTC)):
+                    break  # nothing left, or the head waits out its backoff and the rest wait behind it
+                if not await self._deliver(row):
+                    break
+                sent += 1
+        finally:
+            async with self.engine.begin() as conn:
+                await conn.execute(
+                    text("DELETE FROM send_leases WHERE conversation_id = :k AND owner = :o"),
+                    {"k": key, "o": self.owner},
+                )
         return sent
 
-    async def _deliver(self, conn: AsyncConnection, row: Row[Any]) -> bool:
+    async def _lease(self, key: int) -> bool:
+        """Claim (or renew) the send lease of one conversation's rows; False while another sender holds it."""
+        async with self.engine.begin() as conn:
+            got = await conn.scalar(
+                text(
+                    "INSERT INTO send_leases (conversation_id, owner, until) "
+                    "VALUES (:k, :o, now() + make_interval(secs => :ttl)) "
+                    "ON CONFLICT (conversation_id) DO UPDATE SET owner = :o, until = EXCLUDED.until "
+                    "WHERE send_leases.owner = :o OR send_leases.until < now() RETURNING conversation_id"
+                ),
+                {"k": key, "o": self.owner, "ttl": self.lease_s},
+            )
+        return got is not None
+
+    async def _deliver(self, row: Row[Any]) -> bool:
         """Send one row; False when it must wait (a transient failure), so later rows keep their order."""
         try:
             if row.kind in THREADED_IN_CASE and row.thread_ts is None:
-                row = await self._into_case_thread(conn, row)
+                row = await self._into_case_thread(row)
             posting = row.kind == "post" or row.kind in POSTING_KINDS
             found_ts = await self._already_posted(row) if posting and row.attempts > 0 else None
             if found_ts is not None:
-                await self._sent(conn, row, found_ts)
+                await self._sent(row, found_ts)
                 return True
             if posting:
                 # Recorded before the call: if the process dies waiting for Slack's answer, the next try looks
                 # for the post first. Reactions are idempotent and need no such record (one commit fewer each).
-                await self._mark(conn, row.id, attempts=m.Outbox.attempts + 1, attempted_at=func.now())
+                await self._mark(row.id, attempts=m.Outbox.attempts + 1, attempted_at=func.now())
             result_ts = await self._call(row)
         except SlackApiError as exc:
             error = str(exc.response.get("error") or exc)
@@ -239,41 +265,41 @@ class OutboxSender:
                 result_ts = None
             elif error in PERMANENT_ERRORS or datetime.now(UTC) - row.created_at > self.give_up_after:
                 log.error("outbox row %s given up: %s", row.id, error)
-                await self._mark(conn, row.id, sent_at=func.now(), last_error=f"gave up: {error}")
+                await self._mark(row.id, sent_at=func.now(), last_error=f"gave up: {error}")
                 return True
             else:
-                await self._backoff(conn, row, error)
+                await self._backoff(row, error)
                 return False
         except Exception as exc:  # connection failures and timeouts: tried again after a backoff
-            await self._backoff(conn, row, repr(exc))
+            await self._backoff(row, repr(exc))
             return False
-        await self._sent(conn, row, result_ts)
+        await self._sent(row, result_ts)
         return True
 
-    async def _sent(self, conn: AsyncConnection, row: Row[Any], ts: str | None) -> None:
+    async def _sent(self, row: Row[Any], ts: str | None) -> None:
         if self.cases is not None and ts is not None:
             await self.cases.posted(row, ts)
         posting = row.kind == "post" or row.kind in POSTING_KINDS
         counted = {} if posting else {"attempts": m.Outbox.attempts + 1}
-        await self._mark(conn, row.id, sent_at=func.now(), result_ts=ts, **counted)
+        await self._mark(row.id, sent_at=func.now(), result_ts=ts, **counted)
 
-    async def _into_case_thread(self, conn: AsyncConnection, row: Row[Any]) -> Row[Any]:
+    async def _into_case_thread(self, row: Row[Any]) -> Row[Any]:
         """Relays and reminders go to the case's thread, known only once the case message is out; it always is
         by now, since it was queued earlier in the same conversation."""
         where = None if self.cases is None else await self.cases.case_thread(row.escalation_id)
         if where is None:
             raise SlackApiError("no case thread", {"ok": False, "error": "thread_not_found"})  # type: ignore[no-untyped-call]
-        await self._mark(conn, row.id, channel=where[0], thread_ts=where[1])
-        refreshed = (await conn.execute(select(m.Outbox).where(m.Outbox.id == row.id))).first()
-        await conn.commit()
+        await self._mark(row.id, channel=where[0], thread_ts=where[1])
+        async with self.engine.connect() as conn:
+            refreshed = (await conn.execute(select(m.Outbox).where(m.Outbox.id == row.id))).first()
         assert refreshed is not None
         return refreshed
 
-    async def _backoff(self, conn: AsyncConnection, row: Row[Any], error: str) -> None:
+    async def _backoff(self, row: Row[Any], error: str) -> None:
         delay = timedelta(seconds=min(2 ** (row.attempts + 1), 300))
         log.warning("outbox row %s failed (%s); next try in %s", row.id, error, delay)
         counted = {} if row.kind == "post" or row.kind in POSTING_KINDS else {"attempts": m.Outbox.attempts + 1}
-        await self._mark(conn, row.id, last_error=error, next_attempt_at=func.now() + delay, **counted)
+        await self._mark(row.id, last_error=error, next_attempt_at=func.now() + delay, **counted)
 
     async def _call(self, row: Row[Any]) -> str | None:
         match row.kind:
@@ -314,7 +340,6 @@ class OutboxSender:
                 return str(message["ts"])
         return None
 
-    @staticmethod
-    async def _mark(conn: AsyncConnection, row_id: int, **values: Any) -> None:
-        await conn.execute(update(m.Outbox).where(m.Outbox.id == row_id).values(**values))
-        await conn.commit()
+    async def _mark(self, row_id: int, **values: Any) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(update(m.Outbox).where(m.Outbox.id == row_id).values(**values))

@@ -56,13 +56,22 @@ async def open_database(settings: Settings, *, run_migrations: bool = True) -> A
     url, handle = await asyncio.to_thread(database_url, settings)
     if run_migrations:
         await asyncio.to_thread(migrate.upgrade, url)
-    engine = make_engine(url, pool_size=settings.db_pool_size)
+    engine = make_engine(
+        url, pool_size=settings.db_pool_size, transaction_pooler=settings.database_pooler == "transaction"
+    )
     try:
         async with engine.connect() as conn:
             await conn.execute(text("SELECT 1"))
         yield Database(url, engine, make_sessions(engine), handle)
     finally:
         await engine.dispose()
+
+
+def listen_url(settings: Settings, url: str) -> str | None:
+    """Where to LISTEN for new work: a pooler in transaction mode cannot; polling covers that case."""
+    if settings.database_listen_url:
+        return settings.database_listen_url
+    return url if settings.database_pooler == "session" else None
 
 
 def loop_config(settings: Settings, *, token_budget: int | None = None) -> LoopConfig:

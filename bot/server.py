@@ -28,6 +28,7 @@ from sqlalchemy import text
 
 from agents.conversations import Conversations
 from agents.knowledge.store import KnowledgeBase
+from agents.leases import Leases, process_owner
 from agents.model import Model
 from bot import runtime
 from bot.admin.actions import AdminActions
@@ -118,12 +119,14 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
     async with runtime.open_database(settings) as db:
         brain = await runtime.brain(settings, db)
         roster, model = brain.roster, brain.model
+        leases = Leases(db.sessions, owner=process_owner(), ttl_s=settings.lease_seconds)
         conversations = Conversations(
             sessions=db.sessions,
             roster=roster,
             model=model,
             config=runtime.loop_config(settings, token_budget=brain.token_budget),
             after_turn=turn_outbox(roster, style, policy, clock=now),
+            leases=leases,
         )
         metrics = Metrics()
         cases = CaseDelivery(
@@ -135,15 +138,24 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             else None,
         )
         sender = OutboxSender(
-            engine=db.engine, client=slack_client(token=token, base_url=api, idempotent_only=True), cases=cases
+            engine=db.engine,
+            client=slack_client(token=token, base_url=api, idempotent_only=True),
+            cases=cases,
+            lease_s=settings.lease_seconds,
         )
         workers = Workers(
-            conversations=conversations, sender=sender, metrics=metrics, turn_workers=settings.turn_workers
+            conversations=conversations,
+            sender=sender,
+            metrics=metrics,
+            max_turns=settings.max_concurrent_turns,
+            listen_url=runtime.listen_url(settings, db.url),
         )
-        desk = CaseDesk(sessions=db.sessions, policy=policy, on_change=workers.wake_sender)
-        # The acknowledgement path gets its own small pool: turns hold connections for as long as the LLM
-        # takes, and a burst of events must never queue behind them for Slack's 3 seconds.
-        ack_engine = make_engine(db.url, pool_size=settings.ack_pool_size)
+        desk = CaseDesk(sessions=db.sessions, policy=policy, on_change=workers.wake_sender, leases=leases)
+        # The acknowledgement path gets its own small pool, so a burst of events never queues behind the
+        # workers' short transactions for Slack's 3 seconds.
+        ack_engine = make_engine(
+            db.url, pool_size=settings.ack_pool_size, transaction_pooler=settings.database_pooler == "transaction"
+        )
         inbox = Inbox(
             sessions=make_sessions(ack_engine),
             conversations=conversations,

@@ -22,6 +22,8 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default=Path(".data"), description="Local state (the embedded Postgres), from the cwd.")
     db_pool_size: int = 20
     ack_pool_size: int = 10
+    database_pooler: Literal["session", "transaction"] = "session"
+    database_listen_url: str | None = None
 
     # LLM provider
     openai_api_key: SecretStr | None = None
@@ -61,7 +63,8 @@ class Settings(BaseSettings):
     handoff_notice: str = "_Connecting you with {agent}…_"
     working_reaction: str = "eyes"
     done_reaction: str = "white_check_mark"
-    turn_workers: int = 4
+    max_concurrent_turns: int = 256
+    lease_seconds: float = 30.0
 
     # Human takeover
     escalation_message: str = "I've asked a colleague to join. A person will reply here shortly."

@@ -3,6 +3,7 @@ own events; one middleware then stores each event in the durable inbox and ackno
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -47,6 +48,7 @@ def slack_client(*, token: str, base_url: str, timeout_s: int = 30, idempotent_o
     )
 
 
+ACK_WITHIN_S = 2.0
 CASE_ACTIONS: dict[str, Action] = {ACTION_CLAIM: "claim", ACTION_RESOLVE: "resolve", ACTION_HAND_BACK: "hand_back"}
 
 
@@ -59,14 +61,20 @@ def build_app(*, client: AsyncWebClient, signing_secret: str, inbox: Inbox, desk
         if action is None or action.action_id not in CASE_ACTIONS:
             await ack()
             return
-        # The change is written before the ack (well within 3 s); Slack then shows the button as handled.
-        result = await desk.act(
-            escalation_id=action.escalation_id,
-            action=CASE_ACTIONS[action.action_id],
-            user=action.user,
-            channel=action.channel,
+        # Usually the change is made before the ack, and Slack shows the button as handled. It waits for a running
+        # turn of the conversation (its lease), which may take longer than Slack's 3 s: then the ack goes first
+        # and the case message is updated through the outbox once the change is made.
+        change = asyncio.create_task(
+            desk.act(
+                escalation_id=action.escalation_id,
+                action=CASE_ACTIONS[action.action_id],
+                user=action.user,
+                channel=action.channel,
+            )
         )
+        await asyncio.wait({change}, timeout=ACK_WITHIN_S)
         await ack()
+        result = await change
         if not result.ok:
             await respond(text=result.message, response_type="ephemeral", replace_original=False)
 

@@ -1,5 +1,11 @@
-"""Background work of one bot process: turn workers draining the inbox, and the outbox sender. On start they
-pick up whatever an earlier process left unfinished: unprocessed messages and unsent replies."""
+"""Background work of one bot process: a dispatcher that runs up to `max_turns` conversations at once, each
+under its lease, and the outbox sender. On start they pick up whatever an earlier process left unfinished:
+unprocessed messages (once their leases expire) and unsent replies.
+
+New work reaches every process at once through Postgres LISTEN/NOTIFY (`Wakeups`: the migrations' triggers
+notify on each stored message and outbox row); polling every `poll_s` stays as the fallback, so a listener
+that is down (or a pooler that cannot LISTEN) costs latency, never messages.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +15,65 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+import asyncpg  # type: ignore[import-untyped]
+
 from agents.conversations import Conversations
+from agents.leases import Lease, LeaseLost
 from bot.metrics import Metrics
 from bot.outbox import OutboxSender
+from db.url import async_url
 
 log = logging.getLogger(__name__)
+
+TURNS, SENDS = "helpdesk_turns", "helpdesk_sends"
+CLAIM_BATCH = 50
+
+
+class Wakeups:
+    """A dedicated connection (outside the pool) that LISTENs for new work and calls back; reconnects after a
+    loss. Behind a pooler in transaction mode LISTEN does not work: set `url` to a direct connection there,
+    or leave it None to rely on polling."""
+
+    def __init__(self, url: str | None, callbacks: dict[str, Callable[[], None]]) -> None:
+        self.url = url
+        self.callbacks = callbacks
+        self._task: asyncio.Task[None] | None = None
+        self.listening = False
+
+    async def start(self) -> None:
+        if self.url is not None:
+            self._task = asyncio.create_task(self._run(), name="wakeups")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        assert self.url is not None
+        dsn = async_url(self.url).set(drivername="postgresql").render_as_string(hide_password=False)
+        while True:
+            try:
+                conn = await asyncpg.connect(dsn)
+            except Exception as exc:
+                log.warning("cannot LISTEN for new work (%s); polling meanwhile", exc)
+                await asyncio.sleep(5)
+                continue
+            try:
+                lost = asyncio.Event()
+                conn.add_termination_listener(lambda _, lost=lost: lost.set())
+                for channel, callback in self.callbacks.items():
+                    await conn.add_listener(channel, lambda *_, wake=callback: wake())
+                self.listening = True
+                for callback in self.callbacks.values():
+                    callback()  # anything stored while no one listened
+                await lost.wait()
+                log.warning("the LISTEN connection was lost; reconnecting")
+            finally:
+                self.listening = False
+                with contextlib.suppress(Exception):
+                    await conn.close()
 
 
 class Workers:
@@ -23,27 +83,34 @@ class Workers:
         conversations: Conversations,
         sender: OutboxSender,
         metrics: Metrics,
-        turn_workers: int = 4,
+        max_turns: int = 256,
         poll_s: float = 1.0,
+        listen_url: str | None = None,
         housekeeping: list[tuple[Callable[[], Awaitable[object]], float]] | None = None,
     ) -> None:
         self.conversations = conversations
         self.sender = sender
         self.metrics = metrics
-        self.turn_workers = turn_workers
+        self.max_turns = max_turns
+        """Conversations this process runs at once; independent of the connection pool, since no turn holds a
+        connection while its model answers."""
         self.poll_s = poll_s
-        """Wake-ups reach this process only; other processes' work is found by polling this often."""
         self._turns = asyncio.Event()
         self._sends = asyncio.Event()
+        self.wakeups = Wakeups(listen_url, {TURNS: self.wake_turns, SENDS: self.wake_sender})
         self.housekeeping = housekeeping or []
         """Periodic jobs and their period in seconds (event-id pruning, case reminders)."""
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._running: set[asyncio.Task[None]] = set()
         self.ready = False
 
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
     def wake_turns(self) -> None:
-        # Left set until a loop starts looking for work, so a wake-up that comes while every loop is busy is
-        # not lost until the next poll.
+        # Left set until the dispatcher looks for work, so a wake-up while it is busy is not lost.
         self._turns.set()
 
     def wake_all(self) -> None:
@@ -54,21 +121,25 @@ class Workers:
         self._sends.set()
 
     async def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._turn_loop(), name=f"turns-{i}") for i in range(self.turn_workers)]
-        self._tasks.append(asyncio.create_task(self._send_loop(), name="outbox"))
+        await self.wakeups.start()
+        self._tasks = [
+            asyncio.create_task(self._dispatch_loop(), name="turns"),
+            asyncio.create_task(self._send_loop(), name="outbox"),
+        ]
         for job, every_s in self.housekeeping:
             self._tasks.append(asyncio.create_task(self._housekeeping_loop(job, every_s), name="housekeeping"))
         self.ready = True
 
     async def stop(self, *, grace_s: float = 10.0) -> None:
-        """Let each loop finish what it is doing (a turn, a send) and leave; cancel only after the grace
-        period. Cancelling mid-transaction is safe for the data, but a driver interrupted mid-query can take
-        its connection down with it."""
+        """Let running turns and sends finish and leave; cancel only after the grace period (a cancelled turn
+        commits nothing; its message runs again once the lease expires)."""
         self.ready = False
         self._stopping.set()
-        if not self._tasks:
+        await self.wakeups.stop()
+        tasks = [*self._tasks, *self._running]
+        if not tasks:
             return
-        _, late = await asyncio.wait(self._tasks, timeout=grace_s)
+        _, late = await asyncio.wait(tasks, timeout=grace_s)
         for task in late:
             task.cancel()
         for task in late:
@@ -81,21 +152,40 @@ class Workers:
         for waiter in pending:
             waiter.cancel()
 
-    async def _turn_loop(self) -> None:
+    async def _dispatch_loop(self) -> None:
         while not self._stopping.is_set():
-            started = time.perf_counter()
             self._turns.clear()
-            try:
-                result = await self.conversations.process_next()
-            except Exception:
-                log.exception("turn failed; the message stays queued")
-                await self._sleep(self._stopping, self.poll_s)
-                continue
-            if result is None:
-                await self._sleep(self._turns, self.poll_s)
-                continue
+            free = self.max_turns - len(self._running)
+            claimed: list[Lease] = []
+            if free > 0:
+                try:
+                    claimed = await self.conversations.leases.claim_pending(min(free, CLAIM_BATCH))
+                except Exception:
+                    log.exception("claiming conversations failed")
+            for lease in claimed:
+                task = asyncio.create_task(self._run(lease), name=f"turn-{lease.conversation_id}")
+                self._running.add(task)
+            if claimed and len(claimed) == min(free, CLAIM_BATCH):
+                continue  # there may be more waiting
+            await self._sleep(self._turns, self.poll_s)
+
+    async def _run(self, lease: Lease) -> None:
+        started = time.perf_counter()
+        try:
+            results = await self.conversations.run_leased(lease)
+        except LeaseLost:
+            log.warning("lost the lease of conversation %s: its turn was not committed", lease.conversation_id)
+            results = []
+        except Exception:
+            log.exception("turn failed; the message stays queued")
+            results = []
+        finally:
+            self._running.discard(asyncio.current_task())
+            self.wake_turns()  # a place is free
+        for result in results:
             self.metrics.processed.labels(result.kind).inc()
-            self.metrics.turn_seconds.observe(time.perf_counter() - started)
+        if results:
+            self.metrics.turn_seconds.observe((time.perf_counter() - started) / len(results))
             self.wake_sender()
 
     async def _housekeeping_loop(self, job: Callable[[], Awaitable[object]], every_s: float) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 from db.url import async_url
@@ -9,12 +11,24 @@ from db.url import async_url
 Sessions = async_sessionmaker[AsyncSession]
 
 
-def make_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
+def make_engine(url: str, *, pool_size: int = 20, transaction_pooler: bool = False) -> AsyncEngine:
+    """`transaction_pooler`: `url` is PgBouncer (or alike) in transaction mode, where a prepared statement may
+    meet another server connection than the one it was prepared on: no statement caches, unique names."""
+    pooled: dict[str, object] = {}
+    if transaction_pooler:
+        pooled = {
+            "connect_args": {
+                "statement_cache_size": 0,
+                "prepared_statement_name_func": lambda: f"__asyncpg_{uuid.uuid4()}__",
+            }
+        }
+        url = async_url(url).update_query_dict({"prepared_statement_cache_size": "0"}).render_as_string(False)
     return create_async_engine(
         async_url(url),
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,
+        **pooled,
     )
 
 

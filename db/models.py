@@ -53,6 +53,11 @@ class Conversation(Base):
     """Messages with a smaller id stay in the transcript but out of the agents' prompt (set by an admin reset)."""
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
+    lease_owner: Mapped[str | None] = mapped_column(Text)
+    """The process running this conversation's turn (agents.leases), until `lease_until`."""
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    lease_token: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    """Fencing token: raised by each claim, so a holder whose lease expired cannot commit."""
 
 
 class Inbound(Base):
@@ -280,6 +285,17 @@ class KnowledgeChunk(Base):
             persisted=True,
         ),
     )
+
+
+class SendLease(Base):
+    """Which process sends a conversation's outbox rows (in order), until when; 0 stands for rows of no
+    conversation."""
+
+    __tablename__ = "send_leases"
+
+    conversation_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    owner: Mapped[str] = mapped_column(Text)
+    until: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 class Pause(Base):

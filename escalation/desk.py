@@ -1,11 +1,12 @@
 """The staff side of a case, in the database: claim, resolve, hand back, reminders, and the outbox rows that
-tell Slack about each. Every change locks the conversation row like a turn does, so it never interleaves
-with one."""
+tell Slack about each. Every change holds the conversation's lease, as a turn does (agents.leases), so it never
+interleaves with one: it waits for a running turn to commit, and sees what that turn did."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
@@ -13,6 +14,7 @@ from typing import Literal
 from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.leases import LeaseLost, Leases, fenced, process_owner
 from db import models as m
 from escalation.policy import EscalationPolicy
 
@@ -44,10 +46,33 @@ class CaseDesk:
         sessions: async_sessionmaker[AsyncSession],
         policy: EscalationPolicy,
         on_change: Callable[[], None] = lambda: None,
+        leases: Leases | None = None,
+        wait_s: float = 300.0,
     ) -> None:
         self.sessions = sessions
         self.policy = policy
         self.on_change = on_change
+        self.leases = leases or Leases(sessions, owner=process_owner())
+        self.wait_s = wait_s
+        """How long an action waits for a running turn of its conversation (a turn's model calls included)."""
+
+    @asynccontextmanager
+    async def _exclusive(self, conversation_id: int) -> AsyncIterator[tuple[AsyncSession, m.Conversation | None]]:
+        """The conversation, under its lease, in a transaction that commits only while the lease holds."""
+        async with self.sessions() as s:
+            if await s.get(m.Conversation, conversation_id) is None:
+                yield s, None
+                return
+        lease = await self.leases.wait_for(conversation_id, timeout_s=self.wait_s)
+        if lease is None:
+            raise TimeoutError(f"conversation {conversation_id} stayed busy for {self.wait_s:.0f} s")
+        try:
+            async with self.sessions() as s, s.begin():
+                if not await fenced(s, lease, ttl_s=self.leases.ttl_s):
+                    raise LeaseLost(f"conversation {conversation_id}")
+                yield s, await s.get(m.Conversation, conversation_id)
+        finally:
+            await self.leases.release(lease)
 
     async def act(self, *, escalation_id: int, action: Action, user: str, channel: str | None) -> ActionResult:
         if channel != self.policy.staff_channel:
@@ -57,13 +82,14 @@ class CaseDesk:
 
     async def apply(self, *, escalation_id: int, action: Action, user: str) -> ActionResult:
         """The action itself, for whoever may take it (a case button in the staff channel, an admin command)."""
-        async with self.sessions() as s, s.begin():
-            escalation = await s.get(m.Escalation, escalation_id)
-            if escalation is None:
+        async with self.sessions() as s:
+            found = await s.get(m.Escalation, escalation_id)
+            if found is None:
                 return ActionResult(False, f"There is no case #{escalation_id}.")
-            conversation = await self._lock(s, escalation.conversation_id)
-            await s.refresh(escalation, with_for_update=True)
-            if conversation is None:
+            conversation_id = found.conversation_id
+        async with self._exclusive(conversation_id) as (s, conversation):
+            escalation = await s.get(m.Escalation, escalation_id, with_for_update=True)
+            if conversation is None or escalation is None:
                 return ActionResult(False, f"Case #{escalation_id} has no conversation any more.")
             result = await self._apply_locked(s, conversation, escalation, action, user)
         if result.ok:
@@ -74,9 +100,8 @@ class CaseDesk:
         self, *, conversation_id: int, action: Literal["hand_back", "close"], user: str
     ) -> ActionResult:
         """Hand back or close a conversation, whatever its case. The case is looked up under the conversation's
-        lock, so one that a running turn is opening right now is seen (and resolved, or handed back)."""
-        async with self.sessions() as s, s.begin():
-            conversation = await self._lock(s, conversation_id)
+        lease, so one that a running turn is opening right now is seen (and resolved, or handed back)."""
+        async with self._exclusive(conversation_id) as (s, conversation):
             if conversation is None:
                 return ActionResult(False, "That conversation no longer exists.")
             escalation = await s.scalar(
@@ -104,8 +129,7 @@ class CaseDesk:
     async def reset(self, *, conversation_id: int, user: str, entry_agent: str) -> ActionResult:
         """Back to the entry agent with the context cleared: earlier messages stay in the transcript but leave
         the agents' prompt. An open case is resolved, and a customer who was with a person is told."""
-        async with self.sessions() as s, s.begin():
-            conversation = await self._lock(s, conversation_id)
+        async with self._exclusive(conversation_id) as (s, conversation):
             if conversation is None:
                 return ActionResult(False, "That conversation no longer exists.")
             last = await s.scalar(select(func.max(m.Message.id)).where(m.Message.conversation_id == conversation_id))
@@ -155,11 +179,6 @@ class CaseDesk:
         thread = customer_thread(conversation.key)
         if thread is not None and text:
             await s.execute(insert(m.Outbox).values(_post(conversation.id, thread[0], thread[1], text)))
-
-    async def _lock(self, s: AsyncSession, conversation_id: int) -> m.Conversation | None:
-        return await s.scalar(
-            select(m.Conversation).where(m.Conversation.id == conversation_id).with_for_update(key_share=True)
-        )
 
     async def remind(self, *, now: datetime) -> int:
         """Post a reminder for each case nobody claimed or answered in time (at most `max_reminders` each).

@@ -29,7 +29,7 @@ from fakes.openai_server import FakeOpenAI
 
 TABLES = (
     "conversations, inbound, messages, handoffs, tool_runs, llm_calls, escalations, refunds, slack_events, outbox, "
-    "kb_collections, kb_documents, kb_chunks, pauses, admin_actions"
+    "kb_collections, kb_documents, kb_chunks, pauses, admin_actions, send_leases"
 )
 
 
@@ -136,7 +136,7 @@ def bot_settings(database_url: str, fake: FakeOpenAI, emulator: Any, **overrides
         "slack_signing_secret": SIGNING_SECRET,
         "slack_api_url": emulator.api_url,
         "staff_channel_id": "C_STAFF",
-        "turn_workers": 4,
+        "max_concurrent_turns": 8, "lease_seconds": 3,
         "case_summary": "transcript",
         "embeddings": "openai",
         "embeddings_model": "fake-embed",

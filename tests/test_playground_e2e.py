@@ -50,7 +50,7 @@ def offline_settings(database_url: str) -> Settings:
         openai_api_key=None,
         openai_base_url=None,
         embeddings="local",
-        turn_workers=2,
+        max_concurrent_turns=2,
     )
 
 

@@ -50,6 +50,8 @@ async def bot_process(
         "LOG_LEVEL": "WARNING",
         "CASE_SUMMARY": "transcript",
         "EMBEDDINGS": "openai",
+        # A killed process's conversations are taken over when its leases run out: soon, in these tests.
+        "LEASE_SECONDS": "2",
     }
     emulator.events_url = f"http://127.0.0.1:{port}/slack/events"
     started: list[asyncio.subprocess.Process] = []

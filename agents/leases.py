@@ -1,0 +1,143 @@
+"""Per-conversation mutual exclusion without a held lock or connection: a lease.
+
+A lease is claimed in one short statement (owner, expiry, and a fencing token raised by every claim), renewed
+while its holder works, and released at the end. Every write made under a lease checks the fence in the same
+transaction (`fenced`), so a holder whose lease expired meanwhile (a stalled or partitioned process) commits
+nothing: its work is done again by the next holder. A process that dies loses its leases at expiry.
+
+Turns (agents.conversations) and human takeover's actions (escalation.desk) take the same lease, so they never
+interleave on one conversation; nothing waits on a row lock across an LLM or Slack call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+LEASE_S = 30.0
+
+
+def process_owner() -> str:
+    """Names this process in the leases it holds (for operators reading the table)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class LeaseLost(Exception):
+    """The lease expired and was taken by another holder: nothing was committed; the work will be redone."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    conversation_id: int
+    token: int
+    owner: str
+
+
+_CLAIM_PENDING = text(
+    """
+    UPDATE conversations c
+    SET lease_owner = :owner, lease_until = now() + make_interval(secs => :ttl), lease_token = c.lease_token + 1
+    FROM (
+        SELECT c2.id FROM conversations c2
+        WHERE (c2.lease_until IS NULL OR c2.lease_until < now())
+          AND EXISTS (SELECT 1 FROM inbound i WHERE i.conversation_id = c2.id AND i.processed_at IS NULL)
+        ORDER BY c2.updated_at
+        LIMIT :limit
+        FOR UPDATE OF c2 SKIP LOCKED
+    ) free
+    WHERE c.id = free.id
+    RETURNING c.id, c.lease_token
+    """
+)
+
+_CLAIM_ONE = text(
+    """
+    UPDATE conversations
+    SET lease_owner = :owner, lease_until = now() + make_interval(secs => :ttl), lease_token = lease_token + 1
+    WHERE id = :id AND (lease_until IS NULL OR lease_until < now())
+    RETURNING id, lease_token
+    """
+)
+
+_RENEW = text(
+    """
+    UPDATE conversations SET lease_until = now() + make_interval(secs => :ttl)
+    WHERE id = :id AND lease_token = :token AND lease_owner = :owner
+    RETURNING id
+    """
+)
+
+_RELEASE = text(
+    """
+    UPDATE conversations SET lease_owner = NULL, lease_until = now() + make_interval(secs => :after)
+    WHERE id = :id AND lease_token = :token AND lease_owner = :owner
+    """
+)
+
+
+class Leases:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], *, owner: str, ttl_s: float = LEASE_S) -> None:
+        self.sessions = sessions
+        self.owner = owner
+        self.ttl_s = ttl_s
+
+    async def claim_pending(self, limit: int) -> list[Lease]:
+        """Leases on up to `limit` conversations that have unprocessed messages and no live lease."""
+        async with self.sessions() as s, s.begin():
+            rows = await s.execute(_CLAIM_PENDING, {"owner": self.owner, "ttl": self.ttl_s, "limit": limit})
+            return [Lease(cid, token, self.owner) for cid, token in rows]
+
+    async def claim(self, conversation_id: int) -> Lease | None:
+        async with self.sessions() as s, s.begin():
+            row = (await s.execute(_CLAIM_ONE, {"owner": self.owner, "ttl": self.ttl_s, "id": conversation_id})).first()
+            return Lease(row[0], row[1], self.owner) if row else None
+
+    async def wait_for(self, conversation_id: int, *, timeout_s: float, poll_s: float = 0.05) -> Lease | None:
+        """The lease of one conversation, waiting while someone else (a running turn) holds it."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while (lease := await self.claim(conversation_id)) is None:
+            if asyncio.get_running_loop().time() > deadline:
+                return None
+            await asyncio.sleep(poll_s)
+        return lease
+
+    async def renew(self, lease: Lease) -> bool:
+        async with self.sessions() as s, s.begin():
+            return await fenced(s, lease, ttl_s=self.ttl_s)
+
+    async def release(self, lease: Lease, *, retry_after_s: float = 0.0) -> None:
+        """Give the conversation back; `retry_after_s` keeps it from being claimed again that long (after a
+        failure, so that a message that fails is not retried in a tight loop)."""
+        async with self.sessions() as s, s.begin():
+            await s.execute(
+                _RELEASE,
+                {"id": lease.conversation_id, "token": lease.token, "owner": lease.owner, "after": retry_after_s},
+            )
+            # Work that arrived meanwhile may wait for this conversation: wake the dispatchers.
+            await s.execute(text("SELECT pg_notify('helpdesk_turns', '')"))
+
+    async def keep(self, lease: Lease, lost: asyncio.Event) -> None:
+        """Renew the lease every third of its life until cancelled; sets `lost` if it was taken."""
+        while True:
+            await asyncio.sleep(self.ttl_s / 3)
+            try:
+                if not await self.renew(lease):
+                    lost.set()
+                    return
+            except Exception:  # the database is unreachable: keep trying; the fence decides at commit
+                continue
+
+
+async def fenced(s: AsyncSession, lease: Lease, *, ttl_s: float = LEASE_S) -> bool:
+    """Inside a transaction that writes under `lease`: True (and the lease extended, and the conversation row
+    locked until commit) while the lease is still the holder's; False when it was lost."""
+    row = await s.execute(
+        _RENEW, {"id": lease.conversation_id, "token": lease.token, "owner": lease.owner, "ttl": ttl_s}
+    )
+    return row.first() is not None
