@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import admin, engine, first_start, knowledge, relay, slack
+from bench import admin, engine, first_start, inflight, knowledge, relay, slack
 from bench.setup import RESULTS
 
 Benchmark = Callable[..., dict[str, Any]]
@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, Benchmark] = {"engine": engine.main, "slack": slack.main, 
 BENCHMARKS["knowledge"] = knowledge.main
 BENCHMARKS["admin"] = admin.main
 BENCHMARKS["first_start"] = first_start.main
+BENCHMARKS["inflight"] = inflight.main
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -324,7 +324,8 @@ def _bot_command() -> list[str]:
     aid: profiling slows the bot down, so the figures of such a run are not comparable)."""
     profile = os.environ.get("BENCH_BOT_PROFILE")
     profiler = ["-m", "cProfile", "-o", str(Path(profile).resolve())] if profile else []
-    return [sys.executable, *profiler, "-m", "bot", "serve"]
+    # BENCH_BOT_PYTHON: another installation's interpreter (an earlier checkout's), for before/after figures.
+    return [os.environ.get("BENCH_BOT_PYTHON") or sys.executable, *profiler, "-m", "bot", "serve"]
 
 
 @asynccontextmanager

@@ -54,8 +54,9 @@ def database_url(settings: Settings) -> tuple[str, Any]:
 @asynccontextmanager
 async def open_database(settings: Settings, *, run_migrations: bool = True) -> AsyncIterator[Database]:
     url, handle = await asyncio.to_thread(database_url, settings)
+    pooler = settings.database_pooler == "transaction"
     if run_migrations:
-        await asyncio.to_thread(migrate.upgrade, url)
+        await asyncio.to_thread(lambda: migrate.upgrade(url, transaction_pooler=pooler))
     engine = make_engine(
         url, pool_size=settings.db_pool_size, transaction_pooler=settings.database_pooler == "transaction"
     )

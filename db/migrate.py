@@ -25,17 +25,18 @@ def include_object(obj: object, name: str | None, type_: str, reflected: bool, c
     return not (type_ == "index" and (name or "").startswith("ix_kb_chunks_hnsw_"))
 
 
-def alembic_config(url: str) -> Config:
+def alembic_config(url: str, *, transaction_pooler: bool = False) -> Config:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     # Passed as an attribute, not as the ini option, because '%' in passwords breaks ini interpolation.
     config.attributes["database_url"] = url
+    config.attributes["transaction_pooler"] = transaction_pooler
     return config
 
 
-def upgrade(url: str, revision: str = "head") -> None:
+def upgrade(url: str, revision: str = "head", *, transaction_pooler: bool = False) -> None:
     """Blocking: call it through `asyncio.to_thread` from async code (env.py runs its own event loop)."""
-    command.upgrade(alembic_config(url), revision)
+    command.upgrade(alembic_config(url, transaction_pooler=transaction_pooler), revision)
 
 
 def downgrade(url: str, revision: str) -> None:

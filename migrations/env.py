@@ -7,8 +7,8 @@ import os
 
 from alembic import context
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import create_async_engine
 
+from db.engine import make_engine
 from db.migrate import include_object
 from db.models import Base
 from db.url import async_url
@@ -33,7 +33,8 @@ def _run(connection: Connection) -> None:
 
 
 async def _run_async() -> None:
-    engine = create_async_engine(async_url(_url()))
+    # Through a pooler in transaction mode (DATABASE_POOLER=transaction) as the bot connects: no statement cache.
+    engine = make_engine(_url(), pool_size=1, transaction_pooler=bool(config.attributes.get("transaction_pooler")))
     async with engine.connect() as connection:
         await connection.run_sync(_run)
     await engine.dispose()

@@ -153,3 +153,27 @@ async def test_killed_between_a_staff_reply_and_its_relay(
     assert [p.text for p in emulator.posts("C_SUPPORT", said.ts) if p.username] == [relays[0].text]
     assert relays[0].text == "Hello, Sam from the team here."
     await kill(second)
+
+
+async def test_killed_while_holding_many_leases(
+    bot_process: Callable[[], Any], emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    """Twenty conversations mid-turn in one process (no connection held by any of them) when it is killed: a
+    new process takes each over once its lease runs out and answers it exactly once."""
+    count = 20
+    fake_llm.script(*(slow(60, reply("never sent")) for _ in range(count)))
+    first = await bot_process()
+    said = [await emulator.user_says("C_SUPPORT", f"question {n}") for n in range(count)]
+    await emulator.wait_for(lambda: fake_llm.calls == count, timeout=20)  # all twenty turns in flight at once
+    async with sessions() as s:
+        held = await s.scalar(select(func.count()).where(m.Conversation.lease_until > func.now()))
+    assert held == count
+    await kill(first)
+    fake_llm.rule = lambda request: reply(f"answer to {request.last_user}")
+    second = await bot_process()
+    for n, message in enumerate(said):
+        posts = await emulator.wait_for(lambda ts=message.ts: emulator.posts("C_SUPPORT", ts), timeout=20)
+        assert [p.text for p in posts] == [f"answer to question {n}"]
+    await asyncio.sleep(1.0)  # time enough for a duplicate to show up, if one were coming
+    assert all(len(emulator.posts("C_SUPPORT", message.ts)) == 1 for message in said)
+    await kill(second)

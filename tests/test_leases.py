@@ -1,0 +1,99 @@
+"""Leases instead of held locks: one holder per conversation, a fence on every commit, take-over at expiry.
+Real Postgres, the real `openai` client against the fake server; two `Conversations` with different owners
+stand for two processes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from agents.conversations import Conversations
+from agents.leases import LeaseLost, Leases
+from agents.model import OpenAIChatModel
+from agents.roster import default_roster
+from db import models as m
+from fakes.openai_server import FakeOpenAI, reply, slow
+from tests.conftest import CONFIG
+
+Sessions = async_sessionmaker[AsyncSession]
+
+
+def process(sessions: Sessions, model: OpenAIChatModel, owner: str, ttl_s: float = 30.0) -> Conversations:
+    leases = Leases(sessions, owner=owner, ttl_s=ttl_s)
+    return Conversations(sessions=sessions, roster=default_roster(), model=model, config=CONFIG, leases=leases)
+
+
+async def replies(sessions: Sessions, conversation_id: int) -> list[str]:
+    async with sessions() as s:
+        rows = await s.scalars(
+            select(m.Message.content)
+            .where(m.Message.conversation_id == conversation_id, m.Message.role == "assistant")
+            .order_by(m.Message.id)
+        )
+        return [r or "" for r in rows]
+
+
+async def test_a_stalled_holder_cannot_commit_after_its_lease_expired(
+    sessions: Sessions, model: OpenAIChatModel, fake_llm: FakeOpenAI
+) -> None:
+    """Process A claims the conversation and stalls in its model call past the lease (no renewal, as a
+    stopped process); B takes the conversation over and answers. A's late commit is refused: the message is
+    answered once, by B."""
+    a = process(sessions, model, "A", ttl_s=1.0)
+    b = process(sessions, model, "B", ttl_s=1.0)
+    submitted = await a.submit("test:stall", "hello?")
+    fake_llm.script(slow(2.5, reply("late answer")), reply("on-time answer"))
+    [lease_a] = await a.leases.claim_pending(10)
+    stalled = asyncio.create_task(a.run_one(lease_a))
+    await asyncio.sleep(1.3)  # A's lease has expired; A is still waiting for the model
+    [lease_b] = await b.leases.claim_pending(10)
+    assert lease_b.token > lease_a.token
+    result = await b.run_one(lease_b)
+    assert result is not None and result.reply == "on-time answer"
+    with pytest.raises(LeaseLost):
+        await stalled
+    assert await replies(sessions, submitted.conversation_id) == ["on-time answer"]
+    async with sessions() as s:
+        inbound = await s.get(m.Inbound, submitted.inbound_id)
+        assert inbound is not None and inbound.attempts == 2 and inbound.outcome is not None
+        assert inbound.outcome["reply"] == "on-time answer"
+
+
+async def test_two_processes_racing_for_one_conversation_answer_each_message_once_in_order(
+    sessions: Sessions, model: OpenAIChatModel, fake_llm: FakeOpenAI
+) -> None:
+    a, b = process(sessions, model, "A"), process(sessions, model, "B")
+    messages = [f"message {n}" for n in range(12)]
+    for n, text in enumerate(messages):
+        await (a if n % 2 else b).submit("test:race", text, external_id=str(n), order_key=f"{n:04d}")
+    fake_llm.rule = lambda request: reply(f"re: {request.last_user}")
+
+    async def drain(conversations: Conversations) -> int:
+        done = 0
+        while (await conversations.process_next()) is not None:
+            done += 1
+        return done
+
+    done = await asyncio.gather(drain(a), drain(b), drain(a), drain(b))
+    assert sum(done) == len(messages)
+    state = await a.state("test:race")
+    assert state is not None
+    assert await replies(sessions, state.id) == [f"re: {text}" for text in messages]
+    assert fake_llm.calls == len(messages)
+
+
+async def test_no_holder_twice_and_expired_leases_are_taken(sessions: Sessions, model: OpenAIChatModel) -> None:
+    a = process(sessions, model, "A", ttl_s=0.5)
+    b = process(sessions, model, "B", ttl_s=0.5)
+    submitted = await a.submit("test:claim", "hi")
+    assert len(await a.leases.claim_pending(10)) == 1
+    assert await b.leases.claim_pending(10) == []  # A holds it
+    assert await b.leases.claim(submitted.conversation_id) is None
+    await asyncio.sleep(0.6)
+    taken = await b.leases.claim(submitted.conversation_id)
+    assert taken is not None and taken.owner == "B"
+    async with sessions() as s:
+        assert await s.scalar(select(func.count()).where(m.Conversation.lease_owner == "B")) == 1
