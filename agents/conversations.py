@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from sqlalchemy import func, insert, literal, select
+from sqlalchemy import func, insert, literal, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -288,12 +288,14 @@ class Conversations:
         if lease is None:
             return None
         failed = False
+        keeper = asyncio.create_task(self.leases.keep(lease, asyncio.Event()), name="lease-keeper")
         try:
             return await self.run_one(lease, on_event=on_event)
         except Exception:
             failed = True
             raise
         finally:
+            keeper.cancel()
             await self.leases.release(lease, retry_after_s=0.2 if failed else 0.0)
 
     async def run_leased(self, lease: Lease, *, on_event: EventSink | None = None) -> list[MessageResult]:
@@ -319,18 +321,19 @@ class Conversations:
 
     async def run_one(self, lease: Lease, *, on_event: EventSink | None = None) -> MessageResult | None:
         """The oldest waiting message of the leased conversation, or None when there is none."""
+        # The attempt is counted in its own committed statement, before anything that can fail: a message that
+        # keeps failing, even by killing the process, gets the apology and a human after `max_attempts`.
+        counted = await self._count_attempt(lease)
+        if counted is None:
+            return None
+        inbound_id, attempt = counted
         async with self.sessions() as s, s.begin():
             if not await fenced(s, lease, ttl_s=self.leases.ttl_s):
                 raise LeaseLost(f"conversation {lease.conversation_id}")
             conv = await s.get(m.Conversation, lease.conversation_id)
-            inbound = None if conv is None else await self._oldest(s, conv.id)
-            if conv is None or inbound is None:
-                return None
+            inbound = await s.get(m.Inbound, inbound_id)
+            assert conv is not None and inbound is not None
             current_conversation.set(conv.key)
-            # Counted in this committed transaction, before the turn: a message that keeps failing, even by
-            # killing the process, gets the apology and a human after `max_attempts`.
-            inbound.attempts += 1
-            attempt = inbound.attempts
             planned = await self._plan(s, conv, inbound, give_up=attempt > self.max_attempts)
             if isinstance(planned, MessageResult):
                 return planned  # decided without a turn (staff, human, paused, given up): committed here
@@ -363,13 +366,28 @@ class Conversations:
                 )
             return await self._commit_turn(s, conv, inbound, user, turn)
 
-    async def _oldest(self, s: AsyncSession, conversation_id: int) -> m.Inbound | None:
-        return await s.scalar(
-            select(m.Inbound)
-            .where(m.Inbound.conversation_id == conversation_id, m.Inbound.processed_at.is_(None))
-            .order_by(*_OLDEST_FIRST)
-            .limit(1)
-        )
+    async def _count_attempt(self, lease: Lease) -> tuple[int, int] | None:
+        """(message, its attempt number) for the oldest waiting message, counted; None when none waits.
+        Raises LeaseLost when the lease is gone."""
+        async with self.sessions() as s, s.begin():
+            if not await fenced(s, lease, ttl_s=self.leases.ttl_s):
+                raise LeaseLost(f"conversation {lease.conversation_id}")
+            oldest = (
+                select(m.Inbound.id)
+                .where(m.Inbound.conversation_id == lease.conversation_id, m.Inbound.processed_at.is_(None))
+                .order_by(*_OLDEST_FIRST)
+                .limit(1)
+                .scalar_subquery()
+            )
+            row = (
+                await s.execute(
+                    update(m.Inbound)
+                    .where(m.Inbound.id == oldest)
+                    .values(attempts=m.Inbound.attempts + 1)
+                    .returning(m.Inbound.id, m.Inbound.attempts)
+                )
+            ).first()
+            return (int(row[0]), int(row[1])) if row else None
 
     async def _plan(
         self, s: AsyncSession, conv: m.Conversation, inbound: m.Inbound, *, give_up: bool

@@ -49,7 +49,7 @@ _CLAIM_PENDING = text(
           AND EXISTS (SELECT 1 FROM inbound i WHERE i.conversation_id = c2.id AND i.processed_at IS NULL)
         ORDER BY c2.updated_at
         LIMIT :limit
-        FOR UPDATE OF c2 SKIP LOCKED
+        FOR NO KEY UPDATE OF c2 SKIP LOCKED
     ) free
     WHERE c.id = free.id
     RETURNING c.id, c.lease_token
@@ -78,6 +78,12 @@ _RELEASE = text(
     UPDATE conversations SET lease_owner = NULL, lease_until = now() + make_interval(secs => :after)
     WHERE id = :id AND lease_token = :token AND lease_owner = :owner
     """
+)
+
+
+_NOTIFY_IF_WAITING = text(
+    "SELECT pg_notify('helpdesk_turns', '') WHERE EXISTS "
+    "(SELECT 1 FROM inbound WHERE conversation_id = :id AND processed_at IS NULL)"
 )
 
 
@@ -119,8 +125,8 @@ class Leases:
                 _RELEASE,
                 {"id": lease.conversation_id, "token": lease.token, "owner": lease.owner, "after": retry_after_s},
             )
-            # Work that arrived meanwhile may wait for this conversation: wake the dispatchers.
-            await s.execute(text("SELECT pg_notify('helpdesk_turns', '')"))
+            if not retry_after_s:  # a message that came in meanwhile waits for this conversation: say so
+                await s.execute(_NOTIFY_IF_WAITING, {"id": lease.conversation_id})
 
     async def keep(self, lease: Lease, lost: asyncio.Event) -> None:
         """Renew the lease every third of its life until cancelled; sets `lost` if it was taken."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -200,13 +199,12 @@ class OutboxSender:
         if not await self._lease(key):
             return 0
         sent = 0
-        renewed = time.monotonic()
+        # Renewed in the background while rows go out, however long one takes (a case summary, a slow Slack):
+        # only a sender that is dead or frozen loses the lease.
+        lost = asyncio.Event()
+        keeper = asyncio.create_task(self._keep(key, lost), name=f"send-lease-{key}")
         try:
-            while True:
-                if time.monotonic() - renewed > self.lease_s / 3:
-                    if not await self._lease(key):
-                        break  # another sender took over (this one stalled): it goes on from the head
-                    renewed = time.monotonic()
+            while not lost.is_set():
                 async with self.engine.connect() as conn:
                     row = (
                         await conn.execute(
@@ -219,16 +217,27 @@ class OutboxSender:
                     ).first()
                 if row is None or (row.next_attempt_at and row.next_attempt_at > datetime.now(UTC)):
                     break  # nothing left, or the head waits out its backoff and the rest wait behind it
-                if not await self._deliver(row):
+                if not await self._deliver(row, key):
                     break
                 sent += 1
         finally:
+            keeper.cancel()
             async with self.engine.begin() as conn:
                 await conn.execute(
                     text("DELETE FROM send_leases WHERE conversation_id = :k AND owner = :o"),
                     {"k": key, "o": self.owner},
                 )
         return sent
+
+    async def _keep(self, key: int, lost: asyncio.Event) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                if not await self._lease(key):
+                    lost.set()
+                    return
+            except Exception:  # the database is unreachable: keep trying; the fenced marks decide
+                continue
 
     async def _lease(self, key: int) -> bool:
         """Claim (or renew) the send lease of one conversation's rows; False while another sender holds it."""
@@ -244,7 +253,7 @@ class OutboxSender:
             )
         return got is not None
 
-    async def _deliver(self, row: Row[Any]) -> bool:
+    async def _deliver(self, row: Row[Any], key: int) -> bool:
         """Send one row; False when it must wait (a transient failure), so later rows keep their order."""
         try:
             if row.kind in THREADED_IN_CASE and row.thread_ts is None:
@@ -254,13 +263,15 @@ class OutboxSender:
             if found_ts is not None:
                 await self._sent(row, found_ts)
                 return True
-            if posting:
-                # Recorded before the call: if the process dies waiting for Slack's answer, the next try looks
-                # for the post first. Reactions are idempotent and need no such record (one commit fewer each).
-                await self._mark(row.id, attempts=m.Outbox.attempts + 1, attempted_at=func.now())
+            if posting and not await self._attempt(row, key):
+                return False  # the lease went to another sender, who goes on from this row
             result_ts = await self._call(row)
         except SlackApiError as exc:
             error = str(exc.response.get("error") or exc)
+            if error == "ratelimited":  # waited out here, not in the client: no call outlives its lease unseen
+                retry_after = float(exc.response.headers.get("Retry-After", 1) or 1)
+                await self._backoff(row, error, delay=timedelta(seconds=retry_after))
+                return False
             if error == _REACTION_OK.get(row.kind):
                 result_ts = None
             elif error in PERMANENT_ERRORS or datetime.now(UTC) - row.created_at > self.give_up_after:
@@ -295,8 +306,24 @@ class OutboxSender:
         assert refreshed is not None
         return refreshed
 
-    async def _backoff(self, row: Row[Any], error: str) -> None:
-        delay = timedelta(seconds=min(2 ** (row.attempts + 1), 300))
+    async def _attempt(self, row: Row[Any], key: int) -> bool:
+        """Record the attempt before a post, only while this sender still holds the lease and nobody else has
+        tried the row meanwhile: if the process dies waiting for Slack's answer, the next sender looks for the
+        post first. Reactions are idempotent and need no such record (one commit fewer each)."""
+        async with self.engine.begin() as conn:
+            done = await conn.execute(
+                text(
+                    "UPDATE outbox SET attempts = attempts + 1, attempted_at = now() "
+                    "WHERE id = :id AND sent_at IS NULL AND attempts = :seen AND EXISTS ("
+                    "SELECT 1 FROM send_leases WHERE conversation_id = :k AND owner = :o AND until > now()) "
+                    "RETURNING id"
+                ),
+                {"id": row.id, "seen": row.attempts, "k": key, "o": self.owner},
+            )
+            return done.first() is not None
+
+    async def _backoff(self, row: Row[Any], error: str, *, delay: timedelta | None = None) -> None:
+        delay = delay or timedelta(seconds=min(2 ** (row.attempts + 1), 300))
         log.warning("outbox row %s failed (%s); next try in %s", row.id, error, delay)
         counted = {} if row.kind == "post" or row.kind in POSTING_KINDS else {"attempts": m.Outbox.attempts + 1}
         await self._mark(row.id, last_error=error, next_attempt_at=func.now() + delay, **counted)
@@ -342,4 +369,6 @@ class OutboxSender:
 
     async def _mark(self, row_id: int, **values: Any) -> None:
         async with self.engine.begin() as conn:
-            await conn.execute(update(m.Outbox).where(m.Outbox.id == row_id).values(**values))
+            await conn.execute(
+                update(m.Outbox).where(m.Outbox.id == row_id, m.Outbox.sent_at.is_(None)).values(**values)
+            )

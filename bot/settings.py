@@ -63,8 +63,9 @@ class Settings(BaseSettings):
     handoff_notice: str = "_Connecting you with {agent}…_"
     working_reaction: str = "eyes"
     done_reaction: str = "white_check_mark"
-    max_concurrent_turns: int = 256
-    lease_seconds: float = 30.0
+    max_concurrent_turns: int = Field(default=256, ge=0)
+    """0: this process stores events and sends replies, and runs no turns (others do)."""
+    lease_seconds: float = Field(default=30.0, gt=0)
 
     # Human takeover
     escalation_message: str = "I've asked a colleague to join. A person will reply here shortly."

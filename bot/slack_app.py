@@ -24,19 +24,21 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.inbox import Inbox
 from bot.slack_events import case_action_of
-from escalation.desk import Action, CaseDesk
+from escalation.desk import Action, ActionResult, CaseDesk
 from escalation.views import ACTION_CLAIM, ACTION_HAND_BACK, ACTION_RESOLVE
 
 log = logging.getLogger(__name__)
 
 
 def slack_client(*, token: str, base_url: str, timeout_s: int = 30, idempotent_only: bool = False) -> AsyncWebClient:
-    """A Web API client that waits out 429s (Retry-After). Unless `idempotent_only`, it also retries
-    connection errors and 5xx; the outbox's client must not, since a post retried blindly can land twice
-    (the outbox retries it itself, after looking for it in the thread)."""
-    handlers: list[AsyncRetryHandler] = [AsyncRateLimitErrorRetryHandler(max_retry_count=3)]
+    """A Web API client that waits out 429s (Retry-After) and retries connection errors and 5xx. Unless
+    `idempotent_only`: the outbox's client retries nothing, since a post retried blindly can land twice, and a
+    call waiting out a 429 inside the client could outlive the sender's lease (the outbox retries, after
+    looking for the post in the thread, and waits out 429s itself)."""
+    handlers: list[AsyncRetryHandler] = []
     if not idempotent_only:
         handlers += [
+            AsyncRateLimitErrorRetryHandler(max_retry_count=3),
             AsyncConnectionErrorRetryHandler(max_retry_count=3),
             AsyncServerErrorRetryHandler(max_retry_count=2),
         ]
@@ -72,9 +74,19 @@ def build_app(*, client: AsyncWebClient, signing_secret: str, inbox: Inbox, desk
                 channel=action.channel,
             )
         )
-        await asyncio.wait({change}, timeout=ACK_WITHIN_S)
+        done, _ = await asyncio.wait({change}, timeout=ACK_WITHIN_S)
         await ack()
-        result = await change
+        if not done:
+            await respond(
+                text="The bot is finishing a reply in that conversation; your action follows as soon as it is done.",
+                response_type="ephemeral",
+                replace_original=False,
+            )
+        try:
+            result = await change
+        except Exception:
+            log.exception("case action failed")
+            result = ActionResult(False, "That did not work (the conversation stayed busy); please try again.")
         if not result.ok:
             await respond(text=result.message, response_type="ephemeral", replace_original=False)
 

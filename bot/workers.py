@@ -21,7 +21,7 @@ from agents.conversations import Conversations
 from agents.leases import Lease, LeaseLost
 from bot.metrics import Metrics
 from bot.outbox import OutboxSender
-from db.url import async_url
+from db.url import libpq_dsn
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class Wakeups:
 
     async def _run(self) -> None:
         assert self.url is not None
-        dsn = async_url(self.url).set(drivername="postgresql").render_as_string(hide_password=False)
+        dsn = libpq_dsn(self.url)
         while True:
             try:
                 conn = await asyncpg.connect(dsn)
@@ -68,8 +68,18 @@ class Wakeups:
                 self.listening = True
                 for callback in self.callbacks.values():
                     callback()  # anything stored while no one listened
-                await lost.wait()
+                while not lost.is_set():
+                    # A connection that died silently (no FIN) is found by using it.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(lost.wait(), timeout=30)
+                    if not lost.is_set():
+                        await asyncio.wait_for(conn.execute("SELECT 1"), timeout=10)
                 log.warning("the LISTEN connection was lost; reconnecting")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("the LISTEN connection failed (%s); reconnecting", exc)
+                await asyncio.sleep(1)
             finally:
                 self.listening = False
                 with contextlib.suppress(Exception):
@@ -136,15 +146,18 @@ class Workers:
         self.ready = False
         self._stopping.set()
         await self.wakeups.stop()
-        tasks = [*self._tasks, *self._running]
-        if not tasks:
-            return
-        _, late = await asyncio.wait(tasks, timeout=grace_s)
-        for task in late:
-            task.cancel()
-        for task in late:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        deadline = asyncio.get_running_loop().time() + grace_s
+        for group in (self._tasks, self._running):  # the dispatcher first: it starts no turn after this
+            tasks = list(group)
+            if not tasks:
+                continue
+            remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+            _, late = await asyncio.wait(tasks, timeout=remaining)
+            for task in late:
+                task.cancel()
+            for task in late:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
 
     async def _sleep(self, event: asyncio.Event, seconds: float) -> None:
         waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stopping.wait())]
@@ -162,6 +175,10 @@ class Workers:
                     claimed = await self.conversations.leases.claim_pending(min(free, CLAIM_BATCH))
                 except Exception:
                     log.exception("claiming conversations failed")
+            if self._stopping.is_set():  # claimed while stopping: give them back at once
+                for lease in claimed:
+                    await self.conversations.leases.release(lease)
+                return
             for lease in claimed:
                 task = asyncio.create_task(self._run(lease), name=f"turn-{lease.conversation_id}")
                 self._running.add(task)

@@ -5,6 +5,13 @@ from __future__ import annotations
 from sqlalchemy.engine import URL, make_url
 
 
+def libpq_dsn(raw: str) -> str:
+    """The URL as asyncpg.connect takes it directly (libpq style: `sslmode` understood, no dialect suffix)."""
+    if raw.startswith("postgres://"):
+        raw = "postgresql://" + raw[len("postgres://") :]
+    return make_url(raw).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
 def async_url(raw: str) -> URL:
     """`postgres://`, `postgresql://` and `postgresql+psycopg://` all become `postgresql+asyncpg://`.
 

@@ -5,15 +5,18 @@ stand for two processes."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
 from agents.leases import LeaseLost, Leases
 from agents.model import OpenAIChatModel
 from agents.roster import default_roster
+from bot.outbox import OutboxSender
+from bot.slack_app import slack_client
 from db import models as m
 from fakes.openai_server import FakeOpenAI, reply, slow
 from tests.conftest import CONFIG
@@ -97,3 +100,57 @@ async def test_no_holder_twice_and_expired_leases_are_taken(sessions: Sessions, 
     assert taken is not None and taken.owner == "B"
     async with sessions() as s:
         assert await s.scalar(select(func.count()).where(m.Conversation.lease_owner == "B")) == 1
+
+
+# --- the outbox's send leases ---------------------------------------------------------------------------------
+
+
+async def _one_post_queued(sessions: Sessions, emulator: Any) -> str:
+    root = emulator.add_message("C_SUPPORT", "hi")
+    async with sessions() as s, s.begin():
+        conv = m.Conversation(key=f"slack:T0001:C_SUPPORT:{root.ts}", active_agent="triage")
+        s.add(conv)
+        await s.flush()
+        await s.execute(
+            insert(m.Outbox).values(
+                conversation_id=conv.id, kind="post", channel="C_SUPPORT", thread_ts=root.ts, text="the answer"
+            )
+        )
+    return str(root.ts)
+
+
+def _sender(engine: Any, emulator: Any, owner: str) -> OutboxSender:
+    client = slack_client(token="xoxb-test", base_url=emulator.api_url, idempotent_only=True)
+    return OutboxSender(engine=engine, client=client, owner=owner, lease_s=1.0)
+
+
+async def test_a_slow_send_keeps_its_lease_and_posts_once(sessions: Sessions, engine: Any, emulator: Any) -> None:
+    """Slack holds A's post past A's lease time: A renews the lease meanwhile, so B cannot take the row over
+    and post it a second time."""
+    thread = await _one_post_queued(sessions, emulator)
+    a, b = _sender(engine, emulator, "A"), _sender(engine, emulator, "B")
+    emulator.hold("chat.postMessage")
+    sending = asyncio.create_task(a.send_pending())
+    await emulator.wait_for(lambda: emulator.calls_to("chat.postMessage"))
+    await asyncio.sleep(1.5)  # longer than the lease
+    assert await b.send_pending() == 0
+    emulator.release("chat.postMessage")
+    assert await sending == 1
+    assert [p.text for p in emulator.posts("C_SUPPORT", thread)] == ["the answer"]
+
+
+async def test_a_rate_limited_post_waits_in_the_outbox_not_in_the_client(
+    sessions: Sessions, engine: Any, emulator: Any
+) -> None:
+    """A 429 is waited out by the outbox (Retry-After), not inside the call, so no call outlives its sender's
+    lease unseen; another sender then posts it once."""
+    thread = await _one_post_queued(sessions, emulator)
+    a, b = _sender(engine, emulator, "A"), _sender(engine, emulator, "B")
+    emulator.fail_next("chat.postMessage", status=429, retry_after=1)
+    assert await a.send_pending() == 0
+    async with sessions() as s:
+        row = (await s.scalars(select(m.Outbox))).one()
+        assert row.last_error == "ratelimited" and row.next_attempt_at is not None and row.sent_at is None
+    await asyncio.sleep(1.2)
+    assert await b.send_pending() == 1
+    assert [p.text for p in emulator.posts("C_SUPPORT", thread)] == ["the answer"]
