@@ -45,8 +45,8 @@ _CLAIM_PENDING = text(
     SET lease_owner = :owner, lease_until = now() + make_interval(secs => :ttl), lease_token = c.lease_token + 1
     FROM (
         SELECT c2.id FROM conversations c2
-        WHERE (c2.lease_until IS NULL OR c2.lease_until < now())
-          AND EXISTS (SELECT 1 FROM inbound i WHERE i.conversation_id = c2.id AND i.processed_at IS NULL)
+        WHERE c2.id IN (SELECT i.conversation_id FROM inbound i WHERE i.processed_at IS NULL)
+          AND (c2.lease_until IS NULL OR c2.lease_until < now())
         ORDER BY c2.updated_at
         LIMIT :limit
         FOR NO KEY UPDATE OF c2 SKIP LOCKED
