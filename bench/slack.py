@@ -38,7 +38,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -105,6 +105,9 @@ class Params:
     bot_db_pool_size: int = int(DEFAULTS["db_pool_size"].default)
     bot_ack_pool_size: int | None = int(DEFAULTS["ack_pool_size"].default) if "ack_pool_size" in DEFAULTS else None
     """The acknowledgements' own pool, in bot versions that have one."""
+    split: bool = False
+    """Two bot processes: PROCESS_ROLE=web receives and acknowledges, PROCESS_ROLE=worker runs the turns and
+    the outbox (BENCH_SPLIT=1)."""
 
     @property
     def bot_connection_limit(self) -> int:
@@ -113,6 +116,10 @@ class Params:
 
     @classmethod
     def of(cls, quick: bool) -> Params:
+        return replace(cls._of(quick), split=os.environ.get("BENCH_SPLIT") == "1")
+
+    @classmethod
+    def _of(cls, quick: bool) -> Params:
         if quick:
             return cls(
                 quick=True,
@@ -1022,16 +1029,24 @@ async def run(server_url: str, database: str, params: Params) -> dict[str, Any]:
         SlackEmulator(signing_secret=SIGNING_SECRET, bot_token=BOT_TOKEN) as emulator,
     ):
         fake.rule = answer
-        with tempfile.TemporaryDirectory(prefix="helpdesk-bench-bot-") as tmp:
-            async with bot_process(
-                url,
-                fake,
-                emulator,
-                Path(tmp),
-                max_turns=params.bot_max_turns,
-                db_pool_size=params.bot_db_pool_size,
-                ack_pool_size=params.bot_ack_pool_size,
-            ) as bot:
+        with tempfile.TemporaryDirectory(prefix="helpdesk-bench-bot-") as tmp, contextlib.ExitStack() as dirs:
+            pools = {"db_pool_size": params.bot_db_pool_size, "ack_pool_size": params.bot_ack_pool_size}
+            worker_dir = Path(dirs.enter_context(tempfile.TemporaryDirectory(prefix="helpdesk-bench-worker-")))
+            async with contextlib.AsyncExitStack() as processes:
+                worker = None
+                if params.split:  # started first: the last process started receives the emulator's events
+                    worker = await processes.enter_async_context(
+                        bot_process(
+                            url, fake, emulator, worker_dir, max_turns=params.bot_max_turns,
+                            extra_env={"PROCESS_ROLE": "worker"}, **pools,  # type: ignore[arg-type]
+                        )
+                    )  # fmt: skip
+                bot = await processes.enter_async_context(
+                    bot_process(
+                        url, fake, emulator, Path(tmp), max_turns=params.bot_max_turns,
+                        extra_env={"PROCESS_ROLE": "web"} if params.split else None, **pools,  # type: ignore[arg-type]
+                    )
+                )  # fmt: skip
                 connector = aiohttp.TCPConnector(limit=params.connection_limit)
                 async with aiohttp.ClientSession(
                     connector=connector, timeout=aiohttp.ClientTimeout(total=30)
@@ -1057,7 +1072,7 @@ async def run(server_url: str, database: str, params: Params) -> dict[str, Any]:
                     with paused_gc():
                         burst_figures = await burst(bench)
                     print_burst(burst_figures, params)
-                    metrics = await bot_metrics(bot, session)
+                    metrics = await bot_metrics(worker or bot, session)
                 database_figures = await database_state(url)
             log = bot_log_summary(bot.log)
     report: dict[str, Any] = {

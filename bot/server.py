@@ -149,6 +149,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             metrics=metrics,
             max_turns=settings.max_concurrent_turns,
             listen_url=runtime.listen_url(settings, db.url),
+            enabled=settings.process_role != "web",
         )
         desk = CaseDesk(sessions=db.sessions, policy=policy, on_change=workers.wake_sender, leases=leases)
         # The acknowledgement path gets its own small pool, so a burst of events never queues behind the
@@ -236,7 +237,8 @@ def web_app(bot: Bot) -> web.Application:
         return web.Response(body=await bot.metrics.render(bot.db.sessions), content_type="text/plain")
 
     application = web.Application()
-    application.router.add_post("/slack/events", events)
+    if bot.settings.process_role != "worker":
+        application.router.add_post("/slack/events", events)
     application.router.add_get("/healthz", healthz)
     application.router.add_get("/metrics", metrics)
     return application
@@ -268,7 +270,7 @@ async def serve(settings: Settings, *, socket_mode: bool = False) -> int:
             flush=True,
         )
         handler = None
-        if socket_mode:
+        if socket_mode and settings.process_role != "worker":
             from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 
             assert settings.slack_app_token is not None

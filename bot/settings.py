@@ -63,6 +63,9 @@ class Settings(BaseSettings):
     handoff_notice: str = "_Connecting you with {agent}…_"
     working_reaction: str = "eyes"
     done_reaction: str = "white_check_mark"
+    process_role: Literal["all", "web", "worker"] = "all"
+    """web: receive and acknowledge (events, buttons, commands) only; worker: turns, the outbox and reminders
+    only (with /healthz and /metrics). Split, acknowledgements never wait behind turns on one event loop."""
     max_concurrent_turns: int = Field(default=256, ge=0)
     """0: this process stores events and sends replies, and runs no turns (others do)."""
     lease_seconds: float = Field(default=30.0, gt=0)

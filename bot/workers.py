@@ -97,6 +97,7 @@ class Workers:
         poll_s: float = 1.0,
         listen_url: str | None = None,
         housekeeping: list[tuple[Callable[[], Awaitable[object]], float]] | None = None,
+        enabled: bool = True,
     ) -> None:
         self.conversations = conversations
         self.sender = sender
@@ -113,6 +114,9 @@ class Workers:
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._running: set[asyncio.Task[None]] = set()
+        self.enabled = enabled
+        """False in a process that only receives (PROCESS_ROLE=web): nothing runs here, the workers elsewhere
+        are woken by the database (NOTIFY)."""
         self.ready = False
 
     @property
@@ -131,6 +135,9 @@ class Workers:
         self._sends.set()
 
     async def start(self) -> None:
+        if not self.enabled:
+            self.ready = True
+            return
         await self.wakeups.start()
         self._tasks = [
             asyncio.create_task(self._dispatch_loop(), name="turns"),

@@ -177,3 +177,48 @@ async def test_killed_while_holding_many_leases(
     await asyncio.sleep(1.0)  # time enough for a duplicate to show up, if one were coming
     assert all(len(emulator.posts("C_SUPPORT", message.ts)) == 1 for message in said)
     await kill(second)
+
+
+async def test_a_web_process_and_a_worker_process_share_the_work(
+    database_url: str, fake_llm: FakeOpenAI, emulator: SlackEmulator, sessions: Sessions
+) -> None:
+    """PROCESS_ROLE=web receives and acknowledges, PROCESS_ROLE=worker runs the turns and the outbox: the
+    worker is woken through the database and answers once; the worker takes no Slack requests."""
+    fake_llm.rule = lambda request: reply(f"re: {request.last_user}")
+    base = {
+        "DATABASE_URL": database_url,
+        "OPENAI_API_KEY": "test-key",
+        "OPENAI_BASE_URL": fake_llm.base_url,
+        "OPENAI_MODEL": "fake-model",
+        "OPENAI_MAX_RETRIES": "0",
+        "SLACK_BOT_TOKEN": "xoxb-test",
+        "SLACK_SIGNING_SECRET": SIGNING_SECRET,
+        "SLACK_API_URL": emulator.api_url,
+        "STAFF_CHANNEL_ID": "C_STAFF",
+        "HOST": "127.0.0.1",
+        "LOG_LEVEL": "WARNING",
+        "EMBEDDINGS": "openai",
+    }
+    started: list[tuple[asyncio.subprocess.Process, int]] = []
+    for role in ("worker", "web"):
+        port = free_port()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", "serve",
+            env=CLEAN | base | {"PORT": str(port), "PROCESS_ROLE": role}, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        assert json.loads(await asyncio.wait_for(proc.stdout.readline(), timeout=30))["event"] == "ready"
+        started.append((proc, port))
+    [worker_port, web_port] = [port for _, port in started]
+    try:
+        emulator.events_url = f"http://127.0.0.1:{web_port}/slack/events"
+        said = await emulator.user_says("C_SUPPORT", "split roles?")
+        posts = await emulator.wait_for(lambda: emulator.posts("C_SUPPORT", said.ts), timeout=20)
+        await asyncio.sleep(0.5)
+        assert [p.text for p in emulator.posts("C_SUPPORT", said.ts)] == ["re: split roles?"] == [p.text for p in posts]
+        emulator.events_url = f"http://127.0.0.1:{worker_port}/slack/events"
+        refused = await emulator.user_says("C_SUPPORT", "to the worker")
+        assert refused.result.status == 404
+    finally:
+        for proc, _ in started:
+            await kill(proc)
