@@ -15,6 +15,7 @@ import asyncio
 import os
 import socket
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from sqlalchemy import text
@@ -130,14 +131,20 @@ class Leases:
 
     async def keep(self, lease: Lease, lost: asyncio.Event) -> None:
         """Renew the lease every third of its life until cancelled; sets `lost` if it was taken."""
-        while True:
-            await asyncio.sleep(self.ttl_s / 3)
-            try:
-                if not await self.renew(lease):
-                    lost.set()
-                    return
-            except Exception:  # the database is unreachable: keep trying; the fence decides at commit
-                continue
+        await keep_renewed(lambda: self.renew(lease), every_s=self.ttl_s / 3, lost=lost)
+
+
+async def keep_renewed(renew: Callable[[], Awaitable[bool]], *, every_s: float, lost: asyncio.Event) -> None:
+    """Call `renew` every `every_s` until cancelled, or until it says the lease was taken (then `lost` is set).
+    A database that does not answer is tried again: the fence decides at commit."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            if not await renew():
+                lost.set()
+                return
+        except Exception:
+            continue
 
 
 async def fenced(s: AsyncSession, lease: Lease, *, ttl_s: float = LEASE_S) -> bool:

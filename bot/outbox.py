@@ -23,11 +23,11 @@ from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
+from agents.address import Address
 from agents.agent import Roster
 from agents.conversations import TurnCommit
-from agents.leases import process_owner
+from agents.leases import keep_renewed, process_owner
 from bot.mrkdwn import split_text, to_mrkdwn
-from bot.slack_events import parse_conversation_key
 from db import models as m
 from escalation.delivery import KINDS as ESCALATION_KINDS
 from escalation.delivery import POSTING_KINDS, THREADED_IN_CASE, CaseDelivery
@@ -68,10 +68,10 @@ def turn_outbox(
     staff, relays both ways), queued in the turn's own transaction."""
 
     async def enqueue(s: AsyncSession, commit: TurnCommit) -> None:
-        parsed = parse_conversation_key(commit.key)
-        if parsed is None:
+        address = Address.parse(commit.key)
+        if address is None:
             return
-        _, channel, thread_ts = parsed
+        channel, thread_ts = address.channel, address.thread
         cid, result = commit.conversation_id, commit.result
         rows: list[dict[str, Any]] = []
         if style.handoff_notice:
@@ -202,7 +202,9 @@ class OutboxSender:
         # Renewed in the background while rows go out, however long one takes (a case summary, a slow Slack):
         # only a sender that is dead or frozen loses the lease.
         lost = asyncio.Event()
-        keeper = asyncio.create_task(self._keep(key, lost), name=f"send-lease-{key}")
+        keeper = asyncio.create_task(
+            keep_renewed(lambda: self._lease(key), every_s=self.lease_s / 3, lost=lost), name=f"send-lease-{key}"
+        )
         try:
             while not lost.is_set():
                 async with self.engine.connect() as conn:
@@ -228,16 +230,6 @@ class OutboxSender:
                     {"k": key, "o": self.owner},
                 )
         return sent
-
-    async def _keep(self, key: int, lost: asyncio.Event) -> None:
-        while True:
-            await asyncio.sleep(self.lease_s / 3)
-            try:
-                if not await self._lease(key):
-                    lost.set()
-                    return
-            except Exception:  # the database is unreachable: keep trying; the fenced marks decide
-                continue
 
     async def _lease(self, key: int) -> bool:
         """Claim (or renew) the send lease of one conversation's rows; False while another sender holds it."""

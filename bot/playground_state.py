@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.slack_events import parse_conversation_key
+from agents.address import Address
 from db import models as m
 
 
@@ -83,7 +83,7 @@ async def recent_conversations(
         rows = (
             await s.scalars(
                 select(m.Conversation)
-                .where(m.Conversation.key.like("slack:%"))
+                .where(m.Conversation.key.like(Address.like("slack")))
                 .order_by(m.Conversation.id.desc())
                 .limit(limit)
             )
@@ -131,8 +131,8 @@ async def recent_conversations(
         calls: dict[int, int] = {conversation: n for conversation, n in counted if conversation is not None}
     views = []
     for row in rows:
-        parsed = parse_conversation_key(row.key)
-        channel, thread_ts = (parsed[1], parsed[2]) if parsed else (None, None)
+        address = Address.parse(row.key)
+        channel, thread_ts = (address.channel, address.thread) if address else (None, None)
         views.append(
             ConversationView(
                 key=row.key,

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agents.address import DM, Address
+
 # A file share still carries the customer's words; a broadcast thread reply is a thread reply.
 _DELIVERED_SUBTYPES = frozenset({None, "file_share", "thread_broadcast"})
 
@@ -24,8 +26,12 @@ class CustomerMessage:
     is_dm: bool
 
     @property
+    def address(self) -> Address:
+        return Address("slack", self.team, self.channel, None if self.thread_ts == DM else self.thread_ts)
+
+    @property
     def conversation_key(self) -> str:
-        return conversation_key(self.team, self.channel, self.thread_ts)
+        return self.address.key
 
 
 @dataclass(frozen=True)
@@ -94,22 +100,6 @@ class Policy:
     channels: frozenset[str] = frozenset()
     """Channels served; empty means every channel the bot is in, except the staff channel."""
     answer_bots: bool = False
-
-
-DM = "dm"
-"""The thread part of a direct message's key: a DM is one conversation, answered without threads."""
-
-
-def conversation_key(team: str, channel: str, thread_ts: str) -> str:
-    return f"slack:{team}:{channel}:{thread_ts}"
-
-
-def parse_conversation_key(key: str) -> tuple[str, str, str | None] | None:
-    """(team, channel, thread to reply in: None for a direct message) of a Slack conversation key."""
-    parts = key.split(":")
-    if len(parts) != 4 or parts[0] != "slack":
-        return None
-    return parts[1], parts[2], None if parts[3] == DM else parts[3]
 
 
 @dataclass(frozen=True)

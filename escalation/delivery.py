@@ -13,8 +13,8 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.address import Address
 from db import models as m
-from escalation.desk import customer_thread
 from escalation.views import CaseView, case_blocks, case_text
 
 log = logging.getLogger(__name__)
@@ -146,8 +146,8 @@ class CaseDelivery:
                     .limit(12)
                 )
             ).all()
-        thread = customer_thread(conversation.key)
-        channel = thread[0] if thread else "?"
+        address = Address.parse(conversation.key)
+        channel = address.channel if address else "?"
         customer, _ = await self.person(escalation.customer)
         lines = [
             (
@@ -160,7 +160,7 @@ class CaseDelivery:
             escalation_id=escalation.id,
             customer=customer,
             channel=channel,
-            permalink=await self._permalink(thread),
+            permalink=await self._permalink(address),
             reason=escalation.reason,
             summary=self._summaries.get(escalation.id) or await self._summary(lines),
             agent=escalation.agent,
@@ -171,11 +171,12 @@ class CaseDelivery:
         self._summaries[escalation.id] = view.summary
         return view
 
-    async def _permalink(self, thread: tuple[str, str | None] | None) -> str | None:
-        if thread is None or thread[1] is None:
+    async def _permalink(self, address: Address | None) -> str | None:
+        if address is None or address.thread is None:
             return None
         try:
-            return str((await self.client.chat_getPermalink(channel=thread[0], message_ts=thread[1]))["permalink"])
+            found = await self.client.chat_getPermalink(channel=address.channel, message_ts=address.thread)
+            return str(found["permalink"])
         except SlackApiError:
             return None
 

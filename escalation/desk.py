@@ -14,6 +14,7 @@ from typing import Literal
 from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.address import Address
 from agents.leases import LeaseLost, Leases, fenced, process_owner
 from db import models as m
 from escalation.policy import EscalationPolicy
@@ -29,14 +30,6 @@ class ActionResult:
     ok: bool
     message: str
     """What the colleague who pressed the button is told (ephemerally)."""
-
-
-def customer_thread(key: str) -> tuple[str, str | None] | None:
-    """(channel, thread) of a Slack conversation key; DMs answer outside threads."""
-    parts = key.split(":")
-    if len(parts) != 4 or parts[0] != "slack":
-        return None
-    return parts[2], None if parts[3] == "dm" else parts[3]
 
 
 class CaseDesk:
@@ -176,9 +169,9 @@ class CaseDesk:
         return ActionResult(True, message)
 
     async def _tell_customer(self, s: AsyncSession, conversation: m.Conversation, text: str) -> None:
-        thread = customer_thread(conversation.key)
-        if thread is not None and text:
-            await s.execute(insert(m.Outbox).values(_post(conversation.id, thread[0], thread[1], text)))
+        address = Address.parse(conversation.key)
+        if address is not None and text:
+            await s.execute(insert(m.Outbox).values(_post(conversation.id, address.channel, address.thread, text)))
 
     async def remind(self, *, now: datetime) -> int:
         """Post a reminder for each case nobody claimed or answered in time (at most `max_reminders` each).

@@ -29,13 +29,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-async def bot_process(
-    database_url: str, fake_llm: FakeOpenAI, emulator: SlackEmulator, sessions: Sessions
-) -> AsyncIterator[Callable[[], Any]]:
-    """A factory: each call starts `python -m bot serve` as a real process and waits until it is ready."""
-    port = free_port()
-    env = CLEAN | {
+def bot_env(database_url: str, fake_llm: FakeOpenAI, emulator: SlackEmulator) -> dict[str, str]:
+    """`python -m bot serve`'s environment against the test database, the fake LLM and the emulator."""
+    return CLEAN | {
         "DATABASE_URL": database_url,
         "OPENAI_API_KEY": "test-key",
         "OPENAI_BASE_URL": fake_llm.base_url,
@@ -46,10 +42,20 @@ async def bot_process(
         "SLACK_API_URL": emulator.api_url,
         "STAFF_CHANNEL_ID": "C_STAFF",
         "HOST": "127.0.0.1",
-        "PORT": str(port),
         "LOG_LEVEL": "WARNING",
-        "CASE_SUMMARY": "transcript",
         "EMBEDDINGS": "openai",
+    }
+
+
+@pytest.fixture
+async def bot_process(
+    database_url: str, fake_llm: FakeOpenAI, emulator: SlackEmulator, sessions: Sessions
+) -> AsyncIterator[Callable[[], Any]]:
+    """A factory: each call starts `python -m bot serve` as a real process and waits until it is ready."""
+    port = free_port()
+    env = bot_env(database_url, fake_llm, emulator) | {
+        "PORT": str(port),
+        "CASE_SUMMARY": "transcript",
         # A killed process's conversations are taken over when its leases run out: soon, in these tests.
         "LEASE_SECONDS": "2",
     }
@@ -185,26 +191,13 @@ async def test_a_web_process_and_a_worker_process_share_the_work(
     """PROCESS_ROLE=web receives and acknowledges, PROCESS_ROLE=worker runs the turns and the outbox: the
     worker is woken through the database and answers once; the worker takes no Slack requests."""
     fake_llm.rule = lambda request: reply(f"re: {request.last_user}")
-    base = {
-        "DATABASE_URL": database_url,
-        "OPENAI_API_KEY": "test-key",
-        "OPENAI_BASE_URL": fake_llm.base_url,
-        "OPENAI_MODEL": "fake-model",
-        "OPENAI_MAX_RETRIES": "0",
-        "SLACK_BOT_TOKEN": "xoxb-test",
-        "SLACK_SIGNING_SECRET": SIGNING_SECRET,
-        "SLACK_API_URL": emulator.api_url,
-        "STAFF_CHANNEL_ID": "C_STAFF",
-        "HOST": "127.0.0.1",
-        "LOG_LEVEL": "WARNING",
-        "EMBEDDINGS": "openai",
-    }
     started: list[tuple[asyncio.subprocess.Process, int]] = []
     for role in ("worker", "web"):
         port = free_port()
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bot", "serve",
-            env=CLEAN | base | {"PORT": str(port), "PROCESS_ROLE": role}, stdout=asyncio.subprocess.PIPE,
+            env=bot_env(database_url, fake_llm, emulator) | {"PORT": str(port), "PROCESS_ROLE": role},
+            stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert proc.stdout is not None
         assert json.loads(await asyncio.wait_for(proc.stdout.readline(), timeout=30))["event"] == "ready"

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
+from agents.address import Address
 from bot.mrkdwn import split_text, to_mrkdwn
-from bot.slack_events import CustomerMessage, Ignored, Policy, classify, parse_conversation_key
+from bot.slack_events import CustomerMessage, Ignored, Policy, classify
 
 POLICY = Policy(bot_user_id="UBOT", staff_channel="C_STAFF")
 
@@ -20,7 +21,7 @@ def envelope(**event: Any) -> dict[str, Any]:
 def test_top_level_message_starts_a_conversation_keyed_on_team_channel_ts() -> None:
     message = classify(envelope(), POLICY)
     assert message == CustomerMessage("T1", "C1", "100.000001", "100.000001", "U1", "hello", False)
-    assert parse_conversation_key(message.conversation_key) == ("T1", "C1", "100.000001")
+    assert Address.parse(message.conversation_key) == Address("slack", "T1", "C1", "100.000001") == message.address
 
 
 def test_thread_reply_joins_its_thread() -> None:
@@ -63,7 +64,8 @@ def test_served_channels_and_dms() -> None:
     assert isinstance(classify(envelope(), policy), Ignored)
     dm = classify(envelope(channel="D1", channel_type="im"), policy)
     assert isinstance(dm, CustomerMessage) and dm.is_dm
-    assert parse_conversation_key(dm.conversation_key) == ("T1", "D1", None)
+    assert Address.parse(dm.conversation_key) == Address("slack", "T1", "D1", None) == dm.address
+    assert dm.conversation_key == "slack:T1:D1:dm" and Address.parse("cli:ada") is None
 
 
 def test_markdown_becomes_mrkdwn() -> None:

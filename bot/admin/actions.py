@@ -8,6 +8,7 @@ from sqlalchemy import delete, insert, select, true, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.address import Address
 from bot.admin.parse import Change, Ref
 from bot.admin.queries import AdminQueries
 from db import models as m
@@ -20,8 +21,7 @@ def channel_scope(channel: str | None) -> tuple[str, str]:
     """(LIKE pattern over conversation keys, label) for a channel, or for every conversation."""
     if channel is None:
         return EVERYWHERE, "everywhere"
-    escaped = channel.replace("_", "\\_")  # channel ids are alphanumeric, but the emulator's have underscores
-    return f"slack:%:{escaped}:%", f"<#{channel}>"
+    return Address.like("slack", channel=channel), f"<#{channel}>"
 
 
 class AdminActions:

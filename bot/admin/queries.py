@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Float, cast, extract, func, or_, select, true
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.address import DM, Address
 from agents.offline import OFFLINE
 from bot.admin.parse import CaseRef, Listing, Ref, ThreadRef
 from db import models as m
@@ -113,10 +114,6 @@ def _message_count() -> ColumnElement[int]:
     ).scalar_subquery()
 
 
-def _like_literal(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-
 class AdminQueries:
     def __init__(self, *, sessions: async_sessionmaker[AsyncSession]) -> None:
         self.sessions = sessions
@@ -146,11 +143,13 @@ class AdminQueries:
             escalation = await s.get(m.Escalation, ref.escalation_id)
             return None if escalation is None else await s.get(m.Conversation, escalation.conversation_id)
         assert isinstance(ref, ThreadRef)
-        keys = [f"slack:{team}:{ref.channel}:{ref.ts}", f"slack:{team}:{ref.channel}:dm"] if team else []
-        channel, ts = _like_literal(ref.channel), _like_literal(ref.ts)
+        exact = [Address("slack", team, ref.channel, thread).key for thread in (ref.ts, None)] if team else []
         for where in (
-            m.Conversation.key.in_(keys),
-            or_(m.Conversation.key.like(f"slack:%:{channel}:{ts}"), m.Conversation.key.like(f"slack:%:{channel}:dm")),
+            m.Conversation.key.in_(exact),
+            or_(
+                m.Conversation.key.like(Address.like("slack", channel=ref.channel, thread=ref.ts)),
+                m.Conversation.key.like(Address.like("slack", channel=ref.channel, thread=DM)),
+            ),
         ):
             conversation = await s.scalar(
                 select(m.Conversation)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from agents.address import Address
 from agents.agent import Roster
 from agents.knowledge.store import Hit, KnowledgeStatus
 from bot.admin.parse import USAGE, UsageError
@@ -92,11 +93,11 @@ def duration(seconds: Any) -> str:
 
 def where(key: str, domain: str | None) -> str:
     """A conversation key as mrkdwn: its channel and a link to its thread."""
-    parts = key.split(":")
-    if len(parts) != 4 or parts[0] != "slack":
+    address = Address.parse(key)
+    if address is None:
         return f"`{key}`"
-    channel, thread = parts[2], parts[3]
-    if thread == "dm":
+    channel, thread = address.channel, address.thread
+    if thread is None:
         return f"direct message `{channel}`"
     if domain is None:
         return f"<#{channel}> thread `{thread}`"
