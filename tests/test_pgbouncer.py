@@ -49,6 +49,8 @@ def pgbouncer(database_url: str) -> Iterator[str]:
         f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
         f"auth_type = trust\nauth_file = {folder}/userlist.txt\npool_mode = transaction\n"
         "max_client_conn = 500\ndefault_pool_size = 8\n"
+        # As the README advises: unique statement names would otherwise pile up on the server connections.
+        "server_reset_query = DISCARD ALL\nserver_reset_query_always = 1\n"
         f"logfile = {folder}/pgbouncer.log\npidfile = {folder}/pgbouncer.pid\n"
     )
     command = [PGBOUNCER, str(folder / "pgbouncer.ini")]
