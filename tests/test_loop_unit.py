@@ -1,0 +1,155 @@
+"""Fast unit tests of the run loop, the transfer policy and the window, with an in-process scripted model (the
+`Model` seam) and no database: milliseconds each, beside the HTTP-level tests of tests/test_engine.py."""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from typing import Any
+
+import pytest
+
+from agents.errors import ProviderError
+from agents.loop import Escalate, LoopConfig, Reply, TurnInput, run_turn
+from agents.messages import Message, ToolCall
+from agents.model import ModelResponse, Usage
+from agents.roster import default_roster
+from agents.window import build_window
+
+CONFIG = LoopConfig(default_model="scripted", max_llm_calls=4, max_handoffs=2)
+
+
+class ScriptedModel:
+    """Answers from a script; records what each call was shown."""
+
+    def __init__(self, *answers: ModelResponse | Exception) -> None:
+        self.answers: deque[ModelResponse | Exception] = deque(answers)
+        self.seen: list[dict[str, Any]] = []
+
+    async def complete(
+        self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> ModelResponse:
+        self.seen.append({"messages": messages, "tools": [t["function"]["name"] for t in tools]})
+        answer = self.answers.popleft() if self.answers else text("")
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def text(content: str) -> ModelResponse:
+    return ModelResponse(content, (), Usage(10, 5), 1.0)
+
+
+def calls(*pairs: tuple[str, dict[str, Any] | str]) -> ModelResponse:
+    made = tuple(
+        ToolCall(f"call_{n}", name, arguments if isinstance(arguments, str) else json.dumps(arguments))
+        for n, (name, arguments) in enumerate(pairs)
+    )
+    return ModelResponse(None, made, Usage(10, 5), 1.0)
+
+
+def turn(message: str = "hi", agent: str = "triage") -> TurnInput:
+    return TurnInput(1, 1, agent, {}, (Message("user", message),))
+
+
+async def run(model: ScriptedModel, message: str = "hi", agent: str = "triage") -> Any:
+    return await run_turn(turn(message, agent), roster=default_roster(), model=model, config=CONFIG)
+
+
+async def test_a_direct_answer_is_one_call_and_a_reply() -> None:
+    model = ScriptedModel(text("Hello!"))
+    result = await run(model)
+    assert result.outcome == Reply("Hello!") and result.reply == "Hello!" and result.agent == "triage"
+    assert len(result.llm_calls) == 1 and len(model.seen) == 1
+
+
+async def test_a_handoff_switches_agent_and_the_new_agent_answers_in_the_same_turn() -> None:
+    model = ScriptedModel(calls(("transfer_to_sales", {"reason": "buying"})), text("The X4 is $899."))
+    result = await run(model, "how much is the X4?")
+    assert (result.agent, result.reply) == ("sales", "The X4 is $899.")
+    assert [(h.from_agent, h.to_agent, h.reason) for h in result.handoffs] == [("triage", "sales", "buying")]
+    assert "transfer_to_sales" in model.seen[0]["tools"] and "transfer_to_sales" not in model.seen[1]["tools"]
+    assert model.seen[1]["messages"][-1]["role"] == "tool"  # the new agent sees the transfer's result
+
+
+async def test_an_escalation_wins_over_a_transfer_in_the_same_response() -> None:
+    model = ScriptedModel(
+        calls(("transfer_to_sales", {"reason": "x"}), ("escalate_to_human", {"reason": "wants a person"}))
+    )
+    result = await run(model)
+    assert result.outcome == Escalate("wants a person", "agent") and not result.handoffs
+    assert [t.ok for t in result.tools] == [False, True]
+
+
+async def test_the_first_valid_transfer_wins() -> None:
+    model = ScriptedModel(
+        calls(("transfer_to_sales", {"reason": "a"}), ("transfer_to_support", {"reason": "b"})), text("ok")
+    )
+    result = await run(model)
+    assert [h.to_agent for h in result.handoffs] == ["sales"]
+    assert "only one transfer" in result.tools[1].output
+
+
+async def test_ping_pong_is_stopped_with_a_human() -> None:
+    model = ScriptedModel(
+        calls(("transfer_to_sales", {"reason": "a"})),
+        calls(("transfer_to_triage", {"reason": "b"})),
+    )
+    result = await run(model)
+    assert isinstance(result.outcome, Escalate) and result.outcome.trigger == "ping_pong"
+    assert result.reply == CONFIG.texts.budget
+
+
+async def test_the_llm_call_budget_ends_in_a_human() -> None:
+    model = ScriptedModel(*(text("") for _ in range(10)))  # empty answers: asked again, within the budget
+    result = await run(model)
+    assert isinstance(result.outcome, Escalate) and result.outcome.trigger == "budget"
+    assert len(model.seen) == CONFIG.max_llm_calls
+
+
+async def test_a_provider_failure_apologises_and_escalates() -> None:
+    model = ScriptedModel(ProviderError("server", "503"))
+    result = await run(model)
+    assert isinstance(result.outcome, Escalate) and result.outcome.trigger == "provider"
+    assert result.reply == CONFIG.texts.provider_failure
+    assert [c.ok for c in result.llm_calls] == [False]
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "expected"),
+    [
+        ("no_such_tool", {}, "there is no tool named"),
+        ("transfer_to_sales", "{not json", "not valid JSON"),
+        ("transfer_to_sales", {"reason": 3}, "invalid arguments"),
+    ],
+)
+async def test_bad_tool_calls_go_back_to_the_model(name: str, arguments: Any, expected: str) -> None:
+    model = ScriptedModel(calls((name, arguments)), text("Sorry, let me answer directly."))
+    result = await run(model)
+    assert result.reply == "Sorry, let me answer directly."
+    error = model.seen[1]["messages"][-1]
+    assert error["role"] == "tool" and expected.lower() in error["content"].lower()
+
+
+def _unit(n: int) -> list[Message]:
+    """One turn: a customer message, a tool call and its result, and the answer."""
+    call = ToolCall(f"c{n}", "lookup_order", "{}")
+    return [
+        Message("user", f"question {n} " + "x" * 400),
+        Message("assistant", None, agent="support", tool_calls=(call,)),
+        Message("tool", "result " + "y" * 400, agent="support", tool_call_id=f"c{n}", name="lookup_order"),
+        Message("assistant", f"answer {n}", agent="support"),
+    ]
+
+
+def test_the_window_keeps_whole_turns_and_the_newest_one() -> None:
+    history = [m for n in range(20) for m in _unit(n)]
+    window = build_window(system=["be helpful"], history=history, tools=[], budget=1_000)
+    kept = window[1:]
+    assert window[0] == {"role": "system", "content": "be helpful"}
+    assert kept and kept[0]["role"] == "user"  # starts at a turn's beginning: no orphaned tool result
+    assert kept[-1]["content"] == "answer 19" and len(kept) % 4 == 0 and len(kept) < len(history)
+    ids = {m.get("tool_call_id") for m in kept if m["role"] == "tool"}
+    assert ids == {c["id"] for m in kept for c in m.get("tool_calls", [])}  # every call with its result
+    tiny = build_window(system=["s"], history=history, tools=[], budget=1)
+    assert [m["content"] for m in tiny[1:]][-1] == "answer 19"  # the newest turn even over budget
