@@ -5,7 +5,9 @@ renewed in short statements), so several bot processes never send one conversati
 connection is held while Slack answers, and a crashed sender's lease runs out. Before a post, its attempt is
 committed; a post whose attempt was recorded but never confirmed (the process died waiting for Slack's answer,
 or stalled past its lease) is looked for in the thread by the outbox id carried in its message metadata, and
-only posted if it is not there.
+only posted if it is not there. What this cannot cover: a process frozen (SIGSTOP, a paused VM) between recording
+its attempt and writing the request, for longer than its lease, whose request then goes out after another
+sender has looked and posted; Slack offers no idempotency key to close that gap.
 """
 
 from __future__ import annotations
