@@ -18,17 +18,19 @@ and a human instead of silence.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from sqlalchemy import func, insert, literal, select, update
+from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents import leases
 from agents.agent import Roster
-from agents.leases import Lease, LeaseLost, Leases, fenced, process_owner
+from agents.leases import Lease, LeaseLost, Leases, process_owner
 from agents.logcontext import current_conversation
 from agents.loop import Escalate, EventSink, HandoffRecord, LoopConfig, TurnInput, TurnResult, run_turn
 from agents.messages import Message, ToolCall
@@ -37,8 +39,43 @@ from db import models as m
 
 log = logging.getLogger(__name__)
 
-Mode = Literal["bot", "awaiting_human", "human", "closed"]
-_OLDEST_FIRST = (m.Inbound.order_key.asc().nulls_last(), m.Inbound.id)
+Route = Literal["bot", "reopen", "human"]
+"""Who answers a customer's message: the active agent; the entry agent, from scratch (a closed conversation
+reopened); or the humans who have the conversation (the message waits for them)."""
+
+
+@dataclass(frozen=True)
+class OpenCase:
+    """The conversation's open case, as the turn's first statement read it."""
+
+    id: int
+    claimed_by: str | None
+    answered: bool
+    """A colleague has replied to the customer."""
+
+
+@dataclass(frozen=True)
+class CaseChange:
+    """What a colleague's reply does to the open case, written with the message."""
+
+    status: str
+    claimed_by: str | None
+    answered: bool
+
+
+class Takeover(Protocol):
+    """Human takeover as the engine sees it (escalation.machine implements it). It decides every change of a
+    conversation's mode; the engine writes what it decides, with the turn, under the lease."""
+
+    def route(self, mode: str) -> Route: ...
+
+    def after_turn(self, *, escalated: bool) -> str:
+        """The mode after a turn the bot ran (escalated: a case was opened)."""
+        ...
+
+    def staff_reply(self, mode: str, case: OpenCase | None, author: str | None) -> tuple[str, CaseChange] | None:
+        """The mode and the case after a colleague's reply, or None when it is not relayed."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -93,7 +130,7 @@ class MessageResult:
 class ConversationState:
     id: int
     key: str
-    mode: Mode
+    mode: str
     agent: str
     context: dict[str, Any]
 
@@ -114,39 +151,6 @@ class TurnCommit:
 TurnHook = Callable[[AsyncSession, TurnCommit], Awaitable[None]]
 
 
-@dataclass(frozen=True)
-class _Planned:
-    """A message that needs a turn: what the turn gets, read in the first transaction."""
-
-    input: TurnInput
-
-
-def _row_to_message(row: m.Message) -> Message:
-    return Message(
-        role=row.role,  # type: ignore[arg-type]
-        content=row.content,
-        agent=row.agent,
-        tool_calls=tuple(ToolCall(**c) for c in row.tool_calls or ()),
-        tool_call_id=row.tool_call_id,
-        name=row.name,
-        author=row.author,
-    )
-
-
-def _message_row(conversation_id: int, inbound_id: int, msg: Message) -> dict[str, Any]:
-    return {
-        "conversation_id": conversation_id,
-        "inbound_id": inbound_id,
-        "role": msg.role,
-        "agent": msg.agent,
-        "author": msg.author,
-        "content": msg.content,
-        "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in msg.tool_calls] or None,
-        "tool_call_id": msg.tool_call_id,
-        "name": msg.name,
-    }
-
-
 class Conversations:
     def __init__(
         self,
@@ -157,10 +161,12 @@ class Conversations:
         config: LoopConfig,
         history_limit: int = 200,
         max_attempts: int = 3,
+        takeover: Takeover,
         after_turn: TurnHook | None = None,
         leases: Leases | None = None,
     ) -> None:
         self.sessions = sessions
+        self.takeover = takeover
         self.leases = leases or Leases(sessions, owner=process_owner())
         self.roster = roster
         self.model = model
@@ -241,13 +247,17 @@ class Conversations:
         on_event: EventSink | None = None,
     ) -> MessageResult:
         submitted = await self.submit(key, text, author=author, external_id=external_id)
-        while (result := await self.result_of(submitted.inbound_id)) is None:
+        while True:
             try:
-                await self.process_next(submitted.conversation_id, on_event=on_event)
+                result = await self.process_next(submitted.conversation_id, on_event=on_event)
             except Exception:
                 log.exception("turn failed; retrying")
                 await asyncio.sleep(0.1)
-        return result
+                continue
+            if result is not None and result.inbound_id == submitted.inbound_id:
+                return result
+            if result is None and (done := await self.result_of(submitted.inbound_id)) is not None:
+                return done  # run by another process
 
     async def result_of(self, inbound_id: int) -> MessageResult | None:
         async with self.sessions() as s:
@@ -272,7 +282,7 @@ class Conversations:
             row = await s.scalar(select(m.Conversation).where(m.Conversation.key == key))
             if row is None:
                 return None
-            return ConversationState(row.id, row.key, row.mode, row.active_agent, dict(row.context))  # type: ignore[arg-type]
+            return ConversationState(row.id, row.key, row.mode, row.active_agent, dict(row.context))
 
     async def process_next(
         self, conversation_id: int | None = None, *, on_event: EventSink | None = None, wait_s: float = 300.0
@@ -280,303 +290,442 @@ class Conversations:
         """Run the oldest waiting message of one conversation (waiting up to `wait_s` while another holder has
         its lease), or, with no id, of any conversation with waiting messages that nobody runs. None when there
         was nothing to do."""
+        started: _Started | None = None
         if conversation_id is None:
             claimed = await self.leases.claim_pending(1)
-            lease = claimed[0] if claimed else None
+            if claimed:
+                started = await self._start(claimed[0].conversation_id, claimed[0])
         else:
-            lease = await self.leases.wait_for(conversation_id, timeout_s=wait_s)
-        if lease is None:
+            deadline = asyncio.get_running_loop().time() + wait_s
+            # The claim is part of the turn's first statement; while someone else holds the lease, wait.
+            while (started := await self._start(conversation_id, None)) is None:
+                if asyncio.get_running_loop().time() > deadline:
+                    return None
+                await asyncio.sleep(0.05)
+        if started is None:
             return None
-        failed = False
-        keeper = asyncio.create_task(self.leases.keep(lease, asyncio.Event()), name="lease-keeper")
+        if started.inbound is None:
+            await self.leases.release(started.lease)
+            return None
+        keeper = asyncio.create_task(self.leases.keep(started.lease, asyncio.Event()), name="lease-keeper")
         try:
-            return await self.run_one(lease, on_event=on_event)
-        except Exception:
-            failed = True
+            done = await self._run(started, keep=False, on_event=on_event)
+        except BaseException:
+            await self.leases.release(started.lease, retry_after_s=0.2)
             raise
         finally:
             keeper.cancel()
-            await self.leases.release(lease, retry_after_s=0.2 if failed else 0.0)
+        return done.result
 
     async def run_leased(self, lease: Lease, *, on_event: EventSink | None = None) -> list[MessageResult]:
-        """Every waiting message of the leased conversation, in order, renewing the lease meanwhile; released at
-        the end (after a failure, kept from everyone for a second, so a failing message is not retried in a
-        tight loop). Raises LeaseLost when the lease was taken: what was committed before stays."""
+        """Every waiting message of the leased conversation, in order, renewing the lease meanwhile; the last
+        commit releases it (after a failure, it is kept from everyone for a second, so a failing message is not
+        retried in a tight loop). Raises LeaseLost when the lease was taken: what was committed before stays."""
         lost = asyncio.Event()
         keeper = asyncio.create_task(self.leases.keep(lease, lost), name=f"lease-{lease.conversation_id}")
         results: list[MessageResult] = []
-        retry_after = 0.0
         try:
-            while (result := await self.run_one(lease, on_event=on_event)) is not None:
-                results.append(result)
+            while True:
+                started = await self._start(lease.conversation_id, lease)
+                if started is None:
+                    raise LeaseLost(f"conversation {lease.conversation_id}")
+                if started.inbound is None:  # nothing (more) to do
+                    await self.leases.release(lease)
+                    return results
+                done = await self._run(started, keep=True, on_event=on_event)
+                results.append(done.result)
                 if lost.is_set():
                     raise LeaseLost(f"conversation {lease.conversation_id}")
-        except Exception:
-            retry_after = 1.0
+                if not done.kept:
+                    return results  # released by the commit: nothing else was waiting
+        except LeaseLost:
+            raise
+        except BaseException:
+            await self.leases.release(lease, retry_after_s=1.0)
             raise
         finally:
             keeper.cancel()
-            await self.leases.release(lease, retry_after_s=retry_after)
-        return results
 
     async def run_one(self, lease: Lease, *, on_event: EventSink | None = None) -> MessageResult | None:
-        """The oldest waiting message of the leased conversation, or None when there is none."""
-        # The attempt is counted in its own committed statement, before anything that can fail: a message that
-        # keeps failing, even by killing the process, gets the apology and a human after `max_attempts`.
-        counted = await self._count_attempt(lease)
-        if counted is None:
+        """The oldest waiting message under `lease` (held and renewed by the caller), or None when none waits.
+        Raises LeaseLost when the lease is gone."""
+        started = await self._start(lease.conversation_id, lease)
+        if started is None:
+            raise LeaseLost(f"conversation {lease.conversation_id}")
+        if started.inbound is None:
             return None
-        inbound_id, attempt = counted
+        return (await self._run(started, keep=True, on_event=on_event)).result
+
+    # ------------------------------------------------------------------------------------------------ one turn
+    # Two statements carry a turn: `_start` (claim or fence the lease, count the attempt, read what the turn
+    # needs) and `_finish` (fence, write everything the turn produced, release the lease), each committed on
+    # its own; the host's after_turn hook adds its rows to the second transaction.
+
+    async def _start(self, conversation_id: int, lease: Lease | None) -> _Started | None:
+        """The turn's first statement, committed before anything that can fail, so a message that keeps
+        failing, even by killing the process, gets the apology and a human after `max_attempts`. With no
+        `lease`, it also claims one. None: the lease is someone else's."""
+        params = {
+            "id": conversation_id,
+            "owner": self.leases.owner,
+            "token": lease.token if lease else 0,
+            "ttl": self.leases.ttl_s,
+            "history": self.history_limit,
+        }
         async with self.sessions() as s, s.begin():
-            if not await fenced(s, lease, ttl_s=self.leases.ttl_s):
-                raise LeaseLost(f"conversation {lease.conversation_id}")
-            conv = await s.get(m.Conversation, lease.conversation_id)
-            inbound = await s.get(m.Inbound, inbound_id)
-            assert conv is not None and inbound is not None
-            current_conversation.set(conv.key)
-            planned = await self._plan(s, conv, inbound, give_up=attempt > self.max_attempts)
-            if isinstance(planned, MessageResult):
-                return planned  # decided without a turn (staff, human, paused, given up): committed here
+            row = (await s.execute(_START_CLAIMING if lease is None else _START, params)).first()
+        if row is None:
+            return None
+        held = Lease(conversation_id, row.lease_token, self.leases.owner)
+        current_conversation.set(row.key)
+        inbound = None
+        if row.inbound_id is not None:
+            inbound = _Inbound(row.inbound_id, row.kind, row.text, row.author, row.external_id, row.attempts)
+        case = OpenCase(row.case_id, row.claimed_by, row.answered) if row.case_id is not None else None
+        history = tuple(_json_to_message(h) for h in row.history or ())
+        return _Started(held, row.key, row.mode, row.active_agent, row.context, inbound, row.paused, case, history)
+
+    async def _run(self, started: _Started, *, keep: bool, on_event: EventSink | None) -> _Done:
+        planned = self._plan(started)
+        if isinstance(planned, _Commit):
+            return await self._finish(started, planned, keep=keep)
+        assert started.inbound is not None
         try:
             turn = await run_turn(
-                planned.input, roster=self.roster, model=self.model, config=self.config, db=self.sessions,
-                on_event=on_event,
-            )  # fmt: skip
+                planned, roster=self.roster, model=self.model, config=self.config, db=self.sessions, on_event=on_event
+            )
         except Exception:
-            if attempt < self.max_attempts:
+            if started.inbound.attempts < self.max_attempts:
                 raise
-            log.exception("turn failed %d times; apologising", attempt)
-            return await self._finish(lease, planned, None)
-        return await self._finish(lease, planned, turn)
-
-    async def _finish(self, lease: Lease, planned: _Planned, turn: TurnResult | None) -> MessageResult:
-        """The turn's one commit: nothing unless the lease still holds."""
-        async with self.sessions() as s, s.begin():
-            if not await fenced(s, lease, ttl_s=self.leases.ttl_s):
-                raise LeaseLost(f"conversation {lease.conversation_id}")
-            conv = await s.get(m.Conversation, lease.conversation_id)
-            inbound = await s.get(m.Inbound, planned.input.inbound_id)
-            assert conv is not None and inbound is not None
-            user = planned.input.history[-1]
-            if turn is None:
-                reason = Escalate("the bot failed repeatedly on this message", "error")
-                apology = self.config.texts.provider_failure
-                return await self._to_human(
-                    s, conv, inbound, user, planned.input.agent, dict(planned.input.context), reason, apology
-                )
-            return await self._commit_turn(s, conv, inbound, user, turn)
-
-    async def _count_attempt(self, lease: Lease) -> tuple[int, int] | None:
-        """(message, its attempt number) for the oldest waiting message, counted; None when none waits.
-        Raises LeaseLost when the lease is gone."""
-        async with self.sessions() as s, s.begin():
-            if not await fenced(s, lease, ttl_s=self.leases.ttl_s):
-                raise LeaseLost(f"conversation {lease.conversation_id}")
-            oldest = (
-                select(m.Inbound.id)
-                .where(m.Inbound.conversation_id == lease.conversation_id, m.Inbound.processed_at.is_(None))
-                .order_by(*_OLDEST_FIRST)
-                .limit(1)
-                .scalar_subquery()
-            )
-            row = (
-                await s.execute(
-                    update(m.Inbound)
-                    .where(m.Inbound.id == oldest)
-                    .values(attempts=m.Inbound.attempts + 1)
-                    .returning(m.Inbound.id, m.Inbound.attempts)
-                )
-            ).first()
-            return (int(row[0]), int(row[1])) if row else None
-
-    async def _plan(
-        self, s: AsyncSession, conv: m.Conversation, inbound: m.Inbound, *, give_up: bool
-    ) -> MessageResult | _Planned:
-        """Within the first transaction: the outcome when no turn is needed, else what the turn needs."""
-        if inbound.kind == "staff":
-            return await self._staff_message(s, conv, inbound)
-        user = Message("user", inbound.text, author=inbound.author)
-        if conv.mode == "closed":
-            # Reopened with the bot (written to the row with the turn's results).
-            agent, context, reopened = self.roster.entry, {}, True
-        else:
-            agent, context, reopened = conv.active_agent, dict(conv.context), False
-        if conv.mode != "bot" and not reopened:
-            escalation = await self._open_escalation(s, conv.id)
-            result = MessageResult(
-                inbound.id,
-                conv.id,
-                "human",
-                None,
-                conv.active_agent,
-                escalation_id=escalation.id if escalation else None,
-            )
-            await self._store(s, conv, inbound, [user], result)
-            return result
-        if give_up:
+            log.exception("turn failed %d times; apologising", started.inbound.attempts)
             reason = Escalate("the bot failed repeatedly on this message", "error")
             apology = self.config.texts.provider_failure
-            return await self._to_human(s, conv, inbound, user, agent, context, reason, apology)
-        if await self._paused(s, conv.key):
-            reason = Escalate("the bot is paused here by an admin", "paused")
-            return await self._to_human(s, conv, inbound, user, agent, context, reason, self.config.texts.paused)
-        history = await self._history(s, conv.id, conv.history_from)
-        return _Planned(TurnInput(conv.id, inbound.id, agent, context, (*history, user)))
+            failed = self._to_human(started, planned.agent, dict(planned.context), reason, apology)
+            return await self._finish(started, failed, keep=keep)
+        return await self._finish(started, self._turn_commit(started, turn), keep=keep)
 
-    async def _commit_turn(
-        self, s: AsyncSession, conv: m.Conversation, inbound: m.Inbound, user: Message, turn: TurnResult
-    ) -> MessageResult:
-        escalated = isinstance(turn.outcome, Escalate)
+    def _plan(self, started: _Started) -> _Commit | TurnInput:
+        """What becomes of the message: a commit decided without a turn (staff, human, paused, given up), or
+        the turn's input."""
+        inbound = started.inbound
+        assert inbound is not None
+        if inbound.kind == "staff":
+            return self._staff_message(started, inbound)
+        user = Message("user", inbound.text, author=inbound.author)
+        route = self.takeover.route(started.mode)
+        if route == "human":
+            case_id = started.case.id if started.case else None
+            result = MessageResult(inbound.id, 0, "human", None, started.agent, escalation_id=case_id)
+            return _Commit(result, started.mode, started.agent, started.context, (user,))
+        agent, context = (self.roster.entry, {}) if route == "reopen" else (started.agent, dict(started.context))
+        if inbound.attempts > self.max_attempts:
+            reason = Escalate("the bot failed repeatedly on this message", "error")
+            return self._to_human(started, agent, context, reason, self.config.texts.provider_failure)
+        if started.paused:
+            reason = Escalate("the bot is paused here by an admin", "paused")
+            return self._to_human(started, agent, context, reason, self.config.texts.paused)
+        return TurnInput(started.lease.conversation_id, inbound.id, agent, context, (*started.history, user))
+
+    def _turn_commit(self, started: _Started, turn: TurnResult) -> _Commit:
+        assert started.inbound is not None
+        escalation = turn.outcome if isinstance(turn.outcome, Escalate) else None
         result = MessageResult(
-            inbound.id,
-            conv.id,
-            "escalated" if escalated else "reply",
+            started.inbound.id,
+            0,
+            "escalated" if escalation else "reply",
             turn.reply,
             turn.agent,
             turn.handoffs,
-            turn.outcome.reason if isinstance(turn.outcome, Escalate) else None,
+            escalation.reason if escalation else None,
         )
-        conv.mode, conv.active_agent, conv.context = "bot", turn.agent, turn.context
-        if isinstance(turn.outcome, Escalate):
-            result = replace(result, escalation_id=await self._escalate(s, conv, inbound, turn.outcome, turn.agent))
-        await self._audit(s, conv.id, inbound.id, turn)
-        await self._store(s, conv, inbound, [user, *turn.messages], result)
-        return result
+        user = Message("user", started.inbound.text, author=started.inbound.author)
+        mode = self.takeover.after_turn(escalated=escalation is not None)
+        return _Commit(result, mode, turn.agent, turn.context, (user, *turn.messages), turn, escalation)
 
-    async def _to_human(
-        self,
-        s: AsyncSession,
-        conv: m.Conversation,
-        inbound: m.Inbound,
-        user: Message,
-        agent: str,
-        context: dict[str, Any],
-        reason: Escalate,
-        text: str,
-    ) -> MessageResult:
+    def _to_human(self, started: _Started, agent: str, context: dict[str, Any], reason: Escalate, text: str) -> _Commit:
         """End the turn without an agent: the customer is told `text` and a human gets the case."""
+        inbound = started.inbound
+        assert inbound is not None
+        user = Message("user", inbound.text, author=inbound.author)
         notice = Message("assistant", text, agent=agent)
-        result = MessageResult(inbound.id, conv.id, "escalated", text, agent, (), reason.reason)
-        conv.active_agent, conv.context = agent, context
-        result = replace(result, escalation_id=await self._escalate(s, conv, inbound, reason, agent))
-        await self._store(s, conv, inbound, [user, notice], result)
-        return result
+        result = MessageResult(inbound.id, 0, "escalated", text, agent, (), reason.reason)
+        mode = self.takeover.after_turn(escalated=True)
+        return _Commit(result, mode, agent, context, (user, notice), escalate=reason)
 
-    async def _paused(self, s: AsyncSession, key: str) -> bool:
-        paused = await s.scalar(select(func.count()).select_from(m.Pause).where(literal(key).like(m.Pause.scope)))
-        return bool(paused)
-
-    async def _history(self, s: AsyncSession, conversation_id: int, history_from: int | None) -> list[Message]:
-        rows = await s.scalars(
-            select(m.Message)
-            .where(m.Message.conversation_id == conversation_id, m.Message.id >= (history_from or 0))
-            .order_by(m.Message.id.desc())
-            .limit(self.history_limit)
-        )
-        return [_row_to_message(r) for r in reversed(rows.all())]
-
-    async def _store(
-        self, s: AsyncSession, conv: m.Conversation, inbound: m.Inbound, messages: list[Message], result: MessageResult
-    ) -> None:
-        # render_nulls: one batched INSERT, instead of one per pattern of NULL columns.
-        rows = [_message_row(conv.id, inbound.id, msg) for msg in messages]
-        await s.execute(insert(m.Message).execution_options(render_nulls=True), rows)
-        conv.updated_at = func.now()
-        inbound.processed_at = func.now()
-        inbound.outcome = result.to_json()
-        if self.after_turn is not None:
-            await self.after_turn(
-                s, TurnCommit(conv.key, conv.id, inbound.external_id, inbound.author, inbound.text, result)
-            )
-
-    async def _escalate(
-        self, s: AsyncSession, conv: m.Conversation, inbound: m.Inbound, outcome: Escalate, agent: str
-    ) -> int:
-        conv.mode = "awaiting_human"
-        escalation = m.Escalation(
-            conversation_id=conv.id,
-            inbound_id=inbound.id,
-            reason=outcome.reason,
-            trigger=outcome.trigger,
-            agent=agent,
-            customer=inbound.author,
-        )
-        s.add(escalation)
-        await s.flush()
-        return escalation.id
-
-    async def _open_escalation(self, s: AsyncSession, conversation_id: int) -> m.Escalation | None:
-        return await s.scalar(
-            select(m.Escalation)
-            .where(m.Escalation.conversation_id == conversation_id, m.Escalation.status.in_(("open", "claimed")))
-            .order_by(m.Escalation.id.desc())
-            .limit(1)
-        )
-
-    async def _staff_message(self, s: AsyncSession, conv: m.Conversation, inbound: m.Inbound) -> MessageResult:
+    def _staff_message(self, started: _Started, inbound: _Inbound) -> _Commit:
         """A colleague's reply: kept in the transcript (so agents know what was said after a hand back) and
-        relayed; the first one claims the case for its author if nobody has."""
-        escalation = await self._open_escalation(s, conv.id)
-        if escalation is None or conv.mode not in ("awaiting_human", "human"):
-            # The case was handed back or closed meanwhile: nothing to relay any more.
-            result = MessageResult(inbound.id, conv.id, "human", None, conv.active_agent)
-            inbound.processed_at, inbound.outcome = func.now(), result.to_json()
-            return result
-        conv.mode = "human"
-        now = func.now()
-        if escalation.claimed_by is None:
-            escalation.claimed_by, escalation.claimed_at, escalation.status = inbound.author, now, "claimed"
-        if escalation.first_response_at is None:
-            escalation.first_response_at = now
-        result = MessageResult(
-            inbound.id, conv.id, "staff", inbound.text, conv.active_agent, escalation_id=escalation.id
-        )
+        relayed, as human takeover decides (it may claim the case for its author)."""
+        step = self.takeover.staff_reply(started.mode, started.case, inbound.author)
+        if step is None or started.case is None:  # handed back or closed meanwhile: nothing to relay any more
+            result = MessageResult(inbound.id, 0, "human", None, started.agent)
+            return _Commit(result, started.mode, started.agent, started.context, ())
+        mode, change = step
+        result = MessageResult(inbound.id, 0, "staff", inbound.text, started.agent, escalation_id=started.case.id)
         staff = Message("staff", inbound.text, author=inbound.author)
-        await self._store(s, conv, inbound, [staff], result)
-        return result
+        return _Commit(result, mode, started.agent, started.context, (staff,), case_change=change)
 
-    async def _audit(self, s: AsyncSession, conversation_id: int, inbound_id: int, turn: TurnResult) -> None:
-        ids = {"conversation_id": conversation_id, "inbound_id": inbound_id}
-        if turn.handoffs:
-            await s.execute(
-                insert(m.Handoff),
-                [
-                    {**ids, "from_agent": h.from_agent, "to_agent": h.to_agent, "reason": h.reason}
-                    for h in turn.handoffs
-                ],
-            )
-        if turn.tools:
-            await s.execute(
-                insert(m.ToolRun),
-                [
-                    {
-                        **ids,
-                        "agent": t.agent,
-                        "call_id": t.call.id,
-                        "tool": t.call.name,
-                        "arguments": t.call.arguments,
-                        "ok": t.ok,
-                        "output": t.output,
-                        "duration_ms": t.duration_ms,
-                    }
-                    for t in turn.tools
-                ],
-            )
-        if turn.llm_calls:
-            await s.execute(
-                insert(m.LLMCall),
-                [
-                    {
-                        **ids,
-                        "agent": c.agent,
-                        "model": c.model,
-                        "ok": c.ok,
-                        "error": c.error,
-                        "prompt_tokens": c.usage.prompt_tokens,
-                        "completion_tokens": c.usage.completion_tokens,
-                        "cached_tokens": c.usage.cached_tokens,
-                        "latency_ms": c.latency_ms,
-                    }
-                    for c in turn.llm_calls
-                ],
-            )
+    async def _finish(self, started: _Started, commit: _Commit, *, keep: bool) -> _Done:
+        """The turn's one commit, fenced: nothing is written unless the lease still holds. The lease is
+        released with it, unless `keep` and another message waits."""
+        inbound = started.inbound
+        assert inbound is not None
+        lease = started.lease
+        turn = commit.turn
+        escalate = commit.escalate
+        change = commit.case_change
+        result = replace(commit.result, conversation_id=lease.conversation_id)
+        params = {
+            "id": lease.conversation_id,
+            "token": lease.token,
+            "owner": lease.owner,
+            "ttl": self.leases.ttl_s,
+            "keep": keep,
+            "inbound_id": inbound.id,
+            "mode": str(commit.mode),
+            "agent": commit.agent,
+            "context": json.dumps(commit.context),
+            "outcome": json.dumps(result.to_json()),
+            "messages": json.dumps([_message_json(msg) for msg in commit.messages]),
+            "handoffs": json.dumps(_handoffs_json(turn)),
+            "tools": json.dumps(_tools_json(turn)),
+            "llm_calls": json.dumps(_llm_calls_json(turn)),
+            "escalate": escalate is not None,
+            "reason": escalate.reason if escalate else None,
+            "trigger": escalate.trigger if escalate else None,
+            "customer": inbound.author,
+            "case_id": started.case.id if change and started.case else None,
+            "case_status": str(change.status) if change else None,
+            "claimed_by": change.claimed_by if change else None,
+        }
+        async with self.sessions() as s, s.begin():
+            row = (await s.execute(_FINISH, params)).first()
+            if row is None:
+                raise LeaseLost(f"conversation {lease.conversation_id}")
+            if row.escalation_id is not None:
+                result = replace(result, escalation_id=row.escalation_id)
+            if self.after_turn is not None and commit.messages:
+                await self.after_turn(
+                    s,
+                    TurnCommit(
+                        started.key, lease.conversation_id, inbound.external_id, inbound.author, inbound.text, result
+                    ),
+                )
+        return _Done(result, kept=bool(row.kept))
+
+
+# ---------------------------------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True)
+class _Inbound:
+    id: int
+    kind: str
+    text: str
+    author: str | None
+    external_id: str | None
+    attempts: int
+
+
+@dataclass(frozen=True)
+class _Started:
+    """What the first statement read, under the lease it holds."""
+
+    lease: Lease
+    key: str
+    mode: str
+    agent: str
+    context: dict[str, Any]
+    inbound: _Inbound | None
+    """The oldest waiting message (its attempt counted), or None when none waits."""
+    paused: bool
+    case: OpenCase | None
+    history: tuple[Message, ...]
+
+
+@dataclass(frozen=True)
+class _Commit:
+    """Everything one message comes to, written by `_finish` in one fenced statement."""
+
+    result: MessageResult
+    mode: str
+    agent: str
+    context: Mapping[str, Any]
+    messages: tuple[Message, ...]
+    turn: TurnResult | None = None
+    """For the audit rows: handoffs, tool runs, model calls."""
+    escalate: Escalate | None = None
+    """Open a case."""
+    case_change: CaseChange | None = None
+    """Change the open case (a colleague's reply)."""
+
+
+@dataclass(frozen=True)
+class _Done:
+    result: MessageResult
+    kept: bool
+    """The lease is still held: another message waits."""
+
+
+def _json_to_message(raw: dict[str, Any]) -> Message:
+    return Message(
+        role=raw["role"],
+        content=raw["content"],
+        agent=raw["agent"],
+        tool_calls=tuple(ToolCall(**c) for c in raw["tool_calls"] or ()),
+        tool_call_id=raw["tool_call_id"],
+        name=raw["name"],
+        author=raw["author"],
+    )
+
+
+def _message_json(msg: Message) -> dict[str, Any]:
+    return {
+        "role": msg.role,
+        "agent": msg.agent,
+        "author": msg.author,
+        "content": msg.content,
+        "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in msg.tool_calls] or None,
+        "tool_call_id": msg.tool_call_id,
+        "name": msg.name,
+    }
+
+
+def _handoffs_json(turn: TurnResult | None) -> list[dict[str, Any]]:
+    handoffs = turn.handoffs if turn else ()
+    return [{"from_agent": h.from_agent, "to_agent": h.to_agent, "reason": h.reason} for h in handoffs]
+
+
+def _tools_json(turn: TurnResult | None) -> list[dict[str, Any]]:
+    return [
+        {
+            "agent": t.agent,
+            "call_id": t.call.id,
+            "tool": t.call.name,
+            "arguments": t.call.arguments,
+            "ok": t.ok,
+            "output": t.output,
+            "duration_ms": t.duration_ms,
+        }
+        for t in (turn.tools if turn else ())
+    ]
+
+
+def _llm_calls_json(turn: TurnResult | None) -> list[dict[str, Any]]:
+    return [
+        {
+            "agent": c.agent,
+            "model": c.model,
+            "ok": c.ok,
+            "error": c.error,
+            "prompt_tokens": c.usage.prompt_tokens,
+            "completion_tokens": c.usage.completion_tokens,
+            "cached_tokens": c.usage.cached_tokens,
+            "latency_ms": c.latency_ms,
+        }
+        for c in (turn.llm_calls if turn else ())
+    ]
+
+
+# ------------------------------------------------------------------------------------------------------- SQL
+
+_START_TEMPLATE = """
+WITH lease AS (
+    UPDATE conversations SET {lease_set}
+    WHERE id = :id AND {lease_where}
+    RETURNING key, mode, active_agent, context, history_from, lease_token
+), next AS (
+    UPDATE inbound SET attempts = attempts + 1
+    WHERE id = (
+        SELECT id FROM inbound WHERE conversation_id = :id AND processed_at IS NULL
+        ORDER BY order_key ASC NULLS LAST, id LIMIT 1
+    ) AND EXISTS (SELECT FROM lease)
+    RETURNING id, kind, text, author, external_id, attempts
+)
+SELECT l.lease_token, l.key, l.mode, l.active_agent, l.context,
+       n.id AS inbound_id, n.kind, n.text, n.author, n.external_id, n.attempts,
+       EXISTS (SELECT FROM pauses p WHERE l.key LIKE p.scope) AS paused,
+       c.id AS case_id, c.claimed_by, c.first_response_at IS NOT NULL AS answered,
+       CASE WHEN n.id IS NOT NULL THEN (
+           SELECT jsonb_agg(to_jsonb(h) ORDER BY h.id) FROM (
+               SELECT id, role, agent, author, content, tool_calls, tool_call_id, name FROM messages
+               WHERE conversation_id = :id AND id >= coalesce(l.history_from, 0)
+               ORDER BY id DESC LIMIT :history
+           ) h
+       ) END AS history
+FROM lease l
+LEFT JOIN next n ON true
+LEFT JOIN LATERAL (
+    SELECT id, claimed_by, first_response_at FROM escalations
+    WHERE conversation_id = :id AND status IN ('open', 'claimed') ORDER BY id DESC LIMIT 1
+) c ON true
+"""
+_START = text(_START_TEMPLATE.format(lease_set=leases.RENEW_SET, lease_where=leases.HELD))
+_START_CLAIMING = text(_START_TEMPLATE.format(lease_set=leases.CLAIM_SET, lease_where=leases.FREE))
+
+_FINISH = text(
+    """
+WITH more AS (
+    SELECT EXISTS (
+        SELECT FROM inbound WHERE conversation_id = :id AND processed_at IS NULL AND id <> :inbound_id
+    ) AND CAST(:keep AS boolean) AS waiting
+), conv AS (
+    UPDATE conversations
+    SET mode = :mode, active_agent = :agent, context = CAST(:context AS jsonb), updated_at = now(),
+        lease_owner = CASE WHEN (SELECT waiting FROM more) THEN lease_owner END,
+        lease_until = CASE WHEN (SELECT waiting FROM more) THEN now() + make_interval(secs => :ttl) ELSE now() END
+    WHERE id = :id AND lease_token = :token AND lease_owner = :owner
+    RETURNING id
+), opened AS (
+    INSERT INTO escalations (conversation_id, inbound_id, reason, trigger, agent, customer)
+    SELECT CAST(:id AS bigint), CAST(:inbound_id AS bigint), CAST(:reason AS text), CAST(:trigger AS text),
+           CAST(:agent AS text), CAST(:customer AS text)
+    FROM conv WHERE CAST(:escalate AS boolean)
+    RETURNING id
+), changed AS (
+    UPDATE escalations
+    SET status = :case_status, claimed_by = :claimed_by,
+        claimed_at = CASE WHEN claimed_by IS NULL AND CAST(:claimed_by AS text) IS NOT NULL THEN now()
+                          ELSE claimed_at END,
+        first_response_at = coalesce(first_response_at, now())
+    WHERE id = :case_id AND EXISTS (SELECT FROM conv)
+), done AS (
+    UPDATE inbound
+    SET processed_at = now(),
+        outcome = CASE WHEN EXISTS (SELECT FROM opened)
+                  THEN jsonb_set(CAST(:outcome AS jsonb), '{escalation_id}', (SELECT to_jsonb(id) FROM opened))
+                  ELSE CAST(:outcome AS jsonb) END
+    WHERE id = :inbound_id AND EXISTS (SELECT FROM conv)
+), transcript AS (
+    INSERT INTO messages (conversation_id, inbound_id, role, agent, author, content, tool_calls, tool_call_id, name)
+    SELECT CAST(:id AS bigint), CAST(:inbound_id AS bigint),
+           x.role, x.agent, x.author, x.content, x.tool_calls, x.tool_call_id, x.name
+    FROM ROWS FROM (jsonb_to_recordset(CAST(:messages AS jsonb)) AS (
+        role text, agent text, author text, content text, tool_calls jsonb, tool_call_id text, name text
+    )) WITH ORDINALITY AS x(role, agent, author, content, tool_calls, tool_call_id, name, n), conv
+    ORDER BY x.n
+), handoffs AS (
+    INSERT INTO handoffs (conversation_id, inbound_id, from_agent, to_agent, reason)
+    SELECT CAST(:id AS bigint), CAST(:inbound_id AS bigint), x.from_agent, x.to_agent, x.reason
+    FROM jsonb_to_recordset(CAST(:handoffs AS jsonb)) AS x(from_agent text, to_agent text, reason text), conv
+), tools AS (
+    INSERT INTO tool_runs (conversation_id, inbound_id, agent, call_id, tool, arguments, ok, output, duration_ms)
+    SELECT CAST(:id AS bigint), CAST(:inbound_id AS bigint),
+           x.agent, x.call_id, x.tool, x.arguments, x.ok, x.output, x.duration_ms
+    FROM jsonb_to_recordset(CAST(:tools AS jsonb)) AS x(
+        agent text, call_id text, tool text, arguments text, ok boolean, output text, duration_ms float8
+    ), conv
+), calls AS (
+    INSERT INTO llm_calls (
+        conversation_id, inbound_id, agent, model, ok, error, prompt_tokens, completion_tokens, cached_tokens,
+        latency_ms
+    )
+    SELECT CAST(:id AS bigint), CAST(:inbound_id AS bigint),
+           x.agent, x.model, x.ok, x.error, x.prompt_tokens, x.completion_tokens, x.cached_tokens, x.latency_ms
+    FROM jsonb_to_recordset(CAST(:llm_calls AS jsonb)) AS x(
+        agent text, model text, ok boolean, error text, prompt_tokens int, completion_tokens int,
+        cached_tokens int, latency_ms float8
+    ), conv
+)
+SELECT (SELECT id FROM opened) AS escalation_id, (SELECT waiting FROM more) AS kept FROM conv
+"""
+)

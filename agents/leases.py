@@ -40,6 +40,12 @@ class Lease:
     owner: str
 
 
+# The lease's clauses, shared with the engine's statements that claim or fence a lease in passing.
+CLAIM_SET = "lease_owner = :owner, lease_until = now() + make_interval(secs => :ttl), lease_token = lease_token + 1"
+FREE = "(lease_until IS NULL OR lease_until < now())"
+RENEW_SET = "lease_until = now() + make_interval(secs => :ttl)"
+HELD = "lease_token = :token AND lease_owner = :owner"
+
 _CLAIM_PENDING = text(
     """
     UPDATE conversations c
@@ -57,22 +63,9 @@ _CLAIM_PENDING = text(
     """
 )
 
-_CLAIM_ONE = text(
-    """
-    UPDATE conversations
-    SET lease_owner = :owner, lease_until = now() + make_interval(secs => :ttl), lease_token = lease_token + 1
-    WHERE id = :id AND (lease_until IS NULL OR lease_until < now())
-    RETURNING id, lease_token
-    """
-)
+_CLAIM_ONE = text(f"UPDATE conversations SET {CLAIM_SET} WHERE id = :id AND {FREE} RETURNING id, lease_token")
 
-_RENEW = text(
-    """
-    UPDATE conversations SET lease_until = now() + make_interval(secs => :ttl)
-    WHERE id = :id AND lease_token = :token AND lease_owner = :owner
-    RETURNING id
-    """
-)
+_RENEW = text(f"UPDATE conversations SET {RENEW_SET} WHERE id = :id AND {HELD} RETURNING id")
 
 _RELEASE = text(
     """

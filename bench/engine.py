@@ -55,6 +55,7 @@ from bench.setup import (
 from bench.setup import machine as base_machine
 from db import models as m
 from db.engine import make_engine, make_sessions
+from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply
 
 TABLES = "conversations, inbound, messages, handoffs, tool_runs, llm_calls, escalations, refunds"
@@ -143,7 +144,9 @@ async def bench_environment(server_url: str, params: Params) -> AsyncIterator[Be
             model = OpenAIChatModel(api_key="bench", base_url=fake.base_url, timeout_s=30.0, max_retries=0)
             config = LoopConfig(default_model="fake-model")
             sessions = make_sessions(engine)
-            service = Conversations(sessions=sessions, roster=default_roster(), model=model, config=config)
+            service = Conversations(
+                takeover=TAKEOVER, sessions=sessions, roster=default_roster(), model=model, config=config
+            )
             try:
                 yield Bench(service, sessions, engine, fake, model, config, counters)
             finally:

@@ -11,6 +11,7 @@ from agents.conversations import Conversations
 from agents.loop import Escalate, Event, HandoffRecord, Reply, ToolRecord, ToolStarted
 from bot import runtime
 from bot.settings import Settings
+from escalation.machine import TAKEOVER
 
 OFFLINE = """Offline mode: no LLM provider is configured, so answers are the knowledge base's best passages.
 For the agents themselves, set one of:
@@ -46,6 +47,7 @@ async def chat(settings: Settings, *, conversation: str | None) -> int:
         if brain.offline:
             print(OFFLINE, file=sys.stderr)
         service = Conversations(
+            takeover=TAKEOVER,
             sessions=db.sessions,
             roster=brain.roster,
             model=brain.model,

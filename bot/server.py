@@ -45,6 +45,7 @@ from bot.workers import Workers
 from db.engine import make_engine, make_sessions
 from escalation.delivery import CaseDelivery, Summarizer
 from escalation.desk import CaseDesk
+from escalation.machine import TAKEOVER
 from escalation.policy import BusinessHours, EscalationPolicy
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
         roster, model = brain.roster, brain.model
         leases = Leases(db.sessions, owner=process_owner(), ttl_s=settings.lease_seconds)
         conversations = Conversations(
+            takeover=TAKEOVER,
             sessions=db.sessions,
             roster=roster,
             model=model,

@@ -25,6 +25,7 @@ from db import migrate
 from db.embedded import start_embedded
 from db.engine import make_engine, make_sessions
 from db.url import async_url
+from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI
 
 TABLES = (
@@ -115,7 +116,7 @@ CONFIG = LoopConfig(default_model="fake-model")
 
 @pytest.fixture
 def service(sessions: async_sessionmaker[AsyncSession], model: OpenAIChatModel) -> Conversations:
-    return Conversations(sessions=sessions, roster=default_roster(), model=model, config=CONFIG)
+    return Conversations(takeover=TAKEOVER, sessions=sessions, roster=default_roster(), model=model, config=CONFIG)
 
 
 # --- Slack: the emulator plays Slack, the real bot runs in-process on a random port ---------------------

@@ -13,6 +13,7 @@ from agents.conversations import Conversations
 from agents.roster import default_roster
 from agents.tools import HandoffTo
 from db import models as m
+from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, RecordedRequest, error, reply, slow, tool_call, tools
 from tests.conftest import CONFIG, make_model
 
@@ -83,7 +84,9 @@ async def test_follow_up_continues_with_new_agent_after_restart(
     # A new process: its own SQLAlchemy engine, model client and service; only Postgres is shared.
     engine = make_engine(database_url, pool_size=2)
     model = make_model(fake_llm)
-    restarted = Conversations(sessions=make_sessions(engine), roster=default_roster(), model=model, config=CONFIG)
+    restarted = Conversations(
+        takeover=TAKEOVER, sessions=make_sessions(engine), roster=default_roster(), model=model, config=CONFIG
+    )
     fake_llm.script(reply("Order DW-1002 is on its way."))
     result = await restarted.handle("t:1", "it's DW-1002")
     await model.close()
@@ -130,7 +133,7 @@ async def test_parallel_tool_calls_run_concurrently(sessions: Sessions, fake_llm
         return f"info about {code}"
 
     roster = Roster.of([Agent("solo", "Solo", "Does it all.", "Be helpful.", tools=(slow_lookup,))], entry="solo")
-    service = Conversations(sessions=sessions, roster=roster, model=model, config=CONFIG)
+    service = Conversations(takeover=TAKEOVER, sessions=sessions, roster=roster, model=model, config=CONFIG)
     fake_llm.script(
         tools(*(tool_call("slow_lookup", {"code": c}) for c in ("A", "B", "C"))),
         reply("All three found."),
@@ -163,7 +166,7 @@ async def test_parallel_tools_respect_the_bound(sessions: Sessions, fake_llm: Fa
 
     roster = Roster.of([Agent("solo", "Solo", "Does it all.", "Be helpful.", tools=(slow_lookup,))], entry="solo")
     config = replace(CONFIG, max_parallel_tools=2)
-    service = Conversations(sessions=sessions, roster=roster, model=model, config=config)
+    service = Conversations(takeover=TAKEOVER, sessions=sessions, roster=roster, model=model, config=config)
     fake_llm.script(tools(*(tool_call("slow_lookup", {"code": str(i)}) for i in range(6))), reply("done"))
     await service.handle("t:1", "six lookups")
     assert peak == 2
@@ -216,7 +219,7 @@ async def test_tool_that_raises_goes_back_as_error(sessions: Sessions, fake_llm:
         raise ConnectionError("inventory service down")
 
     roster = Roster.of([Agent("solo", "Solo", "Does it all.", "Be helpful.", tools=(flaky,))], entry="solo")
-    service = Conversations(sessions=sessions, roster=roster, model=model, config=CONFIG)
+    service = Conversations(takeover=TAKEOVER, sessions=sessions, roster=roster, model=model, config=CONFIG)
     fake_llm.script(tools(tool_call("flaky")), reply("The stock system is down, sorry."))
     result = await service.handle("t:1", "in stock?")
     assert result.reply == "The stock system is down, sorry."
@@ -260,7 +263,11 @@ async def test_handoff_budget_runs_out(sessions: Sessions, fake_llm: FakeOpenAI,
     from dataclasses import replace
 
     service = Conversations(
-        sessions=sessions, roster=default_roster(), model=model, config=replace(CONFIG, max_handoffs=1)
+        takeover=TAKEOVER,
+        sessions=sessions,
+        roster=default_roster(),
+        model=model,
+        config=replace(CONFIG, max_handoffs=1),
     )
     fake_llm.script(tools(tool_call("transfer_to_sales")), tools(tool_call("transfer_to_support")))
     result = await service.handle("t:1", "buy and return")
@@ -282,7 +289,11 @@ async def test_llm_call_budget_runs_out(sessions: Sessions, fake_llm: FakeOpenAI
     from dataclasses import replace
 
     service = Conversations(
-        sessions=sessions, roster=default_roster(), model=model, config=replace(CONFIG, max_llm_calls=3)
+        takeover=TAKEOVER,
+        sessions=sessions,
+        roster=default_roster(),
+        model=model,
+        config=replace(CONFIG, max_llm_calls=3),
     )
     fake_llm.rule = lambda _: tools(tool_call("record_customer_name", {"name": "Ada"}))
     result = await service.handle("t:1", "I'm Ada")
@@ -291,7 +302,7 @@ async def test_llm_call_budget_runs_out(sessions: Sessions, fake_llm: FakeOpenAI
 
 async def test_llm_500s_apologise_escalate_and_keep_message(sessions: Sessions, fake_llm: FakeOpenAI) -> None:
     model = make_model(fake_llm, max_retries=1)
-    service = Conversations(sessions=sessions, roster=default_roster(), model=model, config=CONFIG)
+    service = Conversations(takeover=TAKEOVER, sessions=sessions, roster=default_roster(), model=model, config=CONFIG)
     fake_llm.script(error(500), error(503))
     result = await service.handle("t:1", "my drone is on fire")
     await model.close()
@@ -310,7 +321,7 @@ async def test_llm_500s_apologise_escalate_and_keep_message(sessions: Sessions, 
 
 async def test_llm_timeout_apologises_and_escalates(sessions: Sessions, fake_llm: FakeOpenAI) -> None:
     model = make_model(fake_llm, timeout_s=0.2)
-    service = Conversations(sessions=sessions, roster=default_roster(), model=model, config=CONFIG)
+    service = Conversations(takeover=TAKEOVER, sessions=sessions, roster=default_roster(), model=model, config=CONFIG)
     fake_llm.script(slow(2.0, reply("too late")))
     result = await service.handle("t:1", "hello")
     await model.close()
@@ -331,7 +342,11 @@ async def test_window_bound_keeps_tool_pairs(sessions: Sessions, fake_llm: FakeO
     from dataclasses import replace
 
     service = Conversations(
-        sessions=sessions, roster=default_roster(), model=model, config=replace(CONFIG, token_budget=1500)
+        takeover=TAKEOVER,
+        sessions=sessions,
+        roster=default_roster(),
+        model=model,
+        config=replace(CONFIG, token_budget=1500),
     )
     for i in range(12):
         fake_llm.script(
@@ -390,7 +405,7 @@ async def test_refund_needs_confirmation_and_is_idempotent(
 
 async def test_streaming_mode(sessions: Sessions, fake_llm: FakeOpenAI) -> None:
     model = make_model(fake_llm, stream=True)
-    service = Conversations(sessions=sessions, roster=default_roster(), model=model, config=CONFIG)
+    service = Conversations(takeover=TAKEOVER, sessions=sessions, roster=default_roster(), model=model, config=CONFIG)
     fake_llm.script(tools(tool_call("transfer_to_sales", {"reason": "browsing"})), reply("Streaming hello from Sales."))
     result = await service.handle("t:1", "drones?")
     await model.close()
@@ -526,7 +541,9 @@ async def test_tool_handing_to_a_forbidden_agent_or_hanging_goes_back_as_error(
         return "late"
 
     roster = Roster.of([Agent("solo", "Solo", "Does it all.", "Be helpful.", tools=(sneaky, stuck))], entry="solo")
-    service = Conversations(sessions=sessions, roster=roster, model=model, config=replace(CONFIG, tool_timeout_s=0.2))
+    service = Conversations(
+        takeover=TAKEOVER, sessions=sessions, roster=roster, model=model, config=replace(CONFIG, tool_timeout_s=0.2)
+    )
     fake_llm.script(tools(tool_call("sneaky"), tool_call("stuck")), reply("Sorry, neither worked."))
     result = await service.handle("t:1", "go")
     assert result.reply == "Sorry, neither worked." and result.agent == "solo"

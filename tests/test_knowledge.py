@@ -17,6 +17,7 @@ from agents.knowledge.documents import read_document
 from agents.knowledge.embedders import OpenAIEmbedder
 from agents.knowledge.store import EmbedderMismatch, KnowledgeBase
 from bot.runtime import SAMPLE_KNOWLEDGE
+from escalation.machine import TAKEOVER
 from fakes.openai_server import EMBEDDING_DIM, FakeOpenAI
 
 SAMPLE = SAMPLE_KNOWLEDGE
@@ -102,7 +103,7 @@ async def test_search_knowledge_tool_cites_sources_or_says_nothing_found(
     await kb.ingest([SAMPLE / "support"], collection="support", root=SAMPLE)
     roster = default_roster(kb, min_similarity=0.3)
     assert "search_knowledge" in [t.name for t in roster.tools_of("support")]
-    service = Conversations(sessions=sessions, roster=roster, model=model, config=CONFIG)  # type: ignore[arg-type]
+    service = Conversations(takeover=TAKEOVER, sessions=sessions, roster=roster, model=model, config=CONFIG)  # type: ignore[arg-type]
     fake_llm.script(
         tools(tool_call("transfer_to_support")),
         tools(tool_call("search_knowledge", {"query": "how long is the standard warranty period"})),
@@ -198,7 +199,9 @@ async def test_offline_mode_answers_with_sources_and_escalates_when_nothing_matc
     roster = default_roster(kb)
     descriptions = {name: a.description for name, a in roster.agents.items()}
     router = SimilarityRouter(kb.embedder, descriptions, knowledge=kb, collections=KNOWLEDGE_OF)
-    service = Conversations(sessions=sessions, roster=roster, model=OfflineModel(router), config=CONFIG)
+    service = Conversations(
+        takeover=TAKEOVER, sessions=sessions, roster=roster, model=OfflineModel(router), config=CONFIG
+    )
 
     answer = await service.handle("t:1", "I want to return my drone and get a refund")
     assert answer.kind == "reply" and answer.agent == "support"
@@ -216,6 +219,8 @@ async def test_offline_mode_answers_with_sources_and_escalates_when_nothing_matc
 
     # With a bar no passage reaches, the same kind of question finds nothing, and a person is asked in.
     strict = default_roster(kb, min_similarity=0.95)
-    picky = Conversations(sessions=sessions, roster=strict, model=OfflineModel(router), config=CONFIG)
+    picky = Conversations(
+        takeover=TAKEOVER, sessions=sessions, roster=strict, model=OfflineModel(router), config=CONFIG
+    )
     nothing = await picky.handle("t:2", "I want to return my drone and get a refund")
     assert nothing.kind == "escalated" and nothing.escalation_reason == "no help article matches the question"

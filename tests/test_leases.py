@@ -18,6 +18,7 @@ from agents.roster import default_roster
 from bot.outbox import OutboxSender
 from bot.slack_app import slack_client
 from db import models as m
+from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply, slow
 from tests.conftest import CONFIG
 
@@ -26,7 +27,9 @@ Sessions = async_sessionmaker[AsyncSession]
 
 def process(sessions: Sessions, model: OpenAIChatModel, owner: str, ttl_s: float = 30.0) -> Conversations:
     leases = Leases(sessions, owner=owner, ttl_s=ttl_s)
-    return Conversations(sessions=sessions, roster=default_roster(), model=model, config=CONFIG, leases=leases)
+    return Conversations(
+        takeover=TAKEOVER, sessions=sessions, roster=default_roster(), model=model, config=CONFIG, leases=leases
+    )
 
 
 async def replies(sessions: Sessions, conversation_id: int) -> list[str]:
