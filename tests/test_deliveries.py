@@ -1,14 +1,23 @@
-"""The outbox's deliveries: a closed set of typed values that round-trip through their `outbox` rows."""
+"""The outbox's deliveries: a closed set of typed values that round-trip through their `outbox` rows, one sender
+that posts them, and escalation that renders without posting."""
 
 from __future__ import annotations
+
+import ast
+from typing import Any
 
 import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from bot.outbox import OutboxSender
+from bot.slack_app import slack_client
 from db import deliveries as d
 from db import models as m
 from db.deliveries import KINDS, Delivery, delivery_of, enqueue, row_of
+from fakes.slack_api import SlackEmulator
+from tests import ROOT
+from tests.test_manifests import calls
 
 Sessions = async_sessionmaker[AsyncSession]
 
@@ -56,3 +65,42 @@ async def test_deliveries_round_trip_through_the_outbox_table(sessions: Sessions
     async with engine.connect() as conn:
         rows = (await conn.execute(select(m.Outbox).order_by(m.Outbox.id))).all()
     assert [delivery_of(r._mapping) for r in rows] == owed
+
+
+async def test_a_row_of_an_unknown_kind_is_given_up_not_retried(
+    sessions: Sessions, engine: AsyncEngine, emulator: SlackEmulator
+) -> None:
+    async with sessions() as s, s.begin():
+        conversation = m.Conversation(key="slack:T0001:C_SUPPORT:1.000001", active_agent="triage")
+        s.add(conversation)
+        await s.flush()
+        s.add(m.Outbox(conversation_id=conversation.id, kind="carrier_pigeon", channel="C_SUPPORT"))
+        await enqueue(s, [d.Post(conversation.id, "C_SUPPORT", None, "after the pigeon")])
+    client = slack_client(token="xoxb-test", base_url=emulator.api_url, idempotent_only=True)
+    assert await OutboxSender(engine=engine, client=client).send_pending() == 2
+    async with sessions() as s:
+        pigeon, post = (await s.scalars(select(m.Outbox).order_by(m.Outbox.id))).all()
+    assert pigeon.sent_at is not None and pigeon.last_error == "gave up: unknown outbox kind 'carrier_pigeon'"
+    assert post.result_ts is not None and [p.text for p in emulator.posts("C_SUPPORT")] == ["after the pigeon"]
+
+
+def _imports(path: Any) -> set[str]:
+    modules: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            modules.add(node.module)
+    return modules
+
+
+def test_escalation_renders_and_never_imports_the_bot_or_a_slack_client() -> None:
+    for path in sorted((ROOT / "escalation").rglob("*.py")):
+        forbidden = {i for i in _imports(path) if i.split(".")[0] in ("bot", "slack_sdk", "slack_bolt")}
+        assert not forbidden, f"{path.relative_to(ROOT)} imports {forbidden}"
+
+
+def test_only_the_sender_posts_edits_deletes_or_reacts() -> None:
+    changing = {"chat.postMessage", "chat.update", "chat.delete", "reactions.add", "reactions.remove"}
+    callers = {call.where.split(":")[0] for call in calls() if call.method in changing}
+    assert callers == {"bot/outbox.py"}
