@@ -91,6 +91,7 @@ from bench.slack import (
 )
 from bot.mrkdwn import to_mrkdwn
 from db import models as m
+from db.deliveries import RelayToCustomer, RelayToStaff
 from db.url import async_url
 from fakes.openai_server import FakeOpenAI, FakeReply, RecordedRequest, reply, tool_call, tools
 from fakes.slack_api import BOT_USER_ID, TEAM_ID, SlackEmulator
@@ -605,8 +606,8 @@ async def stage_times(database_url: str) -> dict[str, dict[str, float]]:
     relay_of = and_(
         m.Outbox.conversation_id == m.Inbound.conversation_id,
         or_(
-            and_(m.Outbox.kind == "relay_to_customer", m.Outbox.source_ts == m.Inbound.external_id),
-            and_(m.Outbox.kind == "relay_to_staff", m.Outbox.text == m.Inbound.text),
+            and_(m.Outbox.kind == RelayToCustomer.kind, m.Outbox.source_ts == m.Inbound.external_id),
+            and_(m.Outbox.kind == RelayToStaff.kind, m.Outbox.text == m.Inbound.text),
         ),
     )
     query = select(m.Inbound.external_id, ms(turn, received), ms(attempted, turn), ms(sent, attempted)).join(

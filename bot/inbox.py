@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
 from bot.metrics import Metrics
-from bot.outbox import ReplyStyle, reaction_row
+from bot.outbox import ReplyStyle
 from bot.slack_events import (
     CustomerMessage,
     Ignored,
@@ -28,6 +28,7 @@ from bot.slack_events import (
     delivery_of,
 )
 from db import models as m
+from db.deliveries import AddReaction, RelayDelete, RelayEdit, enqueue
 from escalation.policy import EscalationPolicy
 
 log = logging.getLogger(__name__)
@@ -112,14 +113,8 @@ class Inbox:
             # The same message again: an app_mention's twin message event, or a redelivery under a new event_id.
             return "duplicate"
         if self.style.working_reaction:
-            row = reaction_row(
-                conversation_id=submitted.conversation_id,
-                kind="react_add",
-                channel=message.channel,
-                ts=message.ts,
-                name=self.style.working_reaction,
-            )
-            await s.execute(insert(m.Outbox).values(**row))
+            working = AddReaction(submitted.conversation_id, message.channel, message.ts, self.style.working_reaction)
+            await enqueue(s, [working])
         return "stored"
 
     async def _store_staff(self, s: AsyncSession, message: StaffReply | StaffEdit | StaffDelete) -> str:
@@ -133,17 +128,9 @@ class Inbox:
         if case is None:
             return "ignored: not a case thread"
         escalation_id, status, conversation_id, key = case
-        ids = {"conversation_id": conversation_id, "escalation_id": escalation_id, "source_ts": message.ts}
         match message:
             case StaffReply() if self.escalation.is_note(message.text):
-                row = reaction_row(
-                    conversation_id=conversation_id,
-                    kind="react_add",
-                    channel=message.channel,
-                    ts=message.ts,
-                    name="memo",
-                )
-                await s.execute(insert(m.Outbox).values(**row))
+                await enqueue(s, [AddReaction(conversation_id, message.channel, message.ts, "memo")])
                 return "note"
             case StaffReply() if status in ("open", "claimed"):
                 submitted = await self.conversations.submit_in(
@@ -159,11 +146,9 @@ class Inbox:
             case StaffReply():
                 return f"ignored: case {status}"
             case StaffEdit():
-                await s.execute(
-                    insert(m.Outbox).values(ids | {"kind": "update_relay", "channel": "", "text": message.text})
-                )
+                await enqueue(s, [RelayEdit(conversation_id, escalation_id, message.ts, message.text)])
                 return "stored"
             case StaffDelete():
-                await s.execute(insert(m.Outbox).values(ids | {"kind": "delete_relay", "channel": ""}))
+                await enqueue(s, [RelayDelete(conversation_id, escalation_id, message.ts)])
                 return "stored"
         return "ignored"

@@ -1,13 +1,16 @@
-"""The outbox: Web API calls owed to Slack, written in the transaction that caused them, sent exactly once.
+"""The outbox: what Slack is owed (typed deliveries, `db.deliveries`), written in the transaction that caused it,
+and the one sender that sends it, exactly once. This is the only code that posts, edits, deletes or reacts in Slack
+for the bot's conversations and cases; escalation renders what its messages show and posts nothing itself.
 
 Per conversation, rows go out in id order under a send lease (`send_leases`: owner and expiry, claimed and
 renewed in short statements), so several bot processes never send one conversation's rows concurrently, no
-connection is held while Slack answers, and a crashed sender's lease runs out. Before a post, its attempt is
-committed; a post whose attempt was recorded but never confirmed (the process died waiting for Slack's answer,
-or stalled past its lease) is looked for in the thread by the outbox id carried in its message metadata, and
-only posted if it is not there. What this cannot cover: a process frozen (SIGSTOP, a paused VM) between recording
-its attempt and writing the request, for longer than its lease, whose request then goes out after another
-sender has looked and posted; Slack offers no idempotency key to close that gap.
+connection is held while Slack answers, and a crashed sender's lease runs out. The client retries nothing by
+itself. Every post (reply, case, relay, reminder) carries its outbox id in its message metadata, and its attempt
+is committed before it is sent; a post whose attempt was recorded but never confirmed (the process died waiting for
+Slack's answer, the answer was lost, or the sender stalled past its lease) is looked for where it would be by that
+id, and only posted if it is not there. What this cannot cover: a process frozen (SIGSTOP, a paused VM) between
+recording its attempt and writing the request, for longer than its lease, whose request then goes out after
+another sender has looked and posted; Slack offers no idempotency key to close that gap.
 """
 
 from __future__ import annotations
@@ -17,11 +20,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple, assert_never
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
-from sqlalchemy import func, insert, select, text, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
@@ -31,14 +34,30 @@ from agents.conversations import TurnCommit
 from agents.leases import keep_renewed, process_owner
 from bot.mrkdwn import split_text, to_mrkdwn
 from db import models as m
-from escalation.delivery import KINDS as ESCALATION_KINDS
-from escalation.delivery import POSTING_KINDS, THREADED_IN_CASE, CaseDelivery
+from db.deliveries import (
+    AddReaction,
+    CasePost,
+    CaseUpdate,
+    Change,
+    Delivery,
+    NewMessage,
+    Post,
+    RelayDelete,
+    RelayEdit,
+    RelayToCustomer,
+    RelayToStaff,
+    Reminder,
+    RemoveReaction,
+    delivery_of,
+    enqueue,
+)
 from escalation.policy import EscalationPolicy
+from escalation.render import CaseRenderer
+from escalation.views import Message
 
 log = logging.getLogger(__name__)
 
 METADATA_TYPE = "helpdesk_outbox"
-_REACTION_OK = {"react_add": "already_reacted", "react_remove": "no_reaction"}
 
 
 @dataclass(frozen=True)
@@ -49,15 +68,9 @@ class ReplyStyle:
     done_reaction: str = "white_check_mark"
 
 
-def post_row(*, conversation_id: int, channel: str, thread_ts: str | None, body: str) -> list[dict[str, Any]]:
-    return [
-        {"conversation_id": conversation_id, "kind": "post", "channel": channel, "thread_ts": thread_ts, "text": part}
-        for part in split_text(to_mrkdwn(body))
-    ]
-
-
-def reaction_row(*, conversation_id: int, kind: str, channel: str, ts: str, name: str) -> dict[str, Any]:
-    return {"conversation_id": conversation_id, "kind": kind, "channel": channel, "target_ts": ts, "reaction": name}
+def posts(*, conversation_id: int, channel: str, thread: str | None, body: str) -> list[Post]:
+    """An answer as Slack shows it (mrkdwn), in as many posts as its length needs."""
+    return [Post(conversation_id, channel, thread, part) for part in split_text(to_mrkdwn(body))]
 
 
 def turn_outbox(
@@ -69,71 +82,41 @@ def turn_outbox(
     """The engine's after_turn hook: what Slack should see of a turn (the customer's replies, the case for
     staff, relays both ways), queued in the turn's own transaction."""
 
-    async def enqueue(s: AsyncSession, commit: TurnCommit) -> None:
+    async def after_turn(s: AsyncSession, commit: TurnCommit) -> None:
         address = Address.parse(commit.key)
         if address is None:
             return
-        channel, thread_ts = address.channel, address.thread
-        cid, result = commit.conversation_id, commit.result
-        rows: list[dict[str, Any]] = []
+        channel, thread = address.channel, address.thread
+        cid, result, escalation_id = commit.conversation_id, commit.result, commit.result.escalation_id
+        owed: list[Delivery] = []
         if style.handoff_notice:
             for handoff in result.handoffs:
                 notice = style.handoff_notice.format(agent=roster.get(handoff.to_agent).title)
-                rows += post_row(conversation_id=cid, channel=channel, thread_ts=thread_ts, body=notice)
-        escalation = {"conversation_id": cid, "escalation_id": result.escalation_id, "author": commit.author}
-        staff_channel = policy.staff_channel or ""
+                owed += posts(conversation_id=cid, channel=channel, thread=thread, body=notice)
         if result.kind == "staff":
-            rows.append(
-                escalation
-                | {
-                    "kind": "relay_to_customer",
-                    "channel": channel,
-                    "thread_ts": thread_ts,
-                    "text": to_mrkdwn(commit.text),
-                    "source_ts": commit.external_id,
-                }
-            )
-            rows.append(escalation | {"kind": "update_case", "channel": staff_channel})
+            if escalation_id is not None:
+                relay = to_mrkdwn(commit.text)
+                source = commit.external_id
+                owed.append(RelayToCustomer(cid, escalation_id, channel, thread, commit.author, relay, source))
+                owed.append(CaseUpdate(cid, escalation_id))
         elif result.reply:
-            rows += post_row(conversation_id=cid, channel=channel, thread_ts=thread_ts, body=result.reply)
-        if result.kind == "escalated" and policy.staff_channel:
+            owed += posts(conversation_id=cid, channel=channel, thread=thread, body=result.reply)
+        if result.kind == "escalated" and escalation_id is not None and policy.staff_channel:
             if policy.hours is not None and not policy.hours.is_open(clock()):
                 notice = policy.off_hours_message.format(hours=policy.hours.label)
-                rows += post_row(conversation_id=cid, channel=channel, thread_ts=thread_ts, body=notice)
-            rows.append(escalation | {"kind": "case", "channel": staff_channel})
-        if result.kind == "human" and result.escalation_id and policy.staff_channel:
-            rows.append(escalation | {"kind": "relay_to_staff", "channel": staff_channel, "text": commit.text})
+                owed += posts(conversation_id=cid, channel=channel, thread=thread, body=notice)
+            owed.append(CasePost(cid, escalation_id, policy.staff_channel))
+        if result.kind == "human" and escalation_id is not None and policy.staff_channel:
+            owed.append(RelayToStaff(cid, escalation_id, commit.author, commit.text))
         if commit.external_id and result.kind != "staff":
-            ts = commit.external_id
-            done = (style.working_reaction, "react_remove"), (style.done_reaction, "react_add")
-            rows += [
-                reaction_row(conversation_id=cid, kind=kind, channel=channel, ts=ts, name=name)
-                for name, kind in done
-                if name and (kind == "react_remove" or result.kind != "human")
-            ]
-        if rows:
-            # render_nulls: rows of different kinds set different columns; still one INSERT.
-            await s.execute(insert(m.Outbox).execution_options(render_nulls=True), [_full(r) for r in rows])
+            message = commit.external_id
+            if style.working_reaction:
+                owed.append(RemoveReaction(cid, channel, message, style.working_reaction))
+            if style.done_reaction and result.kind != "human":
+                owed.append(AddReaction(cid, channel, message, style.done_reaction))
+        await enqueue(s, owed)
 
-    return enqueue
-
-
-_COLUMNS = (
-    "conversation_id",
-    "kind",
-    "channel",
-    "thread_ts",
-    "target_ts",
-    "text",
-    "reaction",
-    "escalation_id",
-    "author",
-    "source_ts",
-)
-
-
-def _full(row: dict[str, Any]) -> dict[str, Any]:
-    return {column: row.get(column) for column in _COLUMNS}
+    return after_turn
 
 
 # Errors that no retry will mend: the row is given up at once (logged), so it never blocks its conversation.
@@ -153,13 +136,22 @@ PERMANENT_ERRORS = frozenset(
 )
 
 
+class Undeliverable(Exception):
+    """A row that cannot be sent however often it is tried (an unknown kind, a case thread that was never posted)."""
+
+
+class Where(NamedTuple):
+    channel: str
+    thread: str | None
+
+
 class OutboxSender:
     def __init__(
         self,
         *,
         engine: AsyncEngine,
         client: AsyncWebClient,
-        cases: CaseDelivery | None = None,
+        cases: CaseRenderer | None = None,
         give_up_after: timedelta = timedelta(hours=24),
         owner: str = "",
         lease_s: float = 30.0,
@@ -169,9 +161,11 @@ class OutboxSender:
         self.lease_s = lease_s
         """How long a send lease lasts unrenewed: a crashed sender's conversations wait this long."""
         self.cases = cases
+        """Renders the staff side's messages; None where no escalation deliveries are sent (they are given up)."""
         self.client = client
-        """Should retry only 429s by itself: a post retried after a connection error inside the SDK could land
-        twice, while one retried here is first looked for in the thread."""
+        """Must retry nothing by itself (`slack_client(idempotent_only=True)`): a post retried after a lost answer
+        inside the SDK could land twice, while one retried here is first looked for; and a 429 waited out inside
+        the client could outlive the send lease."""
         self.give_up_after = give_up_after
 
     async def send_pending(self, *, concurrency: int = 8) -> int:
@@ -250,60 +244,139 @@ class OutboxSender:
     async def _deliver(self, row: Row[Any], key: int) -> bool:
         """Send one row; False when it must wait (a transient failure), so later rows keep their order."""
         try:
-            if row.kind in THREADED_IN_CASE and row.thread_ts is None:
-                row = await self._into_case_thread(row)
-            posting = row.kind == "post" or row.kind in POSTING_KINDS
-            found_ts = await self._already_posted(row) if posting and row.attempts > 0 else None
-            if found_ts is not None:
-                await self._sent(row, found_ts)
-                return True
-            if posting and not await self._attempt(row, key):
-                return False  # the lease went to another sender, who goes on from this row
-            result_ts = await self._call(row)
+            delivery = delivery_of(row._mapping)
+        except ValueError as exc:
+            return await self._give_up(row, str(exc))
+        posting = isinstance(delivery, NewMessage)
+        try:
+            if isinstance(delivery, NewMessage):
+                if not await self._post_once(row, key, delivery):
+                    return False  # the lease went to another sender, who goes on from this row
+            else:
+                await self._change(delivery)
+                await self._mark(row.id, sent_at=func.now(), attempts=m.Outbox.attempts + 1)
+        except Undeliverable as exc:
+            return await self._give_up(row, str(exc))
         except SlackApiError as exc:
             error = str(exc.response.get("error") or exc)
             if error == "ratelimited":  # waited out here, not in the client: no call outlives its lease unseen
                 retry_after = float(exc.response.headers.get("Retry-After", 1) or 1)
-                await self._backoff(row, error, delay=timedelta(seconds=retry_after))
+                await self._backoff(row, error, posting=posting, delay=timedelta(seconds=retry_after))
                 return False
-            if error == _REACTION_OK.get(row.kind):
-                result_ts = None
-            elif error in PERMANENT_ERRORS or datetime.now(UTC) - row.created_at > self.give_up_after:
-                log.error("outbox row %s given up: %s", row.id, error)
-                await self._mark(row.id, sent_at=func.now(), last_error=f"gave up: {error}")
+            if (error, type(delivery)) in (("already_reacted", AddReaction), ("no_reaction", RemoveReaction)):
+                await self._mark(row.id, sent_at=func.now(), attempts=m.Outbox.attempts + 1)
                 return True
-            else:
-                await self._backoff(row, error)
-                return False
-        except Exception as exc:  # connection failures and timeouts: tried again after a backoff
-            await self._backoff(row, repr(exc))
+            if error in PERMANENT_ERRORS or datetime.now(UTC) - row.created_at > self.give_up_after:
+                return await self._give_up(row, error)
+            await self._backoff(row, error, posting=posting)
             return False
-        await self._sent(row, result_ts)
+        except Exception as exc:  # connection failures, lost answers and timeouts: tried again after a backoff
+            await self._backoff(row, repr(exc), posting=posting)
+            return False
         return True
 
-    async def _sent(self, row: Row[Any], ts: str | None) -> None:
-        if self.cases is not None and ts is not None:
-            await self.cases.posted(row, ts)
-        posting = row.kind == "post" or row.kind in POSTING_KINDS
-        counted = {} if posting else {"attempts": m.Outbox.attempts + 1}
-        await self._mark(row.id, sent_at=func.now(), result_ts=ts, **counted)
+    async def _post_once(self, row: Row[Any], key: int, delivery: NewMessage) -> bool:
+        """Post a new message, unless an earlier attempt at this row is found where it would be; False when the
+        attempt could not be recorded (the lease went to another sender)."""
+        where = await self._where(delivery)
+        ts = await self._already_posted(row, where) if row.attempts > 0 else None
+        if ts is None:
+            message = await self._render(delivery)
+            if not await self._attempt(row, key):
+                return False
+            ts = await self._post(where, message, outbox_id=row.id)
+        if isinstance(delivery, CasePost):
+            await self._renderer().case_posted(delivery.escalation_id, channel=where.channel, ts=ts)
+        await self._mark(row.id, sent_at=func.now(), result_ts=ts)
+        return True
 
-    async def _into_case_thread(self, row: Row[Any]) -> Row[Any]:
-        """Relays and reminders go to the case's thread, known only once the case message is out; it always is
-        by now, since it was queued earlier in the same conversation."""
-        where = None if self.cases is None else await self.cases.case_thread(row.escalation_id)
-        if where is None:
-            raise SlackApiError("no case thread", {"ok": False, "error": "thread_not_found"})  # type: ignore[no-untyped-call]
-        await self._mark(row.id, channel=where[0], thread_ts=where[1])
+    async def _where(self, delivery: NewMessage) -> Where:
+        match delivery:
+            case Post(channel=channel, thread=thread) | RelayToCustomer(channel=channel, thread=thread):
+                return Where(channel, thread)
+            case CasePost(channel=channel):
+                return Where(channel, None)
+            case RelayToStaff(escalation_id=escalation_id) | Reminder(escalation_id=escalation_id):
+                # The case's thread: known once the case message is out, which it always is by now (it was queued
+                # earlier in the same conversation).
+                where = await self._renderer().case_thread(escalation_id)
+                if where is None:
+                    raise Undeliverable(f"case {escalation_id} has no thread")
+                return Where(*where)
+
+    async def _render(self, delivery: NewMessage) -> Message:
+        match delivery:
+            case Post(text=text):
+                return Message(text)
+            case CasePost(escalation_id=escalation_id):
+                return await self._renderer().case(escalation_id)
+            case RelayToStaff():
+                return await self._renderer().relay_to_staff(delivery)
+            case RelayToCustomer():
+                return await self._renderer().relay_to_customer(delivery)
+            case Reminder():
+                return self._renderer().reminder(delivery)
+
+    def _renderer(self) -> CaseRenderer:
+        if self.cases is None:
+            raise Undeliverable("no case renderer configured")
+        return self.cases
+
+    async def _post(self, where: Where, message: Message, *, outbox_id: int) -> str:
+        shown_as = message.shown_as
+        response = await self.client.chat_postMessage(
+            channel=where.channel,
+            thread_ts=where.thread,
+            text=message.text,
+            blocks=message.blocks,
+            username=shown_as.name if shown_as else None,
+            icon_url=shown_as.avatar if shown_as else None,
+            reply_broadcast=message.broadcast or None,
+            metadata={"event_type": METADATA_TYPE, "event_payload": {"outbox_id": outbox_id}},
+        )
+        return str(response["ts"])
+
+    async def _change(self, delivery: Change) -> None:
+        """Act on a message that exists; safe to repeat, so no attempt is recorded first."""
+        match delivery:
+            case AddReaction(channel=channel, message=ts, name=name):
+                await self.client.reactions_add(channel=channel, timestamp=ts, name=name)
+            case RemoveReaction(channel=channel, message=ts, name=name):
+                await self.client.reactions_remove(channel=channel, timestamp=ts, name=name)
+            case CaseUpdate(escalation_id=escalation_id):
+                where = await self._renderer().case_thread(escalation_id)
+                if where is not None:
+                    case = await self._renderer().case(escalation_id)
+                    await self.client.chat_update(channel=where[0], ts=where[1], text=case.text, blocks=case.blocks)
+            case RelayEdit(source=source, text=edited):
+                copy = await self._relayed_copy(source)
+                if copy is not None:
+                    await self.client.chat_update(channel=copy[0], ts=copy[1], text=edited)
+            case RelayDelete(source=source):
+                copy = await self._relayed_copy(source)
+                if copy is not None:
+                    await self.client.chat_delete(channel=copy[0], ts=copy[1])
+            case _:
+                assert_never(delivery)
+
+    async def _relayed_copy(self, source: str) -> tuple[str, str] | None:
+        """The channel and ts of the copy of a colleague's message, once it was posted."""
         async with self.engine.connect() as conn:
-            refreshed = (await conn.execute(select(m.Outbox).where(m.Outbox.id == row.id))).first()
-        assert refreshed is not None
-        return refreshed
+            copy = (
+                await conn.execute(
+                    select(m.Outbox.channel, m.Outbox.result_ts).where(
+                        m.Outbox.kind == RelayToCustomer.kind,
+                        m.Outbox.source_ts == source,
+                        m.Outbox.result_ts.is_not(None),
+                    )
+                )
+            ).first()
+        return None if copy is None else (copy.channel, copy.result_ts)
 
     async def _attempt(self, row: Row[Any], key: int) -> bool:
         """Record the attempt before a post, only while this sender still holds the lease and nobody else has
         tried the row meanwhile: if the process dies waiting for Slack's answer, the next sender looks for the
-        post first. Reactions are idempotent and need no such record (one commit fewer each)."""
+        post first. Changes are safe to repeat and need no such record (one commit fewer each)."""
         async with self.engine.begin() as conn:
             done = await conn.execute(
                 text(
@@ -316,43 +389,28 @@ class OutboxSender:
             )
             return done.first() is not None
 
-    async def _backoff(self, row: Row[Any], error: str, *, delay: timedelta | None = None) -> None:
+    async def _backoff(self, row: Row[Any], error: str, *, posting: bool, delay: timedelta | None = None) -> None:
         delay = delay or timedelta(seconds=min(2 ** (row.attempts + 1), 300))
         log.warning("outbox row %s failed (%s); next try in %s", row.id, error, delay)
-        counted = {} if row.kind == "post" or row.kind in POSTING_KINDS else {"attempts": m.Outbox.attempts + 1}
+        counted = {} if posting else {"attempts": m.Outbox.attempts + 1}  # a post's attempt is already counted
         await self._mark(row.id, last_error=error, next_attempt_at=func.now() + delay, **counted)
 
-    async def _call(self, row: Row[Any]) -> str | None:
-        match row.kind:
-            case "post":
-                response = await self.client.chat_postMessage(
-                    channel=row.channel,
-                    thread_ts=row.thread_ts,
-                    text=row.text,
-                    metadata={"event_type": METADATA_TYPE, "event_payload": {"outbox_id": row.id}},
-                )
-                return str(response["ts"])
-            case "react_add":
-                await self.client.reactions_add(channel=row.channel, timestamp=row.target_ts, name=row.reaction)
-            case "react_remove":
-                await self.client.reactions_remove(channel=row.channel, timestamp=row.target_ts, name=row.reaction)
-            case kind if self.cases is not None and kind in ESCALATION_KINDS:
-                return await self.cases.send(row)
-            case _:
-                raise ValueError(f"unknown outbox kind {row.kind}")
-        return None
+    async def _give_up(self, row: Row[Any], error: str) -> bool:
+        log.error("outbox row %s given up: %s", row.id, error)
+        await self._mark(row.id, sent_at=func.now(), last_error=f"gave up: {error}")
+        return True
 
-    async def _already_posted(self, row: Row[Any]) -> str | None:
+    async def _already_posted(self, row: Row[Any], where: Where) -> str | None:
         """The ts of this row's post if Slack has it: searched from a minute before the row was written, so
         long threads are not read from their start."""
         oldest = f"{row.created_at.timestamp() - 60:.6f}"
-        if row.thread_ts:
+        if where.thread:
             response = await self.client.conversations_replies(
-                channel=row.channel, ts=row.thread_ts, oldest=oldest, include_all_metadata=True, limit=200
+                channel=where.channel, ts=where.thread, oldest=oldest, include_all_metadata=True, limit=200
             )
         else:
             response = await self.client.conversations_history(
-                channel=row.channel, oldest=oldest, include_all_metadata=True, limit=200
+                channel=where.channel, oldest=oldest, include_all_metadata=True, limit=200
             )
         for message in response.get("messages") or []:
             metadata = message.get("metadata") or {}

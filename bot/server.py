@@ -39,14 +39,14 @@ from bot.inbox import Inbox
 from bot.metrics import Metrics
 from bot.outbox import OutboxSender, ReplyStyle, turn_outbox
 from bot.settings import Settings
-from bot.slack_app import build_app, slack_client
+from bot.slack_app import SlackDirectory, build_app, slack_client
 from bot.slack_events import Policy
 from bot.workers import Workers
 from db.engine import make_engine, make_sessions
-from escalation.delivery import CaseDelivery, Summarizer
 from escalation.desk import CaseDesk
 from escalation.machine import TAKEOVER
 from escalation.policy import BusinessHours, EscalationPolicy
+from escalation.render import CaseRenderer, Summarizer
 
 log = logging.getLogger(__name__)
 
@@ -131,10 +131,9 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             leases=leases,
         )
         metrics = Metrics()
-        cases = CaseDelivery(
-            client=client,
+        cases = CaseRenderer(
             sessions=db.sessions,
-            staff_channel=settings.staff_channel_id,
+            directory=SlackDirectory(client),  # reads only: the client that retries is safe here
             summarize=llm_summarizer(runtime.chat_model(settings), settings.openai_model)
             if policy.llm_summary
             else None,

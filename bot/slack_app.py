@@ -14,6 +14,7 @@ from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.respond.async_respond import AsyncRespond
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_bolt.response import BoltResponse
+from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.async_handler import AsyncRetryHandler
 from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncConnectionErrorRetryHandler,
@@ -25,16 +26,16 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.inbox import Inbox
 from bot.slack_events import case_action_of
 from escalation.desk import Action, ActionResult, CaseDesk
-from escalation.views import ACTION_CLAIM, ACTION_HAND_BACK, ACTION_RESOLVE
+from escalation.views import ACTION_CLAIM, ACTION_HAND_BACK, ACTION_RESOLVE, Person
 
 log = logging.getLogger(__name__)
 
 
 def slack_client(*, token: str, base_url: str, timeout_s: int = 30, idempotent_only: bool = False) -> AsyncWebClient:
     """A Web API client that waits out 429s (Retry-After) and retries connection errors and 5xx. Unless
-    `idempotent_only`: the outbox's client retries nothing, since a post retried blindly can land twice, and a
-    call waiting out a 429 inside the client could outlive the sender's lease (the outbox retries, after
-    looking for the post in the thread, and waits out 429s itself)."""
+    `idempotent_only`: the outbox sender's client retries nothing, since a post retried blindly can land twice,
+    and a call waiting out a 429 inside the client could outlive the sender's lease (the sender retries, after
+    looking for the post where it would be, and waits out 429s itself)."""
     handlers: list[AsyncRetryHandler] = []
     if not idempotent_only:
         handlers += [
@@ -48,6 +49,33 @@ def slack_client(*, token: str, base_url: str, timeout_s: int = 30, idempotent_o
         timeout=timeout_s,
         retry_handlers=handlers,
     )
+
+
+class SlackDirectory:
+    """People and links as Slack has them, for what escalation renders (`escalation.render.Directory`): reads
+    only, so the client may retry. Profiles are cached for the life of the process."""
+
+    def __init__(self, client: AsyncWebClient) -> None:
+        self.client = client
+        self._people: dict[str, Person] = {}
+
+    async def person(self, user: str) -> Person:
+        if user not in self._people:
+            try:
+                profile = (await self.client.users_info(user=user))["user"]
+            except SlackApiError:
+                return Person(user)
+            details = profile.get("profile") or {}
+            name = details.get("real_name") or profile.get("real_name") or details.get("display_name") or user
+            self._people[user] = Person(str(name), details.get("image_192") or details.get("image_72"))
+        return self._people[user]
+
+    async def permalink(self, channel: str, message: str) -> str | None:
+        try:
+            found = await self.client.chat_getPermalink(channel=channel, message_ts=message)
+        except SlackApiError:
+            return None
+        return str(found["permalink"])
 
 
 ACK_WITHIN_S = 2.0

@@ -207,7 +207,7 @@ class Outbox(Base):
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     conversation_id: Mapped[int | None] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))
     kind: Mapped[str] = mapped_column(Text)
-    """post, react_add, react_remove."""
+    """The delivery it holds (`db.deliveries`: post, reaction, case, relay, reminder, ...)."""
     channel: Mapped[str] = mapped_column(Text)
     thread_ts: Mapped[str | None] = mapped_column(Text)
     target_ts: Mapped[str | None] = mapped_column(Text)

@@ -1,6 +1,7 @@
-"""The staff side of a case, in the database: claim, resolve, hand back, reminders, and the outbox rows that
-tell Slack about each. Every change holds the conversation's lease, as a turn does (agents.leases), so it never
-interleaves with one: it waits for a running turn to commit, and sees what that turn did."""
+"""The staff side of a case, in the database: claim, resolve, hand back, reminders, and the deliveries that tell
+staff and the customer about each (queued in the same transaction). Every change holds the conversation's lease,
+as a turn does (agents.leases), so it never interleaves with one: it waits for a running turn to commit, and sees
+what that turn did."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.address import Address
 from agents.leases import LeaseLost, Leases, fenced, process_owner
 from db import models as m
+from db.deliveries import CaseUpdate, Post, Reminder, enqueue
 from escalation.policy import EscalationPolicy
+from escalation.views import reminder_text
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +140,7 @@ class CaseDesk:
             )
             for escalation in cases:
                 escalation.status, escalation.closed_by, escalation.closed_at = "resolved", user, func.now()
-                await s.execute(insert(m.Outbox).values(_case_update(conversation_id, escalation.id)))
+                await enqueue(s, [CaseUpdate(conversation_id, escalation.id)])
         self.on_change()
         return ActionResult(True, f"Conversation reset: back to {entry_agent}, context cleared.")
 
@@ -165,13 +168,13 @@ class CaseDesk:
                 notice = self.policy.resolved_message if action == "resolve" else self.policy.handed_back_message
                 await self._tell_customer(s, conversation, notice)
                 message = f"Case #{escalation_id} {'resolved' if action == 'resolve' else 'handed back to the bot'}."
-        await s.execute(insert(m.Outbox).values(_case_update(conversation.id, escalation_id)))
+        await enqueue(s, [CaseUpdate(conversation.id, escalation_id)])
         return ActionResult(True, message)
 
     async def _tell_customer(self, s: AsyncSession, conversation: m.Conversation, text: str) -> None:
         address = Address.parse(conversation.key)
         if address is not None and text:
-            await s.execute(insert(m.Outbox).values(_post(conversation.id, address.channel, address.thread, text)))
+            await enqueue(s, [Post(conversation.id, address.channel, address.thread, text)])
 
     async def remind(self, *, now: datetime) -> int:
         """Post a reminder for each case nobody claimed or answered in time (at most `max_reminders` each).
@@ -194,35 +197,9 @@ class CaseDesk:
                 if waited < after * (escalation.reminders_sent + 1):
                     continue
                 escalation.reminders_sent += 1
-                minutes = int(waited.total_seconds() // 60)
-                text = (
-                    f":alarm_clock: Case #{escalation.id} has waited {minutes} min for a colleague. "
-                    "Can someone take it?"
-                )
-                await s.execute(
-                    insert(m.Outbox).values(
-                        conversation_id=escalation.conversation_id,
-                        kind="reminder",
-                        channel=escalation.case_channel,
-                        escalation_id=escalation.id,
-                        text=text,
-                    )
-                )
+                text = reminder_text(escalation.id, int(waited.total_seconds() // 60))
+                await enqueue(s, [Reminder(escalation.conversation_id, escalation.id, text)])
                 sent += 1
         if sent:
             self.on_change()
         return sent
-
-
-def _post(conversation_id: int, channel: str, thread_ts: str | None, text: str) -> dict[str, object]:
-    return {
-        "conversation_id": conversation_id,
-        "kind": "post",
-        "channel": channel,
-        "thread_ts": thread_ts,
-        "text": text,
-    }
-
-
-def _case_update(conversation_id: int, escalation_id: int) -> dict[str, object]:
-    return {"conversation_id": conversation_id, "kind": "update_case", "channel": "", "escalation_id": escalation_id}

@@ -1,4 +1,5 @@
-"""Block Kit for the case message in the staff channel, and the texts of relayed messages."""
+"""What the staff side's messages show, as pure functions of what they are about: the case message (Block Kit),
+relays both ways and reminders. The outbox's sender posts the `Message`s returned here."""
 
 from __future__ import annotations
 
@@ -8,6 +9,29 @@ from typing import Any
 ACTION_CLAIM = "case_claim"
 ACTION_RESOLVE = "case_resolve"
 ACTION_HAND_BACK = "case_hand_back"
+
+
+@dataclass(frozen=True)
+class Person:
+    """Someone as a message shows them."""
+
+    name: str
+    avatar: str | None = None
+    """An image URL."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """What one post shows; where it goes, and the mark that makes it exactly-once, the sender adds."""
+
+    text: str
+    """The message, or with `blocks` its fallback and notification text."""
+    blocks: list[dict[str, Any]] | None = None
+    """Block Kit layout."""
+    shown_as: Person | None = None
+    """Posted under this name and avatar instead of the bot's own."""
+    broadcast: bool = False
+    """A thread reply that is shown in the channel too."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +65,26 @@ def _status_line(case: CaseView) -> str:
 def case_text(case: CaseView) -> str:
     """The notification text (and the fallback where blocks do not render)."""
     return f"Case #{case.escalation_id}: {case.customer} needs a person ({case.reason})"
+
+
+def case_message(case: CaseView) -> Message:
+    return Message(case_text(case), blocks=case_blocks(case))
+
+
+def relay_to_staff(customer: Person, text: str) -> Message:
+    return Message(f"*{customer.name}* (customer): {text}")
+
+
+def relay_to_customer(colleague: Person, text: str) -> Message:
+    return Message(text, shown_as=Person(f"{colleague.name} (Driftwing team)", colleague.avatar))
+
+
+def reminder_text(escalation_id: int, waited_minutes: int) -> str:
+    return f":alarm_clock: Case #{escalation_id} has waited {waited_minutes} min for a colleague. Can someone take it?"
+
+
+def reminder(text: str) -> Message:
+    return Message(text, broadcast=True)
 
 
 def case_blocks(case: CaseView) -> list[dict[str, Any]]:

@@ -130,6 +130,7 @@ class ApiCall:
     at: float  # time.monotonic()
     error: str | None = None  # set when the answer was ok: false
     injected: bool = False  # answered by fail_next(), without performing the action
+    dropped: bool = False  # performed, but the answer was lost (drop_next())
 
     @property
     def failed(self) -> bool:
@@ -260,6 +261,7 @@ class SlackEmulator:
         self._reply_index: dict[tuple[str, str], list[str]] = {}  # (channel, root ts) -> reply ts, in order
         self._faults: dict[str, deque[_Fault]] = {}
         self._holds: dict[str, asyncio.Event] = {}
+        self._drops: list[tuple[str, dict[str, str]]] = []  # (method, params it must have), one per lost answer
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_ts_us = 0
         self._response_ids = itertools.count(1)
@@ -347,6 +349,7 @@ class SlackEmulator:
         self._reply_index.clear()
         self._faults.clear()
         self._holds.clear()
+        self._drops.clear()
 
     # -- workspace state -------------------------------------------------------------------------------------
 
@@ -406,6 +409,11 @@ class SlackEmulator:
     ) -> None:
         self._faults.setdefault(method, deque()).extend([_Fault(status, retry_after, error)] * times)
 
+    def drop_next(self, method: str, *, times: int = 1, **params: str) -> None:
+        """The next ``times`` calls of ``method`` with these parameters (``channel="C_STAFF"``) are performed, and
+        then the connection is closed unanswered: the caller cannot tell whether Slack has the call."""
+        self._drops += [(method, params)] * times
+
     def hold(self, method: str) -> None:
         """Calls of ``method`` are performed and recorded, but not answered until ``release(method)``."""
         self._holds.setdefault(method, asyncio.Event())
@@ -456,11 +464,26 @@ class SlackEmulator:
             except SlackApiFailure as exc:
                 body = {"ok": False, "error": exc.error}
         error = None if body["ok"] else str(body["error"])
-        self.calls.append(ApiCall(method, params, time.monotonic(), error, injected))
+        drop = None if injected else self._drop_for(method, params)
+        self.calls.append(ApiCall(method, params, time.monotonic(), error, injected, dropped=drop is not None))
+        if drop is not None and request.transport is not None:
+            self._drops.remove(drop)
+            request.transport.close()  # the answer is lost on the way back
+            return web.Response()
         hold = self._holds.get(method)
         if hold is not None and not injected:
             await hold.wait()
         return web.json_response(body, status=status, headers=headers)
+
+    def _drop_for(self, method: str, params: Mapping[str, Any]) -> tuple[str, dict[str, str]] | None:
+        return next(
+            (
+                drop
+                for drop in self._drops
+                if drop[0] == method and all(str(params.get(k)) == v for k, v in drop[1].items())
+            ),
+            None,
+        )
 
     def _auth_test(self, params: dict[str, Any]) -> dict[str, Any]:
         return {

@@ -288,3 +288,36 @@ async def test_outside_business_hours_the_customer_is_told_when_the_team_is_back
     assert texts[1] == (
         "Our team is available Mon-Fri 09:00-17:00 (Europe/Berlin); a colleague will reply as soon as they are back."
     )
+
+
+async def test_case_relays_and_reminders_whose_answers_are_lost_are_posted_once(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    """Slack takes each post, but its answer is lost (the connection drops): the sender does not post again
+    blindly; after a backoff it finds the post by the outbox id in its metadata and records it."""
+    emulator.drop_next("chat.postMessage", channel=STAFF)  # the case message
+    thread, case = await escalate(emulator, fake_llm, sessions)
+    row = await escalation_row(sessions)
+    assert [p.ts for p in emulator.posts(STAFF) if not p.thread_ts] == [case.ts] == [row.case_ts]
+
+    emulator.drop_next("chat.postMessage", channel=STAFF)  # the customer's message, relayed to the case thread
+    await emulator.user_says(SUPPORT, "hello? anyone?", thread_ts=thread)
+    await settle(sessions)
+    emulator.drop_next("chat.postMessage", channel=STAFF)  # the reminder
+    assert await slack_bot.desk.remind(now=row.created_at + timedelta(minutes=16)) == 1
+    await settle(sessions)
+    emulator.drop_next("chat.postMessage", channel=SUPPORT)  # the staff reply, relayed to the customer
+    await emulator.user_says(STAFF, "Sam here, sorry for the wait.", user="U_STAFF", thread_ts=case.ts)
+    await settle(sessions)
+
+    assert sum(c.dropped for c in emulator.calls_to("chat.postMessage")) == 4
+    thread_posts = case_thread(emulator, case)
+    assert thread_posts[0] == "*Casey Customer* (customer): hello? anyone?"
+    assert len(thread_posts) == 2 and "has waited 16 min" in thread_posts[1]
+    assert relays_to_customer(emulator, thread) == ["Sam here, sorry for the wait."]
+    assert [c.params["channel"] for c in emulator.calls_to("chat.postMessage")].count(STAFF) == 3
+    async with sessions() as s:
+        rows = (await s.scalars(select(m.Outbox).where(m.Outbox.attempts > 1))).all()
+    assert rows == []  # each post tried once, then found
+    for post in emulator.posts(STAFF) + emulator.posts(SUPPORT):
+        assert post.metadata is not None and post.metadata["event_type"] == "helpdesk_outbox"

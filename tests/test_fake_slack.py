@@ -211,6 +211,17 @@ async def test_hold_answers_only_after_release(emu: SlackEmulator) -> None:
     assert resp["ts"] == emu.posts("C_SUPPORT")[0].ts
 
 
+async def test_drop_next_performs_the_call_and_loses_its_answer(emu: SlackEmulator) -> None:
+    emu.drop_next("chat.postMessage", channel="C_STAFF")
+    web_client = client(emu, retry_handlers=[])
+    await web_client.chat_postMessage(channel="C_SUPPORT", text="answered")  # another channel: not dropped
+    with pytest.raises(aiohttp.ServerDisconnectedError):
+        await web_client.chat_postMessage(channel="C_STAFF", text="landed unanswered")
+    await web_client.chat_postMessage(channel="C_STAFF", text="answered again")
+    assert [m.text for m in emu.posts("C_STAFF")] == ["landed unanswered", "answered again"]
+    assert [c.dropped for c in emu.calls_to("chat.postMessage")] == [False, True, False]
+
+
 async def test_users_info_permalink_ephemeral_and_conversation_info(emu: SlackEmulator) -> None:
     web_client = client(emu)
     user = (await web_client.users_info(user="U_CUSTOMER"))["user"]

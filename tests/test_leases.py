@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
@@ -18,6 +18,7 @@ from agents.roster import default_roster
 from bot.outbox import OutboxSender
 from bot.slack_app import slack_client
 from db import models as m
+from db.deliveries import Post, enqueue
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply, slow
 from tests.conftest import CONFIG
@@ -114,11 +115,7 @@ async def _one_post_queued(sessions: Sessions, emulator: Any) -> str:
         conv = m.Conversation(key=f"slack:T0001:C_SUPPORT:{root.ts}", active_agent="triage")
         s.add(conv)
         await s.flush()
-        await s.execute(
-            insert(m.Outbox).values(
-                conversation_id=conv.id, kind="post", channel="C_SUPPORT", thread_ts=root.ts, text="the answer"
-            )
-        )
+        await enqueue(s, [Post(conv.id, "C_SUPPORT", root.ts, "the answer")])
     return str(root.ts)
 
 

@@ -356,7 +356,7 @@ def test_the_scan_finds_the_known_calls_and_events() -> None:
     found = {call.method for call in calls()}
     assert found >= KNOWN_CALLS, f"the scan missed {sorted(KNOWN_CALLS - found)}: is it still reading the code?"
     arguments = {(call.method, a) for call in calls() for a in call.arguments}
-    # The relay's custom author goes through a helper (escalation/delivery.py `_post`); the crash check reads
+    # The relay's custom author is passed to the sender's one post call (bot/outbox.py); the crash check reads
     # metadata back.
     assert ("chat.postMessage", "username") in arguments
     assert ("conversations.replies", "include_all_metadata") in arguments

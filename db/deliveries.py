@@ -1,0 +1,181 @@
+"""What the outbox owes the chat platform: a closed set of typed deliveries, and their rows in `outbox`.
+
+A delivery says what is owed (post this text in this conversation's thread, add this reaction, post the case of
+escalation N for staff, relay this staff message to the customer, ...), not how a platform does it: the platform's
+sender (`bot.outbox.OutboxSender` for Slack) makes the API calls, and `escalation.render` renders what the staff
+side's messages show. Each delivery is written in the transaction that caused it (`enqueue`) and read back by the
+sender (`delivery_of`). A row's `kind` is its delivery's `kind`, spelled here and nowhere else.
+
+`NewMessage` deliveries post a message: they carry the exactly-once mark and are looked for after an unknown
+outcome. `Change` deliveries act on a message that exists (reactions, edits, deletions), which is safe to repeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+from sqlalchemy import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from db import models as m
+
+
+@dataclass(frozen=True)
+class Post:
+    """A message in a conversation."""
+
+    kind: ClassVar[str] = "post"
+    conversation_id: int
+    channel: str
+    thread: str | None
+    """The thread's root; None: in the channel itself (a direct message)."""
+    text: str
+    """As the platform shows it (Slack mrkdwn), short enough for one message."""
+
+
+@dataclass(frozen=True)
+class _Reaction:
+    conversation_id: int
+    channel: str
+    message: str
+    """The message it goes on (such as the customer's)."""
+    name: str
+    """The emoji's name: `eyes`."""
+
+
+@dataclass(frozen=True)
+class AddReaction(_Reaction):
+    """The bot's reaction on a message."""
+
+    kind: ClassVar[str] = "react_add"
+
+
+@dataclass(frozen=True)
+class RemoveReaction(_Reaction):
+    """The bot's reaction taken off a message again."""
+
+    kind: ClassVar[str] = "react_remove"
+
+
+@dataclass(frozen=True)
+class _OfCase:
+    conversation_id: int
+    escalation_id: int
+
+
+@dataclass(frozen=True)
+class CasePost(_OfCase):
+    """The case of an escalation, posted for staff; its thread is where the case is talked about."""
+
+    kind: ClassVar[str] = "case"
+    channel: str
+    """The staff channel."""
+
+
+@dataclass(frozen=True)
+class CaseUpdate(_OfCase):
+    """The case message shows the case's state again (claimed, resolved, handed back)."""
+
+    kind: ClassVar[str] = "update_case"
+
+
+@dataclass(frozen=True)
+class RelayToStaff(_OfCase):
+    """A customer's message, copied into the case's thread."""
+
+    kind: ClassVar[str] = "relay_to_staff"
+    author: str | None
+    """The customer (a platform user id)."""
+    text: str
+
+
+@dataclass(frozen=True)
+class RelayToCustomer(_OfCase):
+    """A colleague's message from the case's thread, copied to the customer under the colleague's name."""
+
+    kind: ClassVar[str] = "relay_to_customer"
+    channel: str
+    thread: str | None
+    author: str | None
+    """The colleague (a platform user id)."""
+    text: str
+    source: str | None
+    """The colleague's message, so that its edits and deletion reach the copy."""
+
+
+@dataclass(frozen=True)
+class RelayEdit(_OfCase):
+    """A colleague edited a relayed message: the copy the customer sees changes too."""
+
+    kind: ClassVar[str] = "update_relay"
+    source: str
+    text: str
+
+
+@dataclass(frozen=True)
+class RelayDelete(_OfCase):
+    """A colleague deleted a relayed message: so is the customer's copy."""
+
+    kind: ClassVar[str] = "delete_relay"
+    source: str
+
+
+@dataclass(frozen=True)
+class Reminder(_OfCase):
+    """A nudge in the case's thread (shown in the staff channel too) for a case nobody has taken."""
+
+    kind: ClassVar[str] = "reminder"
+    text: str
+
+
+NewMessage = Post | CasePost | RelayToStaff | RelayToCustomer | Reminder
+Change = AddReaction | RemoveReaction | CaseUpdate | RelayEdit | RelayDelete
+Delivery = NewMessage | Change
+
+KINDS: dict[str, type[Delivery]] = {
+    cls.kind: cls
+    for cls in (
+        Post,
+        AddReaction,
+        RemoveReaction,
+        CasePost,
+        CaseUpdate,
+        RelayToStaff,
+        RelayToCustomer,
+        RelayEdit,
+        RelayDelete,
+        Reminder,
+    )
+}
+
+# Fields stored under another column name; the rest are stored under their own.
+_COLUMN_OF = {"thread": "thread_ts", "message": "target_ts", "name": "reaction", "source": "source_ts"}
+_COLUMNS = ("kind", "channel", *sorted({_COLUMN_OF.get(f.name, f.name) for cls in KINDS.values() for f in fields(cls)}))
+
+
+def row_of(delivery: Delivery) -> dict[str, Any]:
+    """The delivery as the values of an `outbox` row: every column the deliveries use, NULL where this one has no
+    value, and an empty channel for deliveries whose place the sender looks up (the case's thread)."""
+    values: dict[str, Any] = dict.fromkeys(_COLUMNS) | {"kind": delivery.kind, "channel": ""}
+    for f in fields(delivery):
+        values[_COLUMN_OF.get(f.name, f.name)] = getattr(delivery, f.name)
+    return values
+
+
+def delivery_of(row: Mapping[Any, Any]) -> Delivery:
+    """The delivery an `outbox` row holds (its values by column name: `row_of`'s, a Core row's `_mapping`);
+    ValueError for a kind this version does not know."""
+    cls = KINDS.get(row["kind"])
+    if cls is None:
+        raise ValueError(f"unknown outbox kind {row['kind']!r}")
+    return cls(**{f.name: row[_COLUMN_OF.get(f.name, f.name)] for f in fields(cls)})
+
+
+async def enqueue(s: AsyncSession, deliveries: Iterable[Delivery]) -> None:
+    """Queue deliveries in the caller's transaction: they are owed exactly when what caused them commits."""
+    rows = [row_of(d) for d in deliveries]
+    if rows:
+        # render_nulls: rows of different kinds leave different columns NULL; still one INSERT.
+        await s.execute(insert(m.Outbox).execution_options(render_nulls=True), rows)

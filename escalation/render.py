@@ -1,0 +1,141 @@
+"""The staff side's messages, rendered from the database: the case message, relays both ways and reminders.
+
+Rendering only: the outbox's sender posts what this returns, and nothing in escalation calls a platform's API. The
+names, avatars and links that messages show come through a `Directory` that the platform's edge provides."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from agents.address import Address
+from db import models as m
+from db.deliveries import RelayToCustomer, RelayToStaff, Reminder
+from escalation import views
+from escalation.views import CaseView, Message, Person
+
+log = logging.getLogger(__name__)
+
+Summarizer = Callable[[list[tuple[str, str]]], Awaitable[str]]
+"""Turns (speaker, text) pairs into a short summary for staff."""
+
+
+class Directory(Protocol):
+    """People and links as the platform knows them."""
+
+    async def person(self, user: str) -> Person:
+        """A user's name and avatar; the id itself as the name when the profile cannot be read."""
+        ...
+
+    async def permalink(self, channel: str, message: str) -> str | None:
+        """A link to a message, None when there is none to be had."""
+        ...
+
+
+class CaseRenderer:
+    def __init__(
+        self,
+        *,
+        sessions: async_sessionmaker[AsyncSession],
+        directory: Directory,
+        summarize: Summarizer | None = None,
+    ) -> None:
+        self.sessions = sessions
+        self.directory = directory
+        self.summarize = summarize
+        self._summaries: dict[int, str] = {}
+        """Written once, when the case is posted: updates of the case message re-render its state, and must
+        not cost an LLM call (or a wait in the conversation's outbox) per staff reply."""
+
+    async def case(self, escalation_id: int) -> Message:
+        """The case message, as posted and as each update shows it."""
+        return views.case_message(await self.view(escalation_id))
+
+    async def relay_to_staff(self, relay: RelayToStaff) -> Message:
+        return views.relay_to_staff(await self._person(relay.author), relay.text)
+
+    async def relay_to_customer(self, relay: RelayToCustomer) -> Message:
+        return views.relay_to_customer(await self._person(relay.author), relay.text)
+
+    def reminder(self, reminder: Reminder) -> Message:
+        return views.reminder(reminder.text)
+
+    async def case_thread(self, escalation_id: int) -> tuple[str, str] | None:
+        """Where relays and reminders for this case go: the case message's channel and thread, once it is posted."""
+        async with self.sessions() as s:
+            escalation = await s.get(m.Escalation, escalation_id)
+        if escalation is None or escalation.case_ts is None or escalation.case_channel is None:
+            return None
+        return escalation.case_channel, escalation.case_ts
+
+    async def case_posted(self, escalation_id: int, *, channel: str, ts: str) -> None:
+        """After the case message is posted (or found after a crash): remember where its thread is."""
+        async with self.sessions() as s, s.begin():
+            await s.execute(
+                update(m.Escalation).where(m.Escalation.id == escalation_id).values(case_channel=channel, case_ts=ts)
+            )
+
+    async def _person(self, user: str | None) -> Person:
+        return Person("Someone") if not user else await self.directory.person(user)
+
+    async def view(self, escalation_id: int) -> CaseView:
+        async with self.sessions() as s:
+            escalation = await s.get(m.Escalation, escalation_id)
+            assert escalation is not None
+            conversation = await s.get(m.Conversation, escalation.conversation_id)
+            assert conversation is not None
+            recent = (
+                await s.scalars(
+                    select(m.Message)
+                    .where(
+                        m.Message.conversation_id == conversation.id, m.Message.role.in_(("user", "assistant", "staff"))
+                    )
+                    .where(m.Message.content.is_not(None), m.Message.content != "")
+                    .order_by(m.Message.id.desc())
+                    .limit(12)
+                )
+            ).all()
+        address = Address.parse(conversation.key)
+        channel = address.channel if address else "?"
+        customer = (await self._person(escalation.customer)).name
+        lines = [
+            (
+                customer if r.role == "user" else r.author or "Staff" if r.role == "staff" else f"{r.agent} agent",
+                r.content or "",
+            )
+            for r in reversed(recent)
+        ]
+        permalink = None
+        if address is not None and address.thread is not None:
+            permalink = await self.directory.permalink(address.channel, address.thread)
+        view = CaseView(
+            escalation_id=escalation.id,
+            customer=customer,
+            channel=channel,
+            permalink=permalink,
+            reason=escalation.reason,
+            summary=self._summaries.get(escalation.id) or await self._summary(lines),
+            agent=escalation.agent,
+            status=escalation.status,
+            claimed_by=escalation.claimed_by,
+            closed_by=escalation.closed_by,
+        )
+        self._summaries[escalation.id] = view.summary
+        return view
+
+    async def _summary(self, lines: list[tuple[str, str]]) -> str:
+        if self.summarize is not None:
+            try:
+                return await self.summarize(lines)
+            except Exception as exc:  # a case without an LLM summary beats no case
+                log.warning("case summary failed, showing the last messages: %s", exc)
+        return "\n".join(f"*{who}:* {_clip(text, 300)}" for who, text in lines[-6:]) or "(no messages)"
+
+
+def _clip(text: str, limit: int) -> str:
+    """At most `limit` characters, cut at a word and marked, so a summary line never ends mid-word."""
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " …"
