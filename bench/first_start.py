@@ -79,7 +79,6 @@ def main(
         "second_start_s": [round(s, 2) for s in second],
         "first_start": summary(first),
         "second_start": summary(second),
-        "load_average": list(os.getloadavg()),
         "machine": machine("embedded", None),
         "total_s": round(sum(first) + sum(second), 1),
     }

@@ -730,22 +730,12 @@ class SlackEmulator:
     async def deliver_event(self, event: dict[str, Any], **kw: Any) -> DeliveryResult:
         return await self.deliver(self.event_envelope(event), **kw)
 
-    def user_message(
-        self,
-        channel: str,
-        text: str,
-        *,
-        user: str = "U_CUSTOMER",
-        thread_ts: str | None = None,
-        files: list[dict[str, Any]] | None = None,
-    ) -> tuple[Msg, dict[str, Any]]:
-        """A human posts: the message stored, and the ``message`` event Slack sends for it (not delivered yet)."""
-        chan = self._channel(channel)
-        msg = self._store(Msg(chan.id, self._next_ts(), user, text, thread_ts=thread_ts, files=files))
-        event = self._render(msg) | self._event_fields(chan, msg.ts)
-        if files:
+    def message_event(self, msg: Msg) -> dict[str, Any]:
+        """The envelope of the ``message`` event Slack sends for a stored human message (``add_message``)."""
+        event = self._render(msg) | self._event_fields(self.channels[msg.channel], msg.ts)
+        if msg.files:
             event["subtype"] = "file_share"
-        return msg, self.event_envelope(event)
+        return self.event_envelope(event)
 
     async def user_says(
         self,
@@ -758,7 +748,8 @@ class SlackEmulator:
         mention: bool = False,
     ) -> Said:
         """A human posts: store the message, deliver ``message`` (and ``app_mention`` when the bot is mentioned)."""
-        msg, envelope = self.user_message(channel, text, user=user, thread_ts=thread_ts, files=files)
+        msg = self._store(Msg(self._channel(channel).id, self._next_ts(), user, text, thread_ts=thread_ts, files=files))
+        envelope = self.message_event(msg)
         event = envelope["event"]
         said = Said(msg.ts, envelope["event_id"], await self.deliver(envelope))
         if mention or f"<@{BOT_USER_ID}>" in text:

@@ -134,16 +134,21 @@ class BotProcess:
 
 
 @asynccontextmanager
-async def bot_process(env: dict[str, str], slack: SlackEmulator | None = None) -> AsyncIterator[BotProcess]:
-    """`python -m bot serve` with `env` (see `bot_env`; PORT is chosen here) in a folder of its own, so that no
-    `.env` is read; ready once it says so and /healthz agrees. The emulator, if given, delivers to it."""
+async def bot_process(
+    env: dict[str, str], slack: SlackEmulator | None = None, *, workdir: Path | None = None
+) -> AsyncIterator[BotProcess]:
+    """`python -m bot serve` with `env` (see `bot_env`; PORT is chosen here) in a folder of its own (`workdir`,
+    which keeps its log, or a temporary one), so that no `.env` is read; ready once it says so and /healthz
+    agrees. The emulator, if given, delivers to it."""
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="helpdesk-bot-") as workdir:
-        log = Path(workdir) / "bot.log"
+    with tempfile.TemporaryDirectory(prefix="helpdesk-bot-") as tmp:
+        folder = workdir or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        log = folder / "bot.log"
         started = time.monotonic()
         with log.open("wb") as stderr:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bot", "serve", env=env | {"PORT": str(port)}, cwd=workdir,
+                sys.executable, "-m", "bot", "serve", env=env | {"PORT": str(port)}, cwd=folder,
                 stdout=asyncio.subprocess.PIPE, stderr=stderr,
             )  # fmt: skip
         bot = BotProcess(proc, f"http://127.0.0.1:{port}", log, 0.0)

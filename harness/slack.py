@@ -50,8 +50,8 @@ def write(
     emulator: SlackEmulator, channel: str, text: str, *, user: str = "U_CUSTOMER", thread_ts: str | None = None
 ) -> Sent:
     """The message stored in the emulator (so the bot can read the thread back); its event not sent yet."""
-    msg, envelope = emulator.user_message(channel, text, user=user, thread_ts=thread_ts)
-    return Sent(channel, text, msg.ts, thread_ts or msg.ts, envelope)
+    msg = emulator.add_message(channel, text, user=user, thread_ts=thread_ts)
+    return Sent(channel, text, msg.ts, thread_ts or msg.ts, emulator.message_event(msg))
 
 
 async def deliver(emulator: SlackEmulator, sent: Sent) -> Sent:
