@@ -18,11 +18,11 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
-from bench.setup import DATABASE_PREFIX, RESULTS, machine, run_benchmark, section, summary, table
+from bench.setup import DATABASE_PREFIX, RESULTS, run_benchmark, section, summary, table
 from fakes.openai_server import FakeOpenAI, reply
 from fakes.slack_api import SlackEmulator
 from harness.bot import bot_env, bot_process, emulator
-from harness.database import admin, throwaway_database
+from harness.database import throwaway_database
 
 ADMIN = "U_ADMIN"
 FIRST_THREAD = "1700000001.000100"
@@ -120,8 +120,7 @@ async def time_command(emulator: SlackEmulator, command: str) -> tuple[float, fl
     return (acked - started) * 1000, (answered - started) * 1000, len(json.dumps(body))
 
 
-async def run(server_url: str, origin: str, params: Params) -> dict[str, Any]:
-    version = await admin(server_url, "SELECT current_setting('server_version')")
+async def run(server_url: str, params: Params) -> dict[str, Any]:
     async with throwaway_database(server_url, DATABASE_PREFIX) as url, FakeOpenAI() as fake, emulator() as slack:
         fake.rule = lambda request: reply(f"re: {request.last_user}")
         slack.add_user(ADMIN, "ada", "Ada Admin")
@@ -152,7 +151,6 @@ async def run(server_url: str, origin: str, params: Params) -> dict[str, Any]:
     ]
     print(table(("subcommand", "ack p50", "ack max", "answer p50", "answer p90", "bytes"), rows))
     return {
-        "machine": machine(origin, version),
         "parameters": asdict(params) | {"history": "synthetic, spread over 365 days: see SEED in bench/admin.py"},
         "seeded": seeded,
         "figures": figures,
@@ -162,4 +160,4 @@ async def run(server_url: str, origin: str, params: Params) -> dict[str, Any]:
 def main(*, quick: bool = False, results: Path = RESULTS) -> dict[str, Any]:
     """Run the admin benchmark, print its figures and write `results/admin.json`."""
     params = Params.of(quick)
-    return run_benchmark("admin", quick, results, lambda url, origin: run(url, origin, params))
+    return run_benchmark("admin", quick, results, lambda url: run(url, params))

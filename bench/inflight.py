@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.live import Live, live_bot
-from bench.setup import RESULTS, machine, run_benchmark, section, summary, table
+from bench.setup import RESULTS, run_benchmark, section, summary, table
 from fakes.openai_server import FakeReply, RecordedRequest, reply, slow
 from harness.slack import deliver, say, write
 
@@ -95,7 +95,7 @@ def report_table(waves: list[dict[str, Any]]) -> str:
     return table(["load", "answered", "p50 s", "p99 s", "last s", "last / single", "RSS MB"], rows)
 
 
-async def run(server_url: str, origin: str, quick: bool) -> dict[str, Any]:
+async def run(server_url: str, quick: bool) -> dict[str, Any]:
     waves: list[dict[str, Any]] = []
     for latency in (1.0,) if quick else (1.0, 2.0):
         async with live_bot(server_url, lambda _: reply(""), {"max_concurrent_turns": 512, "db_pool_size": 20}) as live:
@@ -110,8 +110,8 @@ async def run(server_url: str, origin: str, quick: bool) -> dict[str, Any]:
     print(report_table(waves))
     ms = wake["stored_to_model_call_ms"]
     print(f"\nwake-up across processes, A's ack -> B's model call: p50 {ms['p50']} ms, p99 {ms['p99']} ms")
-    return {"waves": waves, "wakeup": wake, "machine": machine(origin, None)}
+    return {"waves": waves, "wakeup": wake}
 
 
 def main(*, quick: bool = False, results: Path = RESULTS) -> dict[str, Any]:
-    return run_benchmark("inflight", quick, results, lambda url, origin: run(url, origin, quick))
+    return run_benchmark("inflight", quick, results, lambda url: run(url, quick))

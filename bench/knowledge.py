@@ -1,36 +1,23 @@
-"""Benchmark of the knowledge base: retrieval quality and abstention on the sample documents, similarity
-routing, search latency (at the sample's size and on a synthetic collection of 100,000 chunks), and
-ingestion with the local embedder (all-MiniLM-L6-v2 run with NumPy).
-
-Everything is real: Postgres with pgvector (a throwaway database built by the migrations), `KnowledgeBase` as
-the agents use it and the local embedder. Only the synthetic collection is embedded by a stub that returns
-random unit vectors, since its text is random too.
+"""Benchmark of the knowledge base, all real (a throwaway database, `KnowledgeBase` as the agents use it, the
+local embedder), except a synthetic collection of random text embedded by random unit vectors.
 
 Figures
-    ingestion    the sample's `catalogue` and `support` folders ingested into fresh collections: documents and
-                 chunks per second, the share (and rate) of embedding in it, a second (unchanged) ingest, the
-                 model's load time and the process RSS before and after loading it and after ingestion
-    quality      for each answerable question of bench/data/kb_eval.jsonl, searched in its collection: the
-                 rank of the first right passage (its document, and its section heading when the question
-                 names one) with vector-only, full-text-only and hybrid search: recall@1, recall@5, MRR@10,
-                 overall and by kind (exact wording / paraphrase); hybrid again by the full-text ranking's
-                 weight in the fusion
-    abstention   `relevant(hits, question, threshold)` over the hybrid hits the search tool takes (k=4): how
-                 often it keeps nothing for an unanswerable question (searched in both collections; correct)
-                 and for an answerable one (wrong), at several thresholds around the default
-    routing      bench/data/routing.jsonl routed: ASKS_FOR_PERSON first (-> human), else `SimilarityRouter` over
-                 the roster's descriptions, transferring only at a score >= the threshold (else triage keeps
-                 it): accuracy, per label, confusion table, threshold sweep; then as the offline model routes
-                 (the most similar passage's agent when it counts as found, else by description)
-    latency      hybrid search at the sample's size with the query embedded (total, embedding, rest); then
-                 on a synthetic collection (random unit vectors, text drawn from the sample's vocabulary with
-                 Zipf-like frequencies) bulk-loaded with COPY: load and HNSW build time, insert rate with the
-                 index live, EXPLAIN of the product's own SQL (captured from `KnowledgeBase.search`) to show
-                 the HNSW index is used, hybrid / vector / text latency; and whether the sample's retrieval
-                 quality, and the vector candidates of a search in it, hold with that collection in the table
+    ingestion    the sample's collections ingested afresh with the local embedder: documents and chunks per
+                 second, the share and rate of embedding in it, model load and RSS
+    quality      each answerable question of bench/data/kb_eval.jsonl searched in its collection: the rank of
+                 the first right passage (its document, and section when named) by vector, full-text and
+                 hybrid search, recall@1/@5 and MRR@10 overall and by kind (exact / paraphrase); hybrid again
+                 by the full-text ranking's weight in the fusion
+    abstention   `relevant(hits, question, threshold)` over the tool's k=4 hybrid hits: how often it keeps
+                 nothing for unanswerable questions (right) and answerable ones (wrong), by threshold
+    routing      bench/data/routing.jsonl: ASKS_FOR_PERSON, else `SimilarityRouter` over the roster's
+                 descriptions (transfer at a score >= the threshold): accuracy, per label, confusion, threshold
+                 sweep; then as the offline model routes (the agent of the most similar passage, when found)
+    latency      hybrid search at the sample's size (total, embedding, rest); a synthetic collection (Zipf-like
+                 words of the sample) loaded with COPY: HNSW build time, size, the product's own vector SQL
+                 explained (the index is used), hybrid / vector / text latency
 
-The CPU-bound parts (the embedder above all) are slower when the machine is busy: the load average at the
-start and end of the run is recorded with the figures.
+The embedder is CPU-bound, so slower on a busy machine: the load average at the start and end is recorded.
 """
 
 from __future__ import annotations
@@ -59,11 +46,11 @@ from agents.knowledge.chunking import chunk_document
 from agents.knowledge.documents import find_documents, read_document
 from agents.knowledge.embedders import Embedder
 from agents.knowledge.local import LocalEmbedder, MiniLM
-from agents.knowledge.store import CANDIDATES, TEXT_WEIGHT, Hit, KnowledgeBase, Mode
+from agents.knowledge.store import TEXT_WEIGHT, Hit, KnowledgeBase, Mode
 from agents.knowledge.tool import relevant, search_knowledge_tool
 from agents.offline import ASKS_FOR_PERSON, OfflineModel, SimilarityRouter
 from agents.roster import KNOWLEDGE_OF, default_roster
-from bench.setup import DATABASE_PREFIX, RESULTS, machine, run_benchmark, section, summary, summary_rows, table
+from bench.setup import DATABASE_PREFIX, RESULTS, run_benchmark, section, summary, summary_rows, table
 from bot.runtime import SAMPLE_KNOWLEDGE as SAMPLE
 from db.engine import make_engine, make_sessions
 from harness.database import admin, throwaway_database
@@ -322,7 +309,7 @@ async def timed_ms(work: Awaitable[object]) -> float:
 
 
 async def ingestion(bench: Bench) -> dict[str, Any]:
-    """The sample into fresh collections with the local embedder, then again (nothing changed)."""
+    """The sample into fresh collections with the local embedder,"""
     timed = TimedEmbedder(bench.local)
     kb = KnowledgeBase(sessions=bench.sessions, embedder=timed)
     documents = chunks = 0
@@ -332,11 +319,6 @@ async def ingestion(bench: Bench) -> dict[str, Any]:
         documents, chunks = documents + report.added, chunks + report.chunks
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     embed_s = sum(timed.calls_ms) / 1000
-    started = time.perf_counter()
-    unchanged = 0
-    for collection in COLLECTIONS:
-        unchanged += (await kb.ingest(sample_paths(collection), collection=collection, root=SAMPLE)).unchanged
-    again_s = time.perf_counter() - started
     texts = chunk_texts()
     tokens = [sum(e.attention_mask) for e in bench.model.tokenizer.encode_batch(texts)]
     return {
@@ -346,7 +328,6 @@ async def ingestion(bench: Bench) -> dict[str, Any]:
         "documents_per_s": round(documents / elapsed, 2),
         "chunks_per_s": round(chunks / elapsed, 2),
         "process_cpu_utilisation": round(cpu / elapsed, 2),
-        "reingest_unchanged": {"documents": unchanged, "elapsed_s": round(again_s, 3)},
         "embedding_in_ingestion": {
             "calls": len(timed.calls_ms),
             "sentences": len(texts),
@@ -393,43 +374,11 @@ async def rank_all(kb: KnowledgeBase, questions: Sequence[Question], mode: Mode)
     return ranks
 
 
-async def check_eval(bench: Bench, questions: Sequence[Question]) -> list[str]:
-    """Eval entries that cannot be right whatever the search does: unknown document or section heading."""
-    query = "SELECT DISTINCT d.source, c.heading FROM kb_chunks c JOIN kb_documents d ON d.id = c.document_id"
-    async with bench.sessions() as s:
-        rows = (await s.execute(text(query))).all()
-    headings: dict[str, set[str | None]] = {}
-    for source, heading in rows:
-        headings.setdefault(str(source), set()).add(heading)
-    problems: list[str] = []
-    for q in questions:
-        if not q.answerable:
-            continue
-        if q.document not in headings:
-            problems.append(f"{q.id}: document {q.document!r} is not in the knowledge base")
-        elif q.collection != q.document.split("/")[0]:
-            problems.append(f"{q.id}: document {q.document!r} is not in collection {q.collection!r}")
-        elif q.section is None and headings[q.document] != {None}:
-            problems.append(f"{q.id}: no section, but {q.document} has headings (any chunk of it counts)")
-        elif q.section is not None and q.section not in headings[q.document]:
-            problems.append(f"{q.id}: section {q.section!r} is no chunk heading of {q.document}")
-    return problems
-
-
 async def quality(bench: Bench, questions: Sequence[Question]) -> dict[str, Any]:
     kb = bench.kb
     answerable = [q for q in questions if q.answerable]
     unanswerable = [q for q in questions if not q.answerable]
     ranks = {mode: await rank_all(kb, answerable, mode) for mode in MODES}
-    misses: list[dict[str, Any]] = []
-    for q, r in zip(answerable, ranks["hybrid"], strict=True):
-        if r is None or r > 1:
-            top = (await kb.search(q.question, collections=[q.collection or ""], k=1))[0]
-            misses.append(
-                {"id": q.id, "kind": q.kind, "question": q.question, "rank": r,
-                 "expected": f"{q.document} › {q.section}" if q.section else q.document,
-                 "top_hit": f"{top.source} › {top.heading}" if top.heading else top.source}
-            )  # fmt: skip
     weights: list[dict[str, Any]] = []
     for weight in sorted({*TEXT_WEIGHTS, TEXT_WEIGHT}):
         weighted = KnowledgeBase(sessions=bench.sessions, embedder=bench.cached, text_weight=weight)
@@ -457,10 +406,6 @@ async def quality(bench: Bench, questions: Sequence[Question]) -> dict[str, Any]
             }
         )
 
-    async def top_similarity(q: Question, collections: Sequence[str]) -> float:
-        hits = [(await kb.search(q.question, collections=[c], k=1, mode="vector"))[0] for c in collections]
-        return max(hit.similarity or 0.0 for hit in hits)
-
     return {
         "answerable": len(answerable),
         "unanswerable": len(unanswerable),
@@ -468,34 +413,12 @@ async def quality(bench: Bench, questions: Sequence[Question]) -> dict[str, Any]
         "rank_k": RANK_K,
         "modes": {mode: grouped_scores(answerable, r) for mode, r in ranks.items()},
         "hybrid_text_weight_sweep": weights,
-        "hybrid_misses_at_1": misses,
         "ranks": {q.id: {mode: r[i] for mode, r in ranks.items()} for i, q in enumerate(answerable)},
         "abstention": {
             "hits_per_search": TOOL_K,
             "default_threshold": DEFAULT_MIN_SIMILARITY,
             "thresholds": thresholds,
-            "top_similarity_answerable": quantiles([await top_similarity(q, [q.collection or ""]) for q in answerable]),
-            "top_similarity_unanswerable": quantiles([await top_similarity(q, COLLECTIONS) for q in unanswerable]),
         },
-    }
-
-
-async def vector_candidates(bench: Bench, questions: Sequence[Question], collection: str) -> dict[str, Any]:
-    """How many passages the vector half of the search returns for questions on `collection` (k=CANDIDATES):
-    fewer than CANDIDATES (or than the collection has) means the HNSW index was scanned and other
-    collections' rows were filtered out after it."""
-    asked = [q for q in questions if q.collection == collection][:12]
-    counts = [
-        len(await bench.kb.search(q.question, collections=[collection], k=CANDIDATES, mode="vector")) for q in asked
-    ]
-    async with bench.sessions() as s:
-        size = int(await s.scalar(text("SELECT count(*) FROM kb_chunks WHERE collection = :c"), {"c": collection}) or 0)
-    expected = min(CANDIDATES, size)
-    return {
-        "collection_chunks": size,
-        "expected": expected,
-        "counts": counts,
-        "short": sum(1 for c in counts if c < expected),
     }
 
 
@@ -560,12 +483,10 @@ async def routing(bench: Bench) -> dict[str, Any]:
     return {
         "messages": len(cases),
         "by_label": dict(Counter(label for _, label in cases)),
-        "descriptions": descriptions,
         "default_threshold": default_score,
         **{k: default[k] for k in ("accuracy", "per_label", "confusion")},
         "sweep": sweep,
         "wrong": [m for m in messages if m["routed"] != m["label"]],
-        "all": messages,
         "knowledge_first": routed_scores(first) | {"wrong": wrong_first},
     }
 
@@ -600,7 +521,6 @@ async def latency_sample(bench: Bench, questions: Sequence[Question], params: Pa
         "embedding_ms": summary(embedding),
         "search_ms": summary([t - e for t, e in zip(total, embedding, strict=True)]),
         "catalogue_vector_plan": await explain(bench.raw, bench.statements.vector),
-        "catalogue_vector_candidates": await vector_candidates(bench, questions, "catalogue"),
     }
 
 
@@ -668,7 +588,7 @@ async def latency_synthetic(bench: Bench, questions: Sequence[Question], params:
     # by query (full text on every third), so that a change in the machine's load weighs on all three alike.
     asked = [q.question for q in questions]
     await kb.search(asked[0], collections=[SYNTHETIC], k=TOOL_K)
-    vector_plan, text_plan = await explain(raw, bench.statements.vector), await explain(raw, bench.statements.text)
+    vector_plan = await explain(raw, bench.statements.vector)
     timings: dict[Mode, list[float]] = {mode: [] for mode in ("hybrid", "vector", "text")}
     queries = spread(asked, params.synthetic_queries)
     for q in queries[:3]:
@@ -706,13 +626,8 @@ async def latency_synthetic(bench: Bench, questions: Sequence[Question], params:
         },
         "sizes_mb": {k: round(int(sizes[k]) / 2**20, 1) for k in ("total", "hnsw", "gin")},
         "vector_plan": vector_plan,
-        "text_plan": text_plan,
         "text_matches_per_query": quantiles(matches),
         "latency": {mode: {"queries": len(ms), "ms": summary(ms)} for mode, ms in timings.items()},
-        "sample_beside_it": {
-            "hybrid": rank_scores(await rank_all(bench.kb, [q for q in questions if q.answerable], "hybrid")),
-            "catalogue_vector_candidates": await vector_candidates(bench, questions, "catalogue"),
-        },
     }
 
 
@@ -724,8 +639,7 @@ def print_ingestion(f: dict[str, Any]) -> None:
     e, m = f["embedding_in_ingestion"], f["model"]
     print(
         f"{f['documents']} documents, {f['chunks']} chunks in {f['elapsed_s']:.2f} s: {f['documents_per_s']} "
-        f"documents/s, {f['chunks_per_s']} chunks/s ({f['process_cpu_utilisation']:.0%} of one core); "
-        f"re-ingesting unchanged: {f['reingest_unchanged']['elapsed_s']:.2f} s"
+        f"documents/s, {f['chunks_per_s']} chunks/s ({f['process_cpu_utilisation']:.0%} of one core)"
     )
     print(
         f"embedding: {e['share_of_ingestion']:.0%} of that time, {e['calls']} calls (one per document): "
@@ -739,7 +653,7 @@ def print_ingestion(f: dict[str, Any]) -> None:
     )
 
 
-def print_quality(f: dict[str, Any], problems: Sequence[str]) -> None:
+def print_quality(f: dict[str, Any]) -> None:
     section(
         f"Retrieval quality on the sample: {f['answerable']} answerable questions, each in its collection "
         f"(exact {f['by_kind'].get('exact', 0)}, paraphrase {f['by_kind'].get('paraphrase', 0)})"
@@ -751,11 +665,6 @@ def print_quality(f: dict[str, Any], problems: Sequence[str]) -> None:
         for group in ("all", *KINDS)
     ]
     print(table(("mode / questions", "n", "recall@1", "recall@5", "MRR@10", "not in top 10"), rows))
-    print(f"hybrid: {len(f['hybrid_misses_at_1'])} questions without the right passage first, e.g.:")
-    for miss in f["hybrid_misses_at_1"][:6]:
-        print(f"  {miss['id']} ({miss['kind']}, rank {miss['rank']}): {miss['question']!r} -> {miss['top_hit']}")
-    for problem in problems:
-        print(f"WARNING: eval entry {problem}")
     a = f["abstention"]
     section(f"Abstention: relevant(hits, question, threshold) over the tool's {a['hits_per_search']} hybrid hits")
     headers = ("min similarity", "unanswerable: abstains (right)", "answerable: abstains (wrong)", "right passage kept")
@@ -766,9 +675,6 @@ def print_quality(f: dict[str, Any], problems: Sequence[str]) -> None:
         for t in a["thresholds"]
     ]  # fmt: skip
     print(table(headers, rows))
-    ans, una = a["top_similarity_answerable"], a["top_similarity_unanswerable"]
-    print("best vector similarity, answerable: " + ", ".join(f"{k} {v:.2f}" for k, v in ans.items()))
-    print("best vector similarity, unanswerable: " + ", ".join(f"{k} {v:.2f}" for k, v in una.items()))
 
 
 def _scores(s: dict[str, Any]) -> tuple[object, ...]:
@@ -792,7 +698,7 @@ def print_routing(f: dict[str, Any]) -> None:
         print(f"  {w['label']} -> {w['routed']}: {w['message']!r} (nearest {w['nearest']}, {w['score']})")
 
 
-def print_latency(sample: dict[str, Any], synthetic: dict[str, Any], before: dict[str, Any]) -> None:
+def print_latency(sample: dict[str, Any], synthetic: dict[str, Any]) -> None:
     section(f"Search latency at the sample's size ({sample['chunks']} chunks), {sample['queries']} hybrid queries")
     print(
         summary_rows(
@@ -800,11 +706,7 @@ def print_latency(sample: dict[str, Any], synthetic: dict[str, Any], before: dic
              ("search (SQL, fusion)", sample["search_ms"])]
         )
     )  # fmt: skip
-    c = sample["catalogue_vector_candidates"]
-    print(
-        f"catalogue vector query uses {HNSW_INDEX}: {sample['catalogue_vector_plan']['uses_hnsw']}; vector "
-        f"candidates per catalogue search: {min(c['counts'])}-{max(c['counts'])} (expected {c['expected']})"
-    )
+    print(f"catalogue vector query uses {HNSW_INDEX}: {sample['catalogue_vector_plan']['uses_hnsw']}")
     f = synthetic
     section(f"Synthetic collection: {f['chunks']:,} chunks of {f['words_per_chunk']} words, random {DIM}-d vectors")
     c, b, live, sizes = f["copy"], f["hnsw_build"], f["insert_with_live_index"], f["sizes_mb"]
@@ -820,22 +722,13 @@ def print_latency(sample: dict[str, Any], synthetic: dict[str, Any], before: dic
         + ", ".join(f"{k} {v:,.0f}" for k, v in f["text_matches_per_query"].items())
     )
     print(summary_rows([(f"{mode} ({v['queries']} queries), ms", v["ms"]) for mode, v in f["latency"].items()]))
-    h, c = f["sample_beside_it"]["hybrid"], f["sample_beside_it"]["catalogue_vector_candidates"]
-    print(
-        f"sample quality with it in the table (hybrid): recall@1 {h['recall_at_1']}, recall@5 {h['recall_at_5']}, "
-        f"MRR {h['mrr_at_10']} (before: {before['recall_at_1']}, {before['recall_at_5']}, {before['mrr_at_10']}); "
-        f"vector candidates per catalogue search: {c['counts']} (expected {c['expected']})"
-    )
-    if c["short"]:
-        print(f"WARNING: {c['short']} catalogue searches got fewer than {c['expected']} vector candidates")
 
 
 # ------------------------------------------------------------------------------------------------ entry
 
 
-async def run(server_url: str, origin: str, params: Params) -> dict[str, Any]:
+async def run(server_url: str, params: Params) -> dict[str, Any]:
     started = time.perf_counter()
-    version = await admin(server_url, "SELECT current_setting('server_version')")
     pgvector = await admin(server_url, "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'")
     questions = [Question(**row) for row in jsonl("kb_eval.jsonl")]
     load_start = [round(x, 2) for x in os.getloadavg()]
@@ -843,26 +736,24 @@ async def run(server_url: str, origin: str, params: Params) -> dict[str, Any]:
         print(f"set-up (database, migrations, model): {time.perf_counter() - started:.1f} s", flush=True)
         ingest = await ingestion(bench)
         print_ingestion(ingest)
-        problems = await check_eval(bench, questions)
         await bench.cached.embed([q.question for q in questions])
         quality_figures = await quality(bench, questions)
-        print_quality(quality_figures, problems)
+        print_quality(quality_figures)
         routing_figures = await routing(bench)
         print_routing(routing_figures)
         sample_latency = await latency_sample(bench, questions, params)
         print(f"\nloading {params.synthetic_chunks:,} synthetic chunks…", flush=True)
         synthetic = await latency_synthetic(bench, questions, params)
-        print_latency(sample_latency, synthetic, quality_figures["modes"]["hybrid"]["all"])
+        print_latency(sample_latency, synthetic)
     extra = {"pgvector": pgvector, "numpy": np.__version__, "asyncpg": asyncpg.__version__}
     extra |= {"blas_threads_env": {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}}
     return {
-        "machine": machine(origin, version, load_average_at_start=load_start, **extra),
+        "machine": {"load_average_at_start": load_start, **extra},
         "parameters": asdict(params)
         | {"embedder": LocalEmbedder.name, "collections": list(COLLECTIONS), "tool_k": TOOL_K, "rank_k": RANK_K}
         | {"text_weight": TEXT_WEIGHT, "min_similarity": DEFAULT_MIN_SIMILARITY},
         "figures": {
             "ingestion": ingest,
-            "eval_problems": problems,
             "quality": quality_figures,
             "routing": routing_figures,
             "latency_sample": sample_latency,
@@ -874,4 +765,4 @@ async def run(server_url: str, origin: str, params: Params) -> dict[str, Any]:
 def main(*, quick: bool = False, results: Path = RESULTS) -> dict[str, Any]:
     """Run the knowledge-base benchmark, print its tables and write `results/knowledge.json`."""
     params = Params.of(quick)
-    return run_benchmark("knowledge", quick, results, lambda url, origin: run(url, origin, params))
+    return run_benchmark("knowledge", quick, results, lambda url: run(url, params))

@@ -1,7 +1,7 @@
 """What the benchmarks of the live bot share (`slack`, `relay`, `inflight`, `admin`): the bot as `python -m bot
 serve` processes (`harness.bot`) on a throwaway database, the fake LLM, the Slack emulator and a watcher of
 its record; the CPU each process used; this process's loop lag; and, afterwards, the bot's /metrics, what the
-run left in the database, the echoes of the bot's own posts and the warnings in its log.
+run left in the database and the warnings in its log.
 
 This process (load generator, emulator and fake LLM on one event loop), the bot and Postgres share the
 machine's cores: the CPU each used is measured per phase, with what the rest of the machine used, and a
@@ -81,7 +81,8 @@ async def live_bot(
     """A throwaway database, the fake LLM answering by `rule`, the emulator, and one bot process for each of
     `settings` (by field name, over `harness.bot.bot_config`'s), started in order. On exit: the first
     process's /metrics (the one running the turns when the roles are split), then, once all have stopped,
-    the database, the echoes and the logs."""
+    the database and the logs."""
+    started = time.perf_counter()
     async with (
         throwaway_database(server_url, DATABASE_PREFIX) as url,
         FakeOpenAI() as fake,
@@ -96,12 +97,13 @@ async def live_bot(
                     for s, log in zip(settings, logs, strict=True)
                 ]
                 live = Live(url, fake, slack, bots, Watcher(slack), await find_postmaster(url))
+                set_up = f"{time.perf_counter() - started:.1f} s, of which the bot's start {bots[-1].started_s:.1f} s"
+                print(f"set-up (database, migrations, fake LLM, emulator, bot): {set_up}", flush=True)
                 yield live
                 live.afterwards["bot_metrics"] = await bot_metrics(bots[0])
             live.watcher.scan()
             live.afterwards |= {
                 "database": await database_state(url),
-                "echoes": echo_figures(slack),
                 "failed_web_api_calls": dict(live.watcher.failed),
                 "bot_log": bot_log_summary([log / "bot.log" for log in logs]),
             }
@@ -357,18 +359,6 @@ async def database_state(database_url: str) -> dict[str, Any]:
     }
 
 
-def echo_figures(emulator: SlackEmulator) -> dict[str, Any]:
-    """The emulator echoes each bot post back to the bot as an event, as Slack does; how those went."""
-    echoes = [d for d in emulator.deliveries if d.payload.get("event", {}).get("bot_id")]
-    answered = [d.result for d in echoes if d.result is not None]
-    return {
-        "deliveries": len(echoes),
-        "statuses": dict(Counter(str(r.status) for r in answered)),
-        "not_answered": len(echoes) - len(answered),
-        "ack_ms": summary([r.elapsed_s * 1000 for r in answered]),
-    }
-
-
 def bot_log_summary(logs: list[Path]) -> dict[str, Any]:
     lines = [line for log in logs for line in log.read_text(errors="replace").splitlines()]
     levels = Counter(level for line in lines for level in ("WARNING", "ERROR", "CRITICAL") if f" {level} " in line)
@@ -377,7 +367,7 @@ def bot_log_summary(logs: list[Path]) -> dict[str, Any]:
 
 
 def print_afterwards(afterwards: dict[str, Any]) -> None:
-    db, bot, echoes, log = (afterwards[k] for k in ("database", "bot_metrics", "echoes", "bot_log"))
+    db, bot, log = (afterwards[k] for k in ("database", "bot_metrics", "bot_log"))
     print(
         f"database: slack_events {db['slack_events']}; inbound {db['inbound']} "
         f"({db['inbound_unprocessed']} unprocessed, {db['inbound_claimed_more_than_once']} claimed more than once); "
@@ -394,7 +384,6 @@ def print_afterwards(afterwards: dict[str, Any]) -> None:
         f"bot /metrics: {bot['turns']} turns (mean {bot['mean_turn_ms']} ms), processed {bot['processed']}, "
         f"events {bot['events']}, outbox sent {bot.get('outbox_sent_total')}"
     )
-    print(f"echoes of the bot's own posts delivered to it: {echoes['deliveries']}, statuses {echoes['statuses']}")
     if afterwards["failed_web_api_calls"]:
         print(f"failed Web API calls: {afterwards['failed_web_api_calls']}")
     print(f"bot log (WARNING and up): {log['by_level'] or 'none'}")

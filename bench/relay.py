@@ -20,9 +20,6 @@ Figures, for both directions
                 customer messages alternate and each leaves as soon as the previous one is acknowledged (as
                 Slack delivers one thread's messages in order); conversations do not wait for each other
 
-Where the time went: the bot's own timestamps (Postgres's now() in the rows it wrote) split each relay into
-waiting for a turn, the turn and the relay's place in its conversation's outbox, and the post.
-
 Checks: every relay posted exactly once, in the right thread, and, per conversation and direction, in the
 order the messages were sent; no other posts than relays, escalation notices and case messages.
 """
@@ -40,18 +37,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from sqlalchemy import and_, func, or_, select
-from sqlalchemy.ext.asyncio import create_async_engine
-from sqlalchemy.pool import NullPool
-
 from bench.live import CORES_NOTE, Live, LoopLag, cpu_line, cpu_use, disturbed, live_bot, paused_gc, print_afterwards
-from bench.setup import RESULTS, machine, run_benchmark, section, summary, table
+from bench.setup import RESULTS, run_benchmark, section, summary, table
 from bot.mrkdwn import to_mrkdwn
 from bot.settings import Settings
-from db import models as m
-from db.url import async_url
 from fakes.openai_server import FakeReply, RecordedRequest, reply, tool_call, tools
-from harness.database import admin
 from harness.slack import Sent, deliver, write
 
 SUPPORT, STAFF_CHANNEL, CUSTOMER, STAFF = "C_SUPPORT", "C_STAFF", "U_CUSTOMER", "U_STAFF"
@@ -60,8 +50,7 @@ ESCALATE = "escalate:"
 WORKING = str(Settings.model_fields["working_reaction"].default)
 DONE = str(Settings.model_fields["done_reaction"].default)
 NOTICE = str(Settings.model_fields["escalation_message"].default)
-PG_SETTINGS = ("fsync", "synchronous_commit", "wal_sync_method", "shared_buffers")
-"""Every commit waits for its WAL flush (with these defaults): what each of the bot's commits costs."""
+PCTS = ("p50", "p90", "p99", "max")
 
 Direction = Literal["staff_to_customer", "customer_to_staff"]
 DIRECTIONS: tuple[Direction, ...] = ("staff_to_customer", "customer_to_staff")
@@ -273,8 +262,8 @@ async def burst(live: Live, params: Params, conversations: list[Conversation]) -
     }
 
 
-def direction_figures(live: Live, messages: Sequence[Message], stages: dict[str, dict[str, float]]) -> dict[str, Any]:
-    """Latency, ack, exactly-once, order and the bot's stages of one direction's messages (in the order sent)."""
+def direction_figures(live: Live, messages: Sequence[Message]) -> dict[str, Any]:
+    """Latency, ack, exactly-once and order of one direction's messages (in the order sent)."""
     posts = live.watcher.posts
     latencies: list[float] = []
     missing = duplicates = wrong_place = 0
@@ -296,7 +285,6 @@ def direction_figures(live: Live, messages: Sequence[Message], stages: dict[str,
         relayed = [m for m in sent if m.relay_text in posts]
         order = sorted(relayed, key=lambda m: posts[m.relay_text][0].n)
         out_of_order += any(a is not b for a, b in zip(relayed, order, strict=True))
-    found = [stages[m.sent.ts] for m in messages if m.sent.ts in stages]
     return {
         "messages": len(messages),
         "relayed": len(messages) - missing,
@@ -310,12 +298,11 @@ def direction_figures(live: Live, messages: Sequence[Message], stages: dict[str,
         "conversations": len(by_conversation),
         "conversations_out_of_order": out_of_order,
         "order_preserved": out_of_order == 0,
-        "bot_stages": {stage: summary([s[stage] for s in found]) for stage in STAGES},
     }
 
 
-def by_direction(live: Live, messages: Sequence[Message], stages: dict[str, dict[str, float]]) -> dict[str, Any]:
-    return {d: direction_figures(live, [m for m in messages if m.direction == d], stages) for d in DIRECTIONS}
+def by_direction(live: Live, messages: Sequence[Message]) -> dict[str, Any]:
+    return {d: direction_figures(live, [m for m in messages if m.direction == d]) for d in DIRECTIONS}
 
 
 def stray_posts(live: Live, expected: set[str], conversations: int) -> dict[str, int]:
@@ -333,64 +320,20 @@ def stray_posts(live: Live, expected: set[str], conversations: int) -> dict[str,
     return dict(strays)
 
 
-STAGES = ("received_to_turn_start_ms", "turn_start_to_post_start_ms", "post_ms")
-
-
-async def stage_times(database_url: str) -> dict[str, dict[str, float]]:
-    """Where each relay's time went, by the bot's own timestamps (Postgres's now(): the start of the
-    transaction that wrote it), keyed by the ts of the message relayed: received (the ack's transaction) ->
-    the turn that took it began -> the outbox sender began the relay's post -> the post was confirmed."""
-    received, turn, attempted, sent = (
-        m.Inbound.received_at,
-        m.Inbound.processed_at,
-        m.Outbox.attempted_at,
-        m.Outbox.sent_at,
-    )
-
-    def ms(later: Any, earlier: Any) -> Any:
-        return func.extract("epoch", later - earlier) * 1000
-
-    relay_of = and_(
-        m.Outbox.conversation_id == m.Inbound.conversation_id,
-        or_(
-            and_(m.Outbox.kind == "relay_to_customer", m.Outbox.source_ts == m.Inbound.external_id),
-            and_(m.Outbox.kind == "relay_to_staff", m.Outbox.text == m.Inbound.text),
-        ),
-    )
-    query = select(m.Inbound.external_id, ms(turn, received), ms(attempted, turn), ms(sent, attempted))
-    engine = create_async_engine(async_url(database_url), poolclass=NullPool)
-    try:
-        async with engine.connect() as conn:
-            rows = (await conn.execute(query.join(m.Outbox, relay_of))).tuples().all()
-    finally:
-        await engine.dispose()
-    return {
-        str(ts): dict(zip(STAGES, (float(a), float(b), float(c)), strict=True))
-        for ts, a, b, c in rows
-        if ts is not None and None not in (a, b, c)
-    }
-
-
 # ------------------------------------------------------------------------------------------------ report
 
 
 def print_figures(figures: dict[str, Any], params: Params) -> None:
-    section("Relay latency: from sending the event to the relayed post, ms (and the bot's stages, p50)")
+    section("Relay latency: from sending the event to the relayed post, ms")
     rows: list[Sequence[object]] = []
     for phase in ("low_load", "burst"):
-        for direction in DIRECTIONS:
-            f = figures[phase][direction]
-            lat, stages = f["latency_ms"], f["bot_stages"]
+        for d in DIRECTIONS:
+            f = figures[phase][d]
+            latency = (f["latency_ms"][k] for k in PCTS)
             rows.append(
-                (f"{phase.replace('_', ' ')}, {LABELS[direction]}", f["messages"], f["relayed"], lat["p50"],
-                 lat["p90"], lat["p99"], lat["max"], f["ack_ms"]["p50"], *(stages[s]["p50"] for s in STAGES))
-            )  # fmt: skip
-    headers = ("load, direction", "sent", "relayed", "p50", "p90", "p99", "max", "ack p50")
-    print(table((*headers, "received -> turn", "turn -> post", "post"), rows))
-    print(
-        "(received: the ack's transaction; turn: the start of the turn's transaction, so turn -> post includes "
-        "the turn and the rows ahead of the relay in its conversation's outbox; post: the chat.postMessage)"
-    )
+                (f"{phase.replace('_', ' ')}, {LABELS[d]}", f["messages"], f["relayed"], *latency, f["ack_ms"]["p50"])
+            )
+    print(table(("load, direction", "sent", "relayed", *PCTS, "ack p50"), rows))
     low, burst = figures["low_load"], figures["burst"]
     print(
         f"low load: {2 * params.low_load_per_direction} messages one at a time over {params.conversations} "
@@ -430,17 +373,8 @@ def print_checks(report: dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------------------------ entry
 
 
-async def run(server_url: str, origin: str, params: Params) -> dict[str, Any]:
-    started = time.perf_counter()
-    version = await admin(server_url, "SELECT current_setting('server_version')")
-    durability = {name: await admin(server_url, f"SELECT current_setting('{name}')") for name in PG_SETTINGS}
+async def run(server_url: str, params: Params) -> dict[str, Any]:
     async with live_bot(server_url, answer, {}) as live:
-        print(
-            f"set-up (database, migrations, fake LLM, emulator, bot): {time.perf_counter() - started:.1f} s, of "
-            f"which the bot's start {live.bot.started_s:.1f} s",
-            flush=True,
-        )
-        print(f"Postgres {version}: " + ", ".join(f"{k} {v}" for k, v in durability.items()))
         conversations, setup = await escalate_all(live, params)
         print(
             f"{setup['conversations']} conversations escalated in {setup['seconds']} s (event to case message "
@@ -452,17 +386,15 @@ async def run(server_url: str, origin: str, params: Params) -> dict[str, Any]:
             low_messages, low_figures = await low_load(live, params, conversations)
         with paused_gc():
             burst_messages, burst_figures = await burst(live, params, conversations)
-        stages = await stage_times(live.database_url)
     figures = {
         "setup": setup,
-        "warm_up": by_direction(live, warm_messages, stages),
-        "low_load": by_direction(live, low_messages, stages) | low_figures,
-        "burst": by_direction(live, burst_messages, stages) | burst_figures,
+        "warm_up": by_direction(live, warm_messages),
+        "low_load": by_direction(live, low_messages) | low_figures,
+        "burst": by_direction(live, burst_messages) | burst_figures,
     }
     cpu = {"low_load": low_figures["cpu"], "burst_sending": burst_figures["cpu_sending"]}
     expected = {m.relay_text for m in (*warm_messages, *low_messages, *burst_messages)}
     report: dict[str, Any] = {
-        "machine": machine(origin, version, postgres_settings=durability),
         "note": CORES_NOTE.format(cores=os.cpu_count()),
         "parameters": asdict(params) | {"burst_per_direction": params.conversations * params.burst_per_conversation},
         "figures": figures,
@@ -478,4 +410,4 @@ async def run(server_url: str, origin: str, params: Params) -> dict[str, Any]:
 def main(*, quick: bool = False, results: Path = RESULTS) -> dict[str, Any]:
     """Run the relay benchmark, print its figures and write `results/relay.json`."""
     params = Params.of(quick)
-    return run_benchmark("relay", quick, results, lambda url, origin: run(url, origin, params))
+    return run_benchmark("relay", quick, results, lambda url: run(url, params))

@@ -20,7 +20,7 @@ from typing import Any
 
 import sqlalchemy
 
-from harness.database import postgres_server
+from harness.database import admin, postgres_server
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,15 +37,17 @@ def quiet() -> None:
 
 
 def run_benchmark(
-    name: str, quick: bool, results: Path, run: Callable[[str, str], Coroutine[Any, Any, dict[str, Any]]]
+    name: str, quick: bool, results: Path, run: Callable[[str], Coroutine[Any, Any, dict[str, Any]]]
 ) -> dict[str, Any]:
-    """`run(server URL, where it came from)` on a Postgres server; its report, with the source it ran from and
-    the total time, printed and written to `results/<name>.json`."""
+    """`run(server URL)` on a Postgres server; its report, with the machine (to which a "machine" entry of the
+    report adds), the source it ran from and the total time, written to `results/<name>.json`."""
     quiet()
     print(f"{name} benchmark{' (quick)' if quick else ''}: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
     started, source = time.perf_counter(), source_version()
     with postgres_server(DATABASE) as (server_url, origin):
-        report = asyncio.run(run(server_url, origin))
+        version = asyncio.run(admin(server_url, "SELECT current_setting('server_version')"))
+        report = asyncio.run(run(server_url))
+    report["machine"] = machine(origin, version, **report.get("machine", {}))
     report = {"benchmark": name, "quick": quick, **report, "source": source}
     report["total_s"] = round(time.perf_counter() - started, 1)
     return write_report(report, results / f"{name}.json")

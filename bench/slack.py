@@ -30,10 +30,9 @@ import aiohttp
 import slack_bolt
 
 from bench.live import CORES_NOTE, Live, LoopLag, cpu_line, cpu_use, disturbed, live_bot, paused_gc, print_afterwards
-from bench.setup import RESULTS, machine, percentile, run_benchmark, section, summary, summary_rows
+from bench.setup import RESULTS, run_benchmark, section, summary, summary_rows
 from bot.settings import Settings
 from fakes.openai_server import FakeReply, RecordedRequest, reply
-from harness.database import admin
 from harness.slack import Sent, deliver, say, write
 
 CHANNEL = "C_SUPPORT"
@@ -179,9 +178,6 @@ async def burst(live: Live, params: Params) -> dict[str, Any]:
     to_reply = [(p[0].at - s.sent) * 1000 for s, p in zip(sent_all, posts, strict=True) if p]
     last_reply = max((p[0].at for p in posts if p), default=float("nan"))
     done_ats = [at for s in sent_all if (at := watcher.reactions.get(done(s))) is not None]
-    by_second: dict[int, list[float]] = {}
-    for s in acked:
-        by_second.setdefault(int(s.scheduled - start), []).append(s.ack_ms)
     top_level = len(roots)
     return {
         "exactly_once": all(c == 1 for c in counts) and wrong_thread == 0,
@@ -193,10 +189,6 @@ async def burst(live: Live, params: Params) -> dict[str, Any]:
         "achieved_rate_per_s": round((len(sent_all) - 1) / (last_sent - first_sent), 1),
         "send_lag_ms": summary([(s.sent - s.scheduled) * 1000 for s in sent_all]),
         "ack_ms": summary([s.ack_ms for s in acked]),
-        "ack_ms_by_second": [
-            {"second": second, "events": len(acks), "p50": round(percentile(acks, 50), 1), "max": round(max(acks), 1)}
-            for second, acks in sorted(by_second.items())
-        ],
         "acks": len(acked),
         "non_200_acks": sum(1 for s in acked if s.status != 200),
         "statuses": dict(Counter(str(s.status) for s in acked)),
@@ -243,7 +235,6 @@ def print_burst(f: dict[str, Any], params: Params) -> None:
         f"(send lag behind schedule p99 {lag['p99']:.1f} ms, max {lag['max']:.1f} ms)"
     )
     print(summary_rows([("ack (HTTP response), ms", f["ack_ms"]), ("event to reply post, ms", f["event_to_reply_ms"])]))
-    print("ack p50 by second of the burst, ms: " + ", ".join(f"{b['p50']:,.0f}" for b in f["ack_ms_by_second"]))
     print(
         f"acks: {f['acks']} answered, {f['non_200_acks']} not 200 {f['statuses']}, {f['events'] - f['acks']} without "
         f"an answer {f['errors'] or ''}; {f[f'acks_over_{SLACK_ACK_DEADLINE_S:g}s']} slower than Slack's "
@@ -268,16 +259,9 @@ def print_burst(f: dict[str, Any], params: Params) -> None:
 # ------------------------------------------------------------------------------------------------ entry
 
 
-async def run(server_url: str, origin: str, params: Params) -> dict[str, Any]:
-    started = time.perf_counter()
-    version = await admin(server_url, "SELECT current_setting('server_version')")
+async def run(server_url: str, params: Params) -> dict[str, Any]:
     roles = [{"process_role": "worker"}, {"process_role": "web"}] if params.split else [{}]
     async with live_bot(server_url, answer, *roles) as live:
-        print(
-            f"set-up (database, migrations, fake LLM, emulator, bot): {time.perf_counter() - started:.1f} s, of "
-            f"which the bot's start {live.bot.started_s:.1f} s",
-            flush=True,
-        )
         await warm_up(live, params)
         with paused_gc():
             sequential_figures = await sequential(live, params)
@@ -289,7 +273,7 @@ async def run(server_url: str, origin: str, params: Params) -> dict[str, Any]:
     print_afterwards(live.afterwards)
     cpu = {"sequential": sequential_figures["cpu"], "burst_sending": burst_figures["cpu_sending"]}
     return {
-        "machine": machine(origin, version, slack_bolt=slack_bolt.version.__version__, aiohttp=aiohttp.__version__),
+        "machine": {"slack_bolt": slack_bolt.version.__version__, "aiohttp": aiohttp.__version__},
         "note": CORES_NOTE.format(cores=os.cpu_count()),
         "parameters": asdict(params) | {"events": params.events},
         "figures": {"burst": burst_figures, "sequential": sequential_figures},
@@ -301,4 +285,4 @@ async def run(server_url: str, origin: str, params: Params) -> dict[str, Any]:
 def main(*, quick: bool = False, results: Path = RESULTS) -> dict[str, Any]:
     """Run the Slack benchmark, print its figures and write `results/slack.json`."""
     params = Params.of(quick)
-    return run_benchmark("slack", quick, results, lambda url, origin: run(url, origin, params))
+    return run_benchmark("slack", quick, results, lambda url: run(url, params))

@@ -72,7 +72,7 @@ def clean_environ() -> dict[str, str]:
 
 def bot_env(database_url: str, llm: FakeOpenAI, slack: SlackEmulator, **overrides: Any) -> dict[str, str]:
     """The environment of a `python -m bot serve` process: `bot_config`'s values, on 127.0.0.1, warnings only."""
-    values = bot_config(database_url, llm, slack, host="127.0.0.1", log_level="WARNING", **overrides)
+    values = bot_config(database_url, llm, slack, **({"host": "127.0.0.1", "log_level": "WARNING"} | overrides))
     return clean_environ() | {name.upper(): str(value) for name, value in values.items() if value is not None}
 
 
