@@ -65,8 +65,11 @@ async def deliver(emulator: SlackEmulator, sent: Sent) -> Sent:
     return sent
 
 
-async def say(emulator: SlackEmulator, channel: str, text: str, **where: Any) -> Sent:
-    sent = write(emulator, channel, text, **where)
+async def say(
+    emulator: SlackEmulator, channel: str, text: str, *, user: str = "U_CUSTOMER", thread_ts: str | None = None
+) -> Sent:
+    """`write`, then `deliver` at once."""
+    sent = write(emulator, channel, text, user=user, thread_ts=thread_ts)
     sent.scheduled = time.monotonic()
     return await deliver(emulator, sent)
 
