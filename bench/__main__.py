@@ -10,12 +10,8 @@ from typing import Any
 from bench import admin, engine, first_start, inflight, knowledge, relay, slack
 from bench.setup import RESULTS
 
-Benchmark = Callable[..., dict[str, Any]]
-BENCHMARKS: dict[str, Benchmark] = {"engine": engine.main, "slack": slack.main, "relay": relay.main}
-BENCHMARKS["knowledge"] = knowledge.main
-BENCHMARKS["admin"] = admin.main
-BENCHMARKS["first_start"] = first_start.main
-BENCHMARKS["inflight"] = inflight.main
+MODULES = (engine, slack, relay, knowledge, admin, first_start, inflight)
+BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {m.__name__.removeprefix("bench."): m.main for m in MODULES}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

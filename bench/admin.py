@@ -8,11 +8,7 @@ the body arrives at the emulator's response_url)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,21 +18,11 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
-from bench.setup import (
-    RESULTS,
-    admin,
-    machine,
-    postgres_server,
-    quiet,
-    section,
-    summary,
-    table,
-    throwaway_database,
-    write_report,
-)
-from bench.slack import CORES_NOTE, SIGNING_SECRET, answer, bot_process, source_version
-from fakes.openai_server import FakeOpenAI
+from bench.setup import DATABASE_PREFIX, RESULTS, run_benchmark, section, summary, table
+from fakes.openai_server import FakeOpenAI, reply
 from fakes.slack_api import SlackEmulator
+from harness.bot import bot_env, bot_process, emulator
+from harness.database import throwaway_database
 
 ADMIN = "U_ADMIN"
 FIRST_THREAD = "1700000001.000100"
@@ -134,37 +120,22 @@ async def time_command(emulator: SlackEmulator, command: str) -> tuple[float, fl
     return (acked - started) * 1000, (answered - started) * 1000, len(json.dumps(body))
 
 
-async def run(server_url: str, database: str, params: Params) -> dict[str, Any]:
-    started = time.perf_counter()
-    version = await admin(server_url, "SELECT current_setting('server_version')")
-    async with (
-        throwaway_database(server_url) as url,
-        FakeOpenAI() as fake,
-        SlackEmulator(signing_secret=SIGNING_SECRET, bot_token="xoxb-bench") as emulator,
-    ):
-        fake.rule = answer
-        emulator.add_user(ADMIN, "ada", "Ada Admin")
+async def run(server_url: str, params: Params) -> dict[str, Any]:
+    async with throwaway_database(server_url, DATABASE_PREFIX) as url, FakeOpenAI() as fake, emulator() as slack:
+        fake.rule = lambda request: reply(f"re: {request.last_user}")
+        slack.add_user(ADMIN, "ada", "Ada Admin")
         section(f"seeding {params.conversations:,} conversations")
         seeded = await seed(url, params.conversations)
         print(", ".join(f"{k} {v:,}" for k, v in seeded["rows"].items()) + f" in {seeded['seconds']} s", flush=True)
-        with tempfile.TemporaryDirectory(prefix="helpdesk-bench-bot-") as tmp:
-            async with bot_process(
-                url,
-                fake,
-                emulator,
-                Path(tmp),
-                max_turns=2,
-                db_pool_size=10,
-                ack_pool_size=None,
-                extra_env={"ADMIN_USER_IDS": ADMIN},
-            ) as bot:
-                for command in COMMANDS:  # warm-up: imports, connections, plans
-                    await time_command(emulator, command)
-                samples: dict[str, list[tuple[float, float, int]]] = {c: [] for c in COMMANDS}
-                for _ in range(params.repeats):
-                    for command in COMMANDS:
-                        samples[command].append(await time_command(emulator, command))
-                bot.check_alive()
+        env = bot_env(url, fake, slack, max_concurrent_turns=2, db_pool_size=10, admin_user_ids=ADMIN)
+        async with bot_process(env, slack) as bot:
+            for command in COMMANDS:  # warm-up: imports, connections, plans
+                await time_command(slack, command)
+            samples: dict[str, list[tuple[float, float, int]]] = {c: [] for c in COMMANDS}
+            for _ in range(params.repeats):
+                for command in COMMANDS:
+                    samples[command].append(await time_command(slack, command))
+            bot.check_alive()
     figures: dict[str, dict[str, Any]] = {
         command.split(" <")[0]: {
             "ack_ms": summary([s[0] for s in runs]),
@@ -180,27 +151,13 @@ async def run(server_url: str, database: str, params: Params) -> dict[str, Any]:
     ]
     print(table(("subcommand", "ack p50", "ack max", "answer p50", "answer p90", "bytes"), rows))
     return {
-        "benchmark": "admin",
-        "machine": machine(database, version),
-        "note": CORES_NOTE.format(cores=os.cpu_count()),
-        "parameters": {
-            **asdict(params),
-            "bot": "python -m bot serve, a separate process; Slack: SlackEmulator in this process",
-            "history": "synthetic, spread over 365 days: see SEED in bench/admin.py",
-        },
+        "parameters": asdict(params) | {"history": "synthetic, spread over 365 days: see SEED in bench/admin.py"},
         "seeded": seeded,
         "figures": figures,
-        "total_s": round(time.perf_counter() - started, 1),
     }
 
 
 def main(*, quick: bool = False, results: Path = RESULTS) -> dict[str, Any]:
     """Run the admin benchmark, print its figures and write `results/admin.json`."""
-    quiet()
     params = Params.of(quick)
-    print(f"admin benchmark{' (quick)' if quick else ''}: Python {sys.version.split()[0]}")
-    source = source_version()
-    with postgres_server() as (server_url, database):
-        report = asyncio.run(run(server_url, database, params))
-    report["source"] = source
-    return write_report(report, results / "admin.json")
+    return run_benchmark("admin", quick, results, lambda url: run(url, params))

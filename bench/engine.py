@@ -41,22 +41,13 @@ from agents.loop import LoopConfig
 from agents.model import OpenAIChatModel
 from agents.roster import default_roster
 from bench.conversations import LOAD_CYCLE, SCRIPTS, growth_messages, policy
-from bench.setup import (
-    RESULTS,
-    admin,
-    postgres_server,
-    quiet,
-    section,
-    summary,
-    table,
-    throwaway_database,
-    write_report,
-)
+from bench.setup import DATABASE, DATABASE_PREFIX, RESULTS, quiet, section, summary, table, write_report
 from bench.setup import machine as base_machine
 from db import models as m
 from db.engine import make_engine, make_sessions
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply
+from harness.database import admin, postgres_server, throwaway_database
 
 TABLES = "conversations, inbound, messages, handoffs, tool_runs, llm_calls, escalations, refunds"
 GROWTH_SAMPLES = (1, 5, 10, 20, 30, 40, 50)
@@ -135,7 +126,7 @@ class Bench:
 
 @asynccontextmanager
 async def bench_environment(server_url: str, params: Params) -> AsyncIterator[Bench]:
-    async with throwaway_database(server_url) as url:
+    async with throwaway_database(server_url, DATABASE_PREFIX) as url:
         engine = make_engine(url, pool_size=params.pool_size)
         counters = Counters()
         _count(engine, counters)
@@ -617,6 +608,6 @@ def main(*, quick: bool = False, results: Path = RESULTS) -> dict[str, Any]:
     quiet()
     params = Params.of(quick)
     print(f"engine benchmark{' (quick)' if quick else ''}: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
-    with postgres_server() as (server_url, database):
+    with postgres_server(DATABASE) as (server_url, database):
         report = asyncio.run(run(server_url, database, params))
     return write_report(report, results / "engine.json")

@@ -63,15 +63,8 @@ def main(
         with tempfile.TemporaryDirectory(prefix="helpdesk-first-start-") as tmp:
             first.append(start_until_ready(python, where, Path(tmp) / "data"))
             second.append(start_until_ready(python, where, Path(tmp) / "data"))
-    print(
-        table(
-            ["start", "p50 s", "max s"],
-            [
-                ["first (empty DATA_DIR)", summary(first)["p50"], summary(first)["max"]],
-                ["second (same DATA_DIR)", summary(second)["p50"], summary(second)["max"]],
-            ],
-        )
-    )
+    rows = [("first (empty DATA_DIR)", summary(first)), ("second (same DATA_DIR)", summary(second))]
+    print(table(["start", "p50 s", "max s"], [[label, s["p50"], s["max"]] for label, s in rows]))
     report = {
         "benchmark": "first_start",
         "python": python,
@@ -79,7 +72,6 @@ def main(
         "second_start_s": [round(s, 2) for s in second],
         "first_start": summary(first),
         "second_start": summary(second),
-        "load_average": list(os.getloadavg()),
         "machine": machine("embedded", None),
         "total_s": round(sum(first) + sum(second), 1),
     }

@@ -1,54 +1,36 @@
-"""Benchmark of the knowledge base: retrieval quality and abstention on the sample documents, similarity
-routing, search latency (at the sample's size and on a synthetic collection of 100,000 chunks), and
-ingestion and embedding throughput of the local embedder (all-MiniLM-L6-v2 run with NumPy).
-
-Everything is real: Postgres with pgvector (the embedded Postgres, or the server in BENCH_DATABASE_URL), a
-fresh database built by the migrations, `KnowledgeBase` as the agents use it and the local embedder. Only the
-synthetic collection is embedded by a stub that returns random unit vectors, since its text is random too.
+"""Benchmark of the knowledge base, all real (a throwaway database, `KnowledgeBase` as the agents use it, the
+local embedder), except a synthetic collection of random text embedded by random unit vectors.
 
 Figures
-    ingestion    the sample's `catalogue` and `support` folders ingested into fresh collections: documents and
-                 chunks per second, the share (and rate) of embedding in it, a second (unchanged) ingest; the
-                 model alone (`MiniLM.encode`) on chunk texts spread by length (sentences/s), and the process
-                 RSS before and after loading the model and after ingestion
-    quality      for each answerable question of bench/data/kb_eval.jsonl, searched in its collection: the
-                 rank of the first right passage (its document, and its section heading when the question
-                 names one) with vector-only, full-text-only and hybrid search: recall@1, recall@5, MRR@10,
-                 overall and by kind (exact wording / paraphrase); as the product runs them (pooled
-                 connections, whose cached generic plan may scan the HNSW index and filter the collection
-                 afterwards) and again with custom plans only, with the vector candidates a search gets
-    abstention   `relevant(hits, question, threshold)` over the hybrid hits the search tool takes (k=4): how
-                 often it keeps nothing for an unanswerable question (searched in both collections; correct)
-                 and for an answerable one (wrong), at several thresholds around the default
-    routing      bench/data/routing.jsonl routed: ASKS_FOR_PERSON first (-> human), else `SimilarityRouter` over
-                 the roster's descriptions, transferring only at a score >= the threshold (else triage keeps
-                 it): accuracy, per label, confusion table, threshold sweep; then as the offline model routes
-                 (the most similar passage's agent when it counts as found, else by description)
-    latency      hybrid search at the sample's size with the query embedded (total, embedding, rest); then
-                 on a synthetic collection (random unit vectors, text drawn from the sample's vocabulary with
-                 Zipf-like frequencies) bulk-loaded with COPY: load and HNSW build time, insert rate with the
-                 index live, EXPLAIN of the product's own SQL (captured from `KnowledgeBase.search`; custom
-                 and generic plan) to show the HNSW index is used, a recall probe of the index, hybrid /
-                 vector / text latency and the vector query with the index disabled; and whether the
-                 sample's retrieval quality holds with that collection in the same table
+    ingestion    the sample's collections ingested afresh with the local embedder: documents and chunks per
+                 second, the share and rate of embedding in it, model load and RSS
+    quality      each answerable question of bench/data/kb_eval.jsonl searched in its collection: the rank of
+                 the first right passage (its document, and section when named) by vector, full-text and
+                 hybrid search, recall@1/@5 and MRR@10 overall and by kind (exact / paraphrase); hybrid again
+                 by the full-text ranking's weight in the fusion
+    abstention   `relevant(hits, question, threshold)` over the tool's k=4 hybrid hits: how often it keeps
+                 nothing for unanswerable questions (right) and answerable ones (wrong), by threshold
+    routing      bench/data/routing.jsonl: ASKS_FOR_PERSON, else `SimilarityRouter` over the roster's
+                 descriptions (transfer at a score >= the threshold): accuracy, per label, confusion, threshold
+                 sweep; then as the offline model routes (the agent of the most similar passage, when found)
+    latency      hybrid search at the sample's size (total, embedding, rest); a synthetic collection (Zipf-like
+                 words of the sample) loaded with COPY: HNSW build time, size, the product's own vector SQL
+                 explained (the index is used), hybrid / vector / text latency
 
-The CPU-bound parts (the embedder above all) are slower when the machine is busy: the load average at the
-start and end of the run is recorded with the figures.
+The embedder is CPU-bound, so slower on a busy machine: the load average at the start and end is recorded.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import os
 import re
-import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -58,34 +40,21 @@ from numpy.typing import NDArray
 from pgvector.asyncpg import register_vector
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from agents.knowledge.chunking import chunk_document
 from agents.knowledge.documents import find_documents, read_document
 from agents.knowledge.embedders import Embedder
-from agents.knowledge.local import MODEL, LocalEmbedder, MiniLM
-from agents.knowledge.store import CANDIDATES, TEXT_WEIGHT, Hit, KnowledgeBase, Mode
+from agents.knowledge.local import LocalEmbedder, MiniLM
+from agents.knowledge.store import TEXT_WEIGHT, Hit, KnowledgeBase, Mode
 from agents.knowledge.tool import relevant, search_knowledge_tool
 from agents.offline import ASKS_FOR_PERSON, OfflineModel, SimilarityRouter
 from agents.roster import KNOWLEDGE_OF, default_roster
-from bench.setup import (
-    RESULTS,
-    admin,
-    postgres_server,
-    quiet,
-    section,
-    summary,
-    table,
-    throwaway_database,
-    write_report,
-)
-from bench.setup import machine as base_machine
-from bot.runtime import SAMPLE_KNOWLEDGE
+from bench.setup import DATABASE_PREFIX, RESULTS, run_benchmark, section, summary, summary_rows, table
+from bot.runtime import SAMPLE_KNOWLEDGE as SAMPLE
 from db.engine import make_engine, make_sessions
-from db.url import async_url
+from harness.database import admin, throwaway_database
 
-ROOT = Path(__file__).resolve().parent.parent
-SAMPLE = SAMPLE_KNOWLEDGE
 DATA = Path(__file__).resolve().parent / "data"
 COLLECTIONS = ("catalogue", "support")
 SYNTHETIC = "bench-synthetic"
@@ -96,8 +65,6 @@ HNSW_DDL = (
     f"USING hnsw ((embedding::vector({DIM})) vector_cosine_ops) WHERE dim = {DIM}"
 )
 """As the migration (0005) and `KnowledgeBase.ensure_collection` create it."""
-EF_SEARCH = (40, 100)
-"""hnsw.ef_search for the index probe: pgvector's default, and a larger one."""
 TOOL_K = 4
 """What `search_knowledge_tool` asks for."""
 RANK_K = 10
@@ -109,6 +76,7 @@ TEXT_WEIGHTS = (0.25, 0.5, 0.75, 1.0)
 """Weights of the full-text ranking in the hybrid fusion to compare (the vector ranking's being 1)."""
 LABELS = ("triage", "sales", "support", "human")
 KINDS = ("exact", "paraphrase")
+MODES: tuple[Mode, ...] = ("vector", "text", "hybrid")
 
 Sessions = async_sessionmaker[AsyncSession]
 T = TypeVar("T")
@@ -125,11 +93,6 @@ class Params:
     synthetic_chunks: int
     live_insert_chunks: int
     """Of synthetic_chunks, how many are inserted after the HNSW index is built (the rest before it)."""
-    index_probes: int
-    seqscan_queries: int
-    embed_every: int
-    """The model-alone figure encodes every n-th chunk text by length (so its batches of 32 are padded as
-    when it encodes them all), to keep the run short."""
     chunks_per_document: int = 100
     words_per_chunk: int = 80
     maintenance_work_mem: str = "512MB"
@@ -138,25 +101,9 @@ class Params:
     @classmethod
     def of(cls, quick: bool) -> Params:
         if quick:
-            return cls(
-                quick=True,
-                latency_queries=50,
-                synthetic_queries=30,
-                synthetic_chunks=20_000,
-                live_insert_chunks=500,
-                index_probes=20,
-                seqscan_queries=5,
-                embed_every=4,
-            )
+            return cls(True, latency_queries=50, synthetic_queries=30, synthetic_chunks=20_000, live_insert_chunks=500)
         return cls(
-            quick=False,
-            latency_queries=200,
-            synthetic_queries=100,
-            synthetic_chunks=100_000,
-            live_insert_chunks=1_000,
-            index_probes=50,
-            seqscan_queries=10,
-            embed_every=2,
+            False, latency_queries=200, synthetic_queries=100, synthetic_chunks=100_000, live_insert_chunks=1_000
         )
 
 
@@ -181,20 +128,8 @@ class Question:
         return hit.source == self.document and (self.section is None or hit.heading == self.section)
 
 
-@dataclass(frozen=True)
-class RoutingCase:
-    message: str
-    label: str
-
-
-def load_questions() -> list[Question]:
-    rows = [json.loads(line) for line in (DATA / "kb_eval.jsonl").read_text().splitlines() if line.strip()]
-    return [Question(**row) for row in rows]
-
-
-def load_routing() -> list[RoutingCase]:
-    rows = [json.loads(line) for line in (DATA / "routing.jsonl").read_text().splitlines() if line.strip()]
-    return [RoutingCase(message=row["message"], label=row["agent"]) for row in rows]
+def jsonl(name: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (DATA / name).read_text().splitlines() if line.strip()]
 
 
 def sample_paths(collection: str) -> list[Path]:
@@ -211,16 +146,14 @@ def chunk_texts() -> list[str]:
     ]
 
 
-# ------------------------------------------------------------------------------------------------ embedders
+# ------------------------------------------------------------------------------------------------ set-up
 
 
 class TimedEmbedder:
     """The wrapped embedder, recording how long each call took."""
 
     def __init__(self, inner: Embedder) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.dim = inner.dim
+        self.inner, self.name, self.dim = inner, inner.name, inner.dim
         self.calls_ms: list[float] = []
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
@@ -234,14 +167,11 @@ class CachedEmbedder:
     """The wrapped embedder, each text embedded once: the quality figures search every question many times."""
 
     def __init__(self, inner: Embedder) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.dim = inner.dim
+        self.inner, self.name, self.dim = inner, inner.name, inner.dim
         self.cache: dict[str, list[float]] = {}
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
-        missing = [t for t in dict.fromkeys(texts) if t not in self.cache]
-        if missing:
+        if missing := [t for t in dict.fromkeys(texts) if t not in self.cache]:
             self.cache.update(zip(missing, await self.inner.embed(missing), strict=True))
         return [self.cache[t] for t in texts]
 
@@ -265,9 +195,6 @@ def unit_vectors(rng: np.random.Generator, n: int) -> Vectors:
     return vectors
 
 
-# ------------------------------------------------------------------------------------------------ process
-
-
 def rss_mb() -> dict[str, float]:
     """Resident set size now and at its peak (VmHWM), from /proc (Linux); empty elsewhere."""
     try:
@@ -276,16 +203,6 @@ def rss_mb() -> dict[str, float]:
         return {}
     found = {key: float(value) / 1024 for key, value in re.findall(r"^(VmRSS|VmHWM):\s+(\d+) kB", status, re.M)}
     return {"rss": round(found.get("VmRSS", 0.0), 1), "peak": round(found.get("VmHWM", 0.0), 1)}
-
-
-def load_average() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
-
-
-# ------------------------------------------------------------------------------------------------ set-up
 
 
 @dataclass
@@ -298,12 +215,10 @@ class StatementLog:
 
     def listen(self, engine: AsyncEngine) -> None:
         def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-            if "kb_chunks" not in statement:
-                return
             params = tuple(parameters) if isinstance(parameters, (list, tuple)) else (parameters,)
-            if "<=>" in statement:
+            if "kb_chunks" in statement and "<=>" in statement:
                 self.vector = (statement, params)
-            elif "ts_rank_cd" in statement:
+            elif "kb_chunks" in statement and "ts_rank_cd" in statement:
                 self.text = (statement, params)
 
         event.listen(engine.sync_engine, "before_cursor_execute", record)
@@ -311,63 +226,45 @@ class StatementLog:
 
 @dataclass
 class Bench:
-    url: str
-    engine: AsyncEngine
     sessions: Sessions
     raw: asyncpg.Connection
     statements: StatementLog
     model: MiniLM
     local: LocalEmbedder
     cached: CachedEmbedder
-    model_load_s: float
-    rss_before_model_mb: dict[str, float]
-    rss_after_model_mb: dict[str, float]
-    custom_engine: AsyncEngine
-    """Connections that always plan each statement for its parameters (plan_cache_mode=force_custom_plan)."""
-    quality_kb: KnowledgeBase = field(init=False)
-    custom_kb: KnowledgeBase = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.quality_kb = KnowledgeBase(sessions=self.sessions, embedder=self.cached)
-        self.custom_kb = KnowledgeBase(sessions=make_sessions(self.custom_engine), embedder=self.cached)
+    kb: KnowledgeBase
+    """Searches with the cached embedder, for the quality figures."""
+    model_figures: dict[str, Any]
 
 
 @asynccontextmanager
 async def bench_environment(server_url: str) -> AsyncIterator[Bench]:
-    async with throwaway_database(server_url) as url:
+    async with throwaway_database(server_url, DATABASE_PREFIX) as url:
         engine = make_engine(url, pool_size=5)
-        custom_engine = create_async_engine(
-            async_url(url), connect_args={"server_settings": {"plan_cache_mode": "force_custom_plan"}}
-        )
         statements = StatementLog()
         statements.listen(engine)
         raw = await asyncpg.connect(make_url(url).set(drivername="postgresql").render_as_string(hide_password=False))
         try:
             await register_vector(raw)
-            before = rss_mb()
-            started = time.perf_counter()
+            before, started = rss_mb(), time.perf_counter()
             model = MiniLM()
             model.encode(["warm-up"])
-            load_s = time.perf_counter() - started
-            local = LocalEmbedder(model)
+            loading = {"load_s": round(time.perf_counter() - started, 2), "rss_mb_before_loading": before}
+            local, sessions = LocalEmbedder(model), make_sessions(engine)
+            cached = CachedEmbedder(local)
             yield Bench(
-                url=url,
-                engine=engine,
-                sessions=make_sessions(engine),
+                sessions=sessions,
                 raw=raw,
                 statements=statements,
                 model=model,
                 local=local,
-                cached=CachedEmbedder(local),
-                model_load_s=load_s,
-                rss_before_model_mb=before,
-                rss_after_model_mb=rss_mb(),
-                custom_engine=custom_engine,
+                cached=cached,
+                kb=KnowledgeBase(sessions=sessions, embedder=cached),
+                model_figures=loading | {"rss_mb_after_loading": rss_mb()},
             )
         finally:
             await raw.close()
             await engine.dispose()
-            await custom_engine.dispose()
 
 
 async def explain(raw: asyncpg.Connection, captured: tuple[str, tuple[Any, ...]] | None) -> dict[str, Any]:
@@ -380,6 +277,14 @@ async def explain(raw: asyncpg.Connection, captured: tuple[str, tuple[Any, ...]]
     return {"plan": plan, "uses_hnsw": any(HNSW_INDEX in line for line in plan)}
 
 
+def bind(params: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A captured statement's parameters for the raw connection, whose pgvector codec wants arrays rather than
+    the '[...]' text the store sends."""
+    return tuple(
+        np.array(json.loads(p), dtype=np.float32) if isinstance(p, str) and p.startswith("[") else p for p in params
+    )
+
+
 def spread(items: Sequence[T], count: int) -> list[T]:
     """`count` of the items: all of them over and over when there are fewer, else evenly spaced."""
     if count >= len(items):
@@ -387,44 +292,35 @@ def spread(items: Sequence[T], count: int) -> list[T]:
     return [items[i * len(items) // count] for i in range(count)]
 
 
-async def timed_ms(calls: Iterable[Callable[[], Awaitable[object]]]) -> list[float]:
-    out: list[float] = []
-    for call in calls:
-        started = time.perf_counter()
-        await call()
-        out.append((time.perf_counter() - started) * 1000)
-    return out
+def quantiles(values: Sequence[float]) -> dict[str, float]:
+    s = sorted(values)
+    pick = {"min": 0.0, "p10": 0.1, "p50": 0.5, "p90": 0.9, "max": 1.0}
+    return {k: round(s[min(len(s) - 1, round(q * (len(s) - 1)))], 3) for k, q in pick.items()} if s else {}
+
+
+async def timed_ms(work: Awaitable[object]) -> float:
+    """How long awaiting `work` (a coroutine, which does nothing before it is awaited) took."""
+    started = time.perf_counter()
+    await work
+    return (time.perf_counter() - started) * 1000
 
 
 # ------------------------------------------------------------------------------------------------ ingestion
 
 
-async def ingestion(bench: Bench, params: Params) -> dict[str, Any]:
-    """The sample into fresh collections with the local embedder, then again (nothing changed); the embedder's
-    own share of it; then the model alone (`MiniLM.encode`) on a subset of the chunk texts spread by length."""
+async def ingestion(bench: Bench) -> dict[str, Any]:
+    """The sample into fresh collections with the local embedder,"""
     timed = TimedEmbedder(bench.local)
     kb = KnowledgeBase(sessions=bench.sessions, embedder=timed)
     documents = chunks = 0
     started, cpu = time.perf_counter(), time.process_time()
     for collection in COLLECTIONS:
         report = await kb.ingest(sample_paths(collection), collection=collection, root=SAMPLE)
-        documents += report.added
-        chunks += report.chunks
+        documents, chunks = documents + report.added, chunks + report.chunks
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     embed_s = sum(timed.calls_ms) / 1000
-    started = time.perf_counter()
-    unchanged = 0
-    for collection in COLLECTIONS:
-        unchanged += (await kb.ingest(sample_paths(collection), collection=collection, root=SAMPLE)).unchanged
-    again_s = time.perf_counter() - started
-    rss_after_ingest = rss_mb()
-
-    texts = sorted(chunk_texts(), key=len)
+    texts = chunk_texts()
     tokens = [sum(e.attention_mask) for e in bench.model.tokenizer.encode_batch(texts)]
-    subset, subset_tokens = texts[:: params.embed_every], tokens[:: params.embed_every]
-    started, alone_cpu = time.perf_counter(), time.process_time()
-    bench.model.encode(subset)
-    alone_s, alone_cpu = time.perf_counter() - started, time.process_time() - alone_cpu
     return {
         "documents": documents,
         "chunks": chunks,
@@ -432,7 +328,6 @@ async def ingestion(bench: Bench, params: Params) -> dict[str, Any]:
         "documents_per_s": round(documents / elapsed, 2),
         "chunks_per_s": round(chunks / elapsed, 2),
         "process_cpu_utilisation": round(cpu / elapsed, 2),
-        "reingest_unchanged": {"documents": unchanged, "elapsed_s": round(again_s, 3)},
         "embedding_in_ingestion": {
             "calls": len(timed.calls_ms),
             "sentences": len(texts),
@@ -443,31 +338,11 @@ async def ingestion(bench: Bench, params: Params) -> dict[str, Any]:
             "sentences_per_s": round(len(texts) / embed_s, 2),
             "tokens_per_s": round(sum(tokens) / embed_s, 1),
         },
-        "embedder_alone": {
-            "model": MODEL,
-            "sentences": len(subset),
-            "of_every": params.embed_every,
-            "tokens_mean": round(sum(subset_tokens) / len(subset_tokens), 1),
-            "elapsed_s": round(alone_s, 2),
-            "sentences_per_s": round(len(subset) / alone_s, 2),
-            "tokens_per_s": round(sum(subset_tokens) / alone_s, 1),
-            "process_cpu_utilisation": round(alone_cpu / alone_s, 2),
-        },
-        "model": {
-            "load_s": round(bench.model_load_s, 2),
-            "rss_mb_before_loading": bench.rss_before_model_mb,
-            "rss_mb_after_loading": bench.rss_after_model_mb,
-            "rss_mb_after_ingestion": rss_after_ingest,
-            "rss_mb_after_embedder_alone": rss_mb(),
-        },
+        "model": bench.model_figures | {"rss_mb_after_ingestion": rss_mb()},
     }
 
 
 # ------------------------------------------------------------------------------------------------ quality
-
-
-def rank_of(question: Question, hits: Sequence[Hit]) -> int | None:
-    return next((n for n, hit in enumerate(hits, 1) if question.is_right(hit)), None)
 
 
 def rank_scores(ranks: Sequence[int | None]) -> dict[str, Any]:
@@ -483,81 +358,32 @@ def rank_scores(ranks: Sequence[int | None]) -> dict[str, Any]:
     }
 
 
-async def check_eval(bench: Bench, questions: Sequence[Question]) -> list[str]:
-    """Eval entries that cannot be right whatever the search does: unknown document or section heading."""
-    async with bench.sessions() as s:
-        rows = (
-            await s.execute(
-                text("SELECT DISTINCT d.source, c.heading FROM kb_chunks c JOIN kb_documents d ON d.id = c.document_id")
-            )
-        ).all()
-    headings: dict[str, set[str | None]] = {}
-    for source, heading in rows:
-        headings.setdefault(str(source), set()).add(heading)
-    problems: list[str] = []
-    for q in questions:
-        if not q.answerable:
-            continue
-        if q.document not in headings:
-            problems.append(f"{q.id}: document {q.document!r} is not in the knowledge base")
-        elif q.collection != q.document.split("/")[0]:
-            problems.append(f"{q.id}: document {q.document!r} is not in collection {q.collection!r}")
-        elif q.section is None and headings[q.document] != {None}:
-            problems.append(f"{q.id}: no section, but {q.document} has headings (any chunk of it counts)")
-        elif q.section is not None and q.section not in headings[q.document]:
-            problems.append(f"{q.id}: section {q.section!r} is no chunk heading of {q.document}")
-    return problems
+def grouped_scores(questions: Sequence[Question], ranks: Sequence[int | None]) -> dict[str, Any]:
+    """Overall, by kind and by collection."""
+    pairs = list(zip(questions, ranks, strict=True))
+    groups = {kind: [r for q, r in pairs if q.kind == kind] for kind in KINDS}
+    groups |= {f"collection:{c}": [r for q, r in pairs if q.collection == c] for c in COLLECTIONS}
+    return {"all": rank_scores(ranks)} | {name: rank_scores(group) for name, group in groups.items()}
 
 
 async def rank_all(kb: KnowledgeBase, questions: Sequence[Question], mode: Mode) -> list[int | None]:
-    return [
-        rank_of(q, await kb.search(q.question, collections=[q.collection or ""], k=RANK_K, mode=mode))
-        for q in questions
-    ]
-
-
-def _spread(values: Sequence[float]) -> dict[str, float]:
-    s = sorted(values)
-    pick = {"min": 0.0, "p10": 0.1, "p50": 0.5, "p90": 0.9, "max": 1.0}
-    return {k: round(s[min(len(s) - 1, round(q * (len(s) - 1)))], 3) for k, q in pick.items()} if s else {}
+    ranks: list[int | None] = []
+    for q in questions:
+        hits = await kb.search(q.question, collections=[q.collection or ""], k=RANK_K, mode=mode)
+        ranks.append(next((n for n, hit in enumerate(hits, 1) if q.is_right(hit)), None))
+    return ranks
 
 
 async def quality(bench: Bench, questions: Sequence[Question]) -> dict[str, Any]:
-    kb = bench.quality_kb
+    kb = bench.kb
     answerable = [q for q in questions if q.answerable]
     unanswerable = [q for q in questions if not q.answerable]
-    modes: dict[str, Any] = {}
-    failures: list[dict[str, Any]] = []
-    per_question: dict[str, dict[str, int | None]] = {q.id: {} for q in answerable}
-    for mode in ("vector", "text", "hybrid"):
-        ranks = await rank_all(kb, answerable, mode)
-        for q, r in zip(answerable, ranks, strict=True):
-            per_question[q.id][mode] = r
-        modes[mode] = {
-            "all": rank_scores(ranks),
-            **{
-                kind: rank_scores([r for q, r in zip(answerable, ranks, strict=True) if q.kind == kind])
-                for kind in KINDS
-            },
-            **{
-                f"collection:{c}": rank_scores([r for q, r in zip(answerable, ranks, strict=True) if q.collection == c])
-                for c in COLLECTIONS
-            },
-        }
-        if mode == "hybrid":
-            for q, r in zip(answerable, ranks, strict=True):
-                if r is None or r > 1:
-                    top = (await kb.search(q.question, collections=[q.collection or ""], k=1))[0]
-                    failures.append(
-                        {
-                            "id": q.id,
-                            "kind": q.kind,
-                            "question": q.question,
-                            "expected": f"{q.document} › {q.section}" if q.section else q.document,
-                            "rank": r,
-                            "top_hit": f"{top.source} › {top.heading}" if top.heading else top.source,
-                        }
-                    )
+    ranks = {mode: await rank_all(kb, answerable, mode) for mode in MODES}
+    weights: list[dict[str, Any]] = []
+    for weight in sorted({*TEXT_WEIGHTS, TEXT_WEIGHT}):
+        weighted = KnowledgeBase(sessions=bench.sessions, embedder=bench.cached, text_weight=weight)
+        scores = grouped_scores(answerable, await rank_all(weighted, answerable, "hybrid"))
+        weights.append({"text_weight": weight, "default": weight == TEXT_WEIGHT} | scores)
 
     # Abstention: the tool's own filter over the hits it takes.
     answer_hits = [await kb.search(q.question, collections=[q.collection or ""], k=TOOL_K) for q in answerable]
@@ -569,184 +395,99 @@ async def quality(bench: Bench, questions: Sequence[Question]) -> dict[str, Any]
             all(not relevant(hits, q.question, threshold) for hits in per_collection)
             for q, per_collection in zip(unanswerable, refuse_hits, strict=True)
         ]
+        right = sum(1 for q, k in zip(answerable, kept, strict=True) if any(q.is_right(h) for h in k))
         thresholds.append(
             {
                 "threshold": threshold,
                 "unanswerable_abstained": round(sum(abstained) / len(abstained), 3) if abstained else None,
                 "answerable_wrongly_abstained": round(sum(1 for k in kept if not k) / len(kept), 3),
-                "answerable_right_passage_kept": round(
-                    sum(1 for q, k in zip(answerable, kept, strict=True) if any(q.is_right(h) for h in k)) / len(kept),
-                    3,
-                ),
+                "answerable_right_passage_kept": round(right / len(kept), 3),
                 "unanswerable_answered": [q.id for q, a in zip(unanswerable, abstained, strict=True) if not a],
             }
         )
-    top_answerable = [
-        (await kb.search(q.question, collections=[q.collection or ""], k=1, mode="vector"))[0].similarity or 0.0
-        for q in answerable
-    ]
-    top_unanswerable: list[float] = []
-    for q in unanswerable:
-        per_collection = [(await kb.search(q.question, collections=[c], k=1, mode="vector"))[0] for c in COLLECTIONS]
-        top_unanswerable.append(max(hit.similarity or 0.0 for hit in per_collection))
+
     return {
         "answerable": len(answerable),
         "unanswerable": len(unanswerable),
         "by_kind": dict(Counter(q.kind for q in questions)),
         "rank_k": RANK_K,
-        "modes": modes,
-        "hybrid_misses_at_1": failures,
-        "ranks": per_question,
+        "modes": {mode: grouped_scores(answerable, r) for mode, r in ranks.items()},
+        "hybrid_text_weight_sweep": weights,
+        "ranks": {q.id: {mode: r[i] for mode, r in ranks.items()} for i, q in enumerate(answerable)},
         "abstention": {
             "hits_per_search": TOOL_K,
             "default_threshold": DEFAULT_MIN_SIMILARITY,
             "thresholds": thresholds,
-            "top_similarity_answerable": _spread(top_answerable),
-            "top_similarity_unanswerable": _spread(top_unanswerable),
         },
-    }
-
-
-async def quality_hybrid(bench: Bench, questions: Sequence[Question]) -> dict[str, Any]:
-    answerable = [q for q in questions if q.answerable]
-    return rank_scores(await rank_all(bench.quality_kb, answerable, "hybrid"))
-
-
-async def quality_custom_plans(bench: Bench, questions: Sequence[Question]) -> dict[str, Any]:
-    """Vector and hybrid quality again on connections that never use a cached generic plan, and the vector
-    candidates a catalogue search then gets: what the plan cache costs."""
-    answerable = [q for q in questions if q.answerable]
-    vector = await rank_all(bench.custom_kb, answerable, "vector")
-    hybrid = await rank_all(bench.custom_kb, answerable, "hybrid")
-    weights: list[dict[str, Any]] = []
-    for weight in sorted({*TEXT_WEIGHTS, TEXT_WEIGHT}):
-        kb = KnowledgeBase(sessions=bench.custom_kb.sessions, embedder=bench.cached, text_weight=weight)
-        ranks = await rank_all(kb, answerable, "hybrid")
-        weights.append(
-            {
-                "text_weight": weight,
-                "default": weight == TEXT_WEIGHT,
-                "all": rank_scores(ranks),
-                **{
-                    kind: rank_scores([r for q, r in zip(answerable, ranks, strict=True) if q.kind == kind])
-                    for kind in KINDS
-                },
-            }
-        )
-    return {
-        "vector": rank_scores(vector),
-        "hybrid": rank_scores(hybrid),
-        "hybrid_text_weight_sweep": weights,
-        "ranks": {q.id: {"vector": v, "hybrid": h} for q, v, h in zip(answerable, vector, hybrid, strict=True)},
-        "catalogue_vector_candidates": await vector_candidates(bench, questions, "catalogue", bench.custom_kb),
-        "support_vector_candidates": await vector_candidates(bench, questions, "support", bench.custom_kb),
     }
 
 
 # ------------------------------------------------------------------------------------------------ routing
 
 
-async def routing(bench: Bench, cases: Sequence[RoutingCase]) -> dict[str, Any]:
+def routed_scores(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """(expected, routed) pairs: accuracy, per label and the confusion table."""
+
+    def share(hits: int, of: int) -> float:
+        return round(hits / max(1, of), 3)
+
+    return {
+        "accuracy": share(sum(1 for label, p in pairs if label == p), len(pairs)),
+        "per_label": {
+            x: share(sum(1 for lb, p in pairs if lb == p == x), sum(1 for lb, _ in pairs if lb == x)) for x in LABELS
+        },
+        "confusion": {x: {y: sum(1 for lb, p in pairs if (lb, p) == (x, y)) for y in LABELS} for x in LABELS},
+    }
+
+
+async def routing(bench: Bench) -> dict[str, Any]:
+    cases = [(row["message"], row["agent"]) for row in jsonl("routing.jsonl")]
     roster = default_roster()
-    router = SimilarityRouter(bench.local, {name: agent.description for name, agent in roster.agents.items()})
+    descriptions = {name: agent.description for name, agent in roster.agents.items()}
+    router = SimilarityRouter(bench.local, descriptions)
     default_score = OfflineModel(router).min_route_score
-    thresholds = sorted({*ROUTE_THRESHOLDS, default_score})
-    routed: list[tuple[RoutingCase, str | None, float | None]] = []
-    for case in cases:
-        if ASKS_FOR_PERSON.search(case.message):
-            routed.append((case, None, None))
-        else:
-            route = await router.route(case.message)
-            routed.append((case, route.agent, route.score))
+    nearest: list[tuple[str | None, float | None]] = []
+    for message, _ in cases:
+        route = None if ASKS_FOR_PERSON.search(message) else await router.route(message)
+        nearest.append((None, None) if route is None else (route.agent, route.score))
 
     def decide(target: str | None, score: float | None, threshold: float) -> str:
         if target is None or score is None:
             return "human"
         return target if target != roster.entry and score >= threshold else roster.entry
 
-    sweep: list[dict[str, Any]] = []
-    for threshold in thresholds:
-        predicted = [decide(t, s, threshold) for _, t, s in routed]
-        per_label = {
-            label: round(
-                sum(1 for (c, _, _), p in zip(routed, predicted, strict=True) if c.label == label and p == label)
-                / max(1, sum(1 for c, _, _ in routed if c.label == label)),
-                3,
-            )
-            for label in LABELS
-        }
-        confusion = {
-            label: {
-                p: sum(1 for (c, _, _), x in zip(routed, predicted, strict=True) if c.label == label and x == p)
-                for p in LABELS
-            }
-            for label in LABELS
-        }
-        sweep.append(
-            {
-                "threshold": threshold,
-                "accuracy": round(
-                    sum(1 for (c, _, _), p in zip(routed, predicted, strict=True) if c.label == p) / len(routed), 3
-                ),
-                "per_label": per_label,
-                "confusion": confusion,
-            }
-        )
+    sweep = [
+        {"threshold": t} | routed_scores([(label, decide(*n, t)) for (_, label), n in zip(cases, nearest, strict=True)])
+        for t in sorted({*ROUTE_THRESHOLDS, default_score})
+    ]
     default = next(s for s in sweep if s["threshold"] == default_score)
     # The offline model's router: the agent owning the most similar passage when it counts as found, else the
     # description route above.
-    grounded = SimilarityRouter(
-        bench.cached,
-        {name: agent.description for name, agent in roster.agents.items()},
-        knowledge=bench.quality_kb,
-        collections=KNOWLEDGE_OF,
-        min_passage_similarity=DEFAULT_MIN_SIMILARITY,
-    )
-    first: list[tuple[RoutingCase, str]] = []
-    for case in cases:
-        if ASKS_FOR_PERSON.search(case.message):
-            first.append((case, "human"))
+    grounded = SimilarityRouter(bench.cached, descriptions, knowledge=bench.kb, collections=KNOWLEDGE_OF,
+                                min_passage_similarity=DEFAULT_MIN_SIMILARITY)  # fmt: skip
+    first: list[tuple[str, str]] = []
+    for message, label in cases:
+        if ASKS_FOR_PERSON.search(message):
+            first.append((label, "human"))
             continue
-        route = await grounded.route(case.message)
-        transfer = route.basis == "passage" or route.score >= default_score
-        first.append((case, route.agent if transfer else roster.entry))
-    knowledge_first = {
-        "accuracy": round(sum(1 for c, p in first if c.label == p) / len(first), 3),
-        "per_label": {
-            label: round(
-                sum(1 for c, p in first if c.label == label and p == label)
-                / max(1, sum(1 for c, _ in first if c.label == label)),
-                3,
-            )
-            for label in LABELS
-        },
-        "confusion": {
-            label: {x: sum(1 for c, p in first if c.label == label and p == x) for x in LABELS} for label in LABELS
-        },
-        "wrong": [{"message": c.message, "label": c.label, "routed": p} for c, p in first if c.label != p],
-    }
+        route = await grounded.route(message)
+        first.append((label, route.agent if route.basis == "passage" or route.score >= default_score else roster.entry))
     messages = [
-        {
-            "message": c.message,
-            "label": c.label,
-            "nearest": t,
-            "score": None if s is None else round(s, 3),
-            "routed": decide(t, s, default_score),
-        }
-        for c, t, s in routed
+        {"message": message, "label": label, "nearest": t, "score": None if s is None else round(s, 3),
+         "routed": decide(t, s, default_score)}
+        for (message, label), (t, s) in zip(cases, nearest, strict=True)
+    ]  # fmt: skip
+    wrong_first = [
+        {"message": c[0], "label": lb, "routed": p} for c, (lb, p) in zip(cases, first, strict=True) if lb != p
     ]
     return {
         "messages": len(cases),
-        "by_label": dict(Counter(c.label for c in cases)),
-        "descriptions": {name: agent.description for name, agent in roster.agents.items()},
+        "by_label": dict(Counter(label for _, label in cases)),
         "default_threshold": default_score,
-        "accuracy": default["accuracy"],
-        "per_label": default["per_label"],
-        "confusion": default["confusion"],
+        **{k: default[k] for k in ("accuracy", "per_label", "confusion")},
         "sweep": sweep,
         "wrong": [m for m in messages if m["routed"] != m["label"]],
-        "all": messages,
-        "knowledge_first": knowledge_first,
+        "knowledge_first": routed_scores(first) | {"wrong": wrong_first},
     }
 
 
@@ -757,20 +498,19 @@ async def latency_sample(bench: Bench, questions: Sequence[Question], params: Pa
     """Hybrid search as the tool runs it (k=4, the question's collection or both), query embedding included."""
     timed = TimedEmbedder(bench.local)
     kb = KnowledgeBase(sessions=bench.sessions, embedder=timed)
+
+    def search(q: Question) -> Awaitable[list[Hit]]:
+        return kb.search(q.question, collections=[q.collection] if q.collection else list(COLLECTIONS), k=TOOL_K)
+
     queries = spread(questions, params.latency_queries)
-
-    def call(q: Question) -> Callable[[], Awaitable[object]]:
-        collections = [q.collection] if q.collection else list(COLLECTIONS)
-        return lambda: kb.search(q.question, collections=collections, k=TOOL_K)
-
-    await timed_ms(call(q) for q in queries[:5])
+    for q in queries[:5]:
+        await search(q)
     timed.calls_ms.clear()
-    total = await timed_ms(call(q) for q in queries)
+    total = [await timed_ms(search(q)) for q in queries]
     embedding = list(timed.calls_ms)
-    rest = [t - e for t, e in zip(total, embedding, strict=True)]
     async with bench.sessions() as s:
-        chunks = int((await s.execute(text("SELECT count(*) FROM kb_chunks"))).scalar_one())
-    # The plans below are those of a search in one collection (the agents search one each).
+        chunks = int(await s.scalar(text("SELECT count(*) FROM kb_chunks")) or 0)
+    # The plan below is that of a search in one collection (the agents search one each).
     catalogue = next(q for q in questions if q.collection == "catalogue")
     await kb.search(catalogue.question, collections=["catalogue"], k=TOOL_K)
     return {
@@ -779,76 +519,34 @@ async def latency_sample(bench: Bench, questions: Sequence[Question], params: Pa
         "k": TOOL_K,
         "total_ms": summary(total),
         "embedding_ms": summary(embedding),
-        "search_ms": summary(rest),
+        "search_ms": summary([t - e for t, e in zip(total, embedding, strict=True)]),
         "catalogue_vector_plan": await explain(bench.raw, bench.statements.vector),
-        "catalogue_vector_generic_plan": await generic_plan(bench.raw, bench.statements.vector),
-        "catalogue_vector_candidates": await vector_candidates(bench, questions, "catalogue"),
     }
 
 
-def vocabulary(rng: np.random.Generator) -> tuple[list[str], NDArray[np.float64]]:
-    """The sample's words, in a random order with Zipf-like weights: common words match many chunks."""
-    words: set[str] = set()
-    for path in find_documents([SAMPLE]):
-        words.update(re.findall(r"[a-z][a-z0-9-]{2,}", path.read_text(encoding="utf-8", errors="replace").lower()))
-    ordered = sorted(words)
+def synthetic_texts(rng: np.random.Generator, n: int, words: int) -> tuple[list[str], list[str], int]:
+    """Chunk texts and headings drawn from the sample's words, in a random order with Zipf-like weights
+    (common words match many chunks); and the vocabulary's size."""
+    vocab: set[str] = set()
+    for collection in COLLECTIONS:
+        for path in sample_paths(collection):
+            vocab.update(re.findall(r"[a-z][a-z0-9-]{2,}", path.read_text(encoding="utf-8", errors="replace").lower()))
+    ordered = sorted(vocab)
     rng.shuffle(ordered)
     weights = 1.0 / np.arange(1, len(ordered) + 1, dtype=np.float64)
-    return ordered, weights / weights.sum()
-
-
-def synthetic_texts(rng: np.random.Generator, n: int, words: int) -> tuple[list[str], list[str], int]:
-    """Chunk texts and headings drawn from `vocabulary`; and its size."""
-    vocab, weights = vocabulary(rng)
-    picks = rng.choice(len(vocab), size=(n, words + 4), p=weights)
-    texts = [" ".join(vocab[i] for i in row[4:]) + "." for row in picks]
-    headings = [" ".join(vocab[i] for i in row[:4]).capitalize() for row in picks]
-    return texts, headings, len(vocab)
-
-
-async def copy_chunks(
-    raw: asyncpg.Connection,
-    documents: Sequence[int],
-    texts: Sequence[str],
-    headings: Sequence[str],
-    vectors: Vectors,
-    start: int,
-    stop: int,
-    params: Params,
-) -> None:
-    per = params.chunks_per_document
-    records = (
-        (
-            documents[i // per],
-            SYNTHETIC,
-            i % per,
-            f"Synthetic document {i // per}",
-            headings[i],
-            texts[i],
-            DIM,
-            vectors[i],
-        )
-        for i in range(start, stop)
-    )
-    await raw.copy_records_to_table(
-        "kb_chunks",
-        records=records,
-        columns=["document_id", "collection", "ordinal", "title", "heading", "text", "dim", "embedding"],
-    )
+    picks = rng.choice(len(ordered), size=(n, words + 4), p=weights / weights.sum())
+    texts = [" ".join(ordered[i] for i in row[4:]) + "." for row in picks]
+    headings = [" ".join(ordered[i] for i in row[:4]).capitalize() for row in picks]
+    return texts, headings, len(ordered)
 
 
 async def latency_synthetic(bench: Bench, questions: Sequence[Question], params: Params) -> dict[str, Any]:
     rng = np.random.default_rng(params.seed)
-    n = params.synthetic_chunks
+    n, per, raw = params.synthetic_chunks, params.chunks_per_document, bench.raw
     kb = KnowledgeBase(sessions=bench.sessions, embedder=RandomEmbedder(params.seed + 1))
     await kb.ensure_collection(SYNTHETIC)
-
-    started = time.perf_counter()
     vectors = unit_vectors(rng, n)
     texts, headings, vocab_size = synthetic_texts(rng, n, params.words_per_chunk)
-    generate_s = time.perf_counter() - started
-
-    raw = bench.raw
     documents = [
         int(r[0])
         for r in await raw.fetch(
@@ -856,26 +554,27 @@ async def latency_synthetic(bench: Bench, questions: Sequence[Question], params:
             "SELECT $1, 'synthetic/doc-' || g || '.md', 'Synthetic document ' || g, md5(g::text) "
             "FROM generate_series(0, $2 - 1) g ORDER BY g RETURNING id",
             SYNTHETIC,
-            -(-n // params.chunks_per_document),
+            -(-n // per),
         )
     ]
+
+    async def copy(start: int, stop: int) -> float:
+        records = ((documents[i // per], SYNTHETIC, i % per, f"Synthetic document {i // per}", headings[i], texts[i],
+                    DIM, vectors[i]) for i in range(start, stop))  # fmt: skip
+        columns = ["document_id", "collection", "ordinal", "title", "heading", "text", "dim", "embedding"]
+        return await timed_ms(raw.copy_records_to_table("kb_chunks", records=records, columns=columns)) / 1000
+
     bulk = n - params.live_insert_chunks
     sample_chunks = int(
         await raw.fetchval("SELECT count(*) FROM kb_chunks WHERE collection = ANY($1)", list(COLLECTIONS))
     )
     await raw.execute(f"DROP INDEX IF EXISTS {HNSW_INDEX}")
-    started = time.perf_counter()
-    await copy_chunks(raw, documents, texts, headings, vectors, 0, bulk, params)
-    copy_s = time.perf_counter() - started
+    copy_s = await copy(0, bulk)
     await raw.execute(f"SET maintenance_work_mem = '{params.maintenance_work_mem}'")
     workers = await raw.fetchval("SELECT current_setting('max_parallel_maintenance_workers')")
-    started = time.perf_counter()
-    await raw.execute(HNSW_DDL)
-    build_s = time.perf_counter() - started
+    build_s = await timed_ms(raw.execute(HNSW_DDL)) / 1000
     await raw.execute("RESET maintenance_work_mem")
-    started = time.perf_counter()
-    await copy_chunks(raw, documents, texts, headings, vectors, bulk, n, params)
-    live_s = time.perf_counter() - started
+    live_s = await copy(bulk, n)
     await raw.execute("ANALYZE kb_chunks")
     await raw.execute("ANALYZE kb_documents")
     sizes = await raw.fetchrow(
@@ -885,46 +584,34 @@ async def latency_synthetic(bench: Bench, questions: Sequence[Question], params:
     )
     assert sizes is not None
 
-    # The product's SQL, captured from one search, explained; then the latencies.
-    texts_q = [q.question for q in questions]
-    await kb.search(texts_q[0], collections=[SYNTHETIC], k=TOOL_K)
+    # The product's SQL, captured from one search, explained; then the latencies, the modes interleaved query
+    # by query (full text on every third), so that a change in the machine's load weighs on all three alike.
+    asked = [q.question for q in questions]
+    await kb.search(asked[0], collections=[SYNTHETIC], k=TOOL_K)
     vector_plan = await explain(raw, bench.statements.vector)
-    vector_generic = await generic_plan(raw, bench.statements.vector)
-    text_plan = await explain(raw, bench.statements.text)
-    # The modes interleaved query by query (full text on every third), so that a change in the machine's load
-    # weighs on all three alike.
-    modes: tuple[Mode, ...] = ("hybrid", "vector", "text")
-    timings: dict[Mode, list[float]] = {mode: [] for mode in modes}
-    queries = spread(texts_q, params.synthetic_queries)
-    for mode in modes:
-        for q in queries[:3]:
+    timings: dict[Mode, list[float]] = {mode: [] for mode in ("hybrid", "vector", "text")}
+    queries = spread(asked, params.synthetic_queries)
+    for q in queries[:3]:
+        for mode in timings:
             await kb.search(q, collections=[SYNTHETIC], k=TOOL_K, mode=mode)
     for index, q in enumerate(queries):
-        for mode in modes:
-            if mode == "text" and index % 3:
-                continue
-            started = time.perf_counter()
-            await kb.search(q, collections=[SYNTHETIC], k=TOOL_K, mode=mode)
-            timings[mode].append((time.perf_counter() - started) * 1000)
-    latencies = {mode: {"queries": len(ms), "ms": summary(ms)} for mode, ms in timings.items()}
-
+        for mode in timings:
+            if mode != "text" or index % 3 == 0:
+                timings[mode].append(await timed_ms(kb.search(q, collections=[SYNTHETIC], k=TOOL_K, mode=mode)))
+    or_query = "to_tsquery('english', replace(plainto_tsquery('english', $1)::text, '&', '|'))"
     matches = [
-        int(
+        float(
             await raw.fetchval(
-                "SELECT count(*) FROM kb_chunks c WHERE c.collection = $2 AND c.tsv @@ "
-                "to_tsquery('english', replace(plainto_tsquery('english', $1)::text, '&', '|'))",
-                q,
-                SYNTHETIC,
+                f"SELECT count(*) FROM kb_chunks c WHERE c.collection = $2 AND c.tsv @@ {or_query}", q, SYNTHETIC
             )
         )
-        for q in spread(texts_q, 20)
+        for q in spread(asked, 20)
     ]
     return {
         "chunks": n,
         "documents": len(documents),
         "words_per_chunk": params.words_per_chunk,
         "vocabulary": vocab_size,
-        "generate_s": round(generate_s, 2),
         "copy": {"rows": bulk, "elapsed_s": round(copy_s, 2), "rows_per_s": round(bulk / copy_s, 1)},
         "hnsw_build": {
             "elapsed_s": round(build_s, 2),
@@ -935,145 +622,12 @@ async def latency_synthetic(bench: Bench, questions: Sequence[Question], params:
         "insert_with_live_index": {
             "rows": n - bulk,
             "elapsed_s": round(live_s, 2),
-            "rows_per_s": round((n - bulk) / live_s, 1) if live_s else None,
+            "rows_per_s": round((n - bulk) / live_s, 1),
         },
         "sizes_mb": {k: round(int(sizes[k]) / 2**20, 1) for k in ("total", "hnsw", "gin")},
         "vector_plan": vector_plan,
-        "vector_generic_plan": vector_generic,
-        "text_plan": text_plan,
-        "text_matches_per_query": _spread([float(m) for m in matches]),
-        "latency": latencies,
-        "index_probe": await index_probe(bench, params),
-        "exact_scan_ms": await exact_scan(bench, params),
-    }
-
-
-def bind(params: tuple[Any, ...], vector: Vectors | None = None) -> tuple[Any, ...]:
-    """A captured statement's parameters for the raw connection, whose pgvector codec wants arrays rather than
-    the '[...]' text the store sends; with `vector`, that query vector instead of the captured one."""
-
-    def one(p: Any) -> Any:
-        if isinstance(p, str) and p.startswith("["):
-            return vector if vector is not None else np.array(json.loads(p), dtype=np.float32)
-        return p
-
-    return tuple(one(p) for p in params)
-
-
-async def index_probe(bench: Bench, params: Params) -> dict[str, Any]:
-    """Stored vectors, slightly perturbed (cosine about 0.9 to the original), searched with the product's
-    vector SQL: the original should come first, which an index that works finds."""
-    captured = bench.statements.vector
-    if captured is None:
-        return {}
-    statement, params_ = captured
-    rows = await bench.raw.fetch(
-        "SELECT id, embedding::vector(384) AS e FROM kb_chunks WHERE collection = $1 ORDER BY random() LIMIT $2",
-        SYNTHETIC,
-        params.index_probes,
-    )
-    rng = np.random.default_rng(params.seed + 2)
-    probes: list[tuple[int, Vectors]] = []
-    for row in rows:
-        original = np.asarray(row["e"].to_numpy() if hasattr(row["e"], "to_numpy") else row["e"], dtype=np.float32)
-        noisy = original + rng.standard_normal(DIM).astype(np.float32) * np.float32(0.48 / np.sqrt(DIM))
-        probes.append((int(row["id"]), noisy / np.linalg.norm(noisy)))
-    found_first: dict[str, int] = {}
-    for ef_search in EF_SEARCH:
-        first = 0
-        async with bench.raw.transaction():
-            await bench.raw.execute(f"SET LOCAL hnsw.ef_search = {ef_search}")
-            for chunk_id, vector in probes:
-                found = [r[0] for r in await bench.raw.fetch(statement, *bind(params_, vector))]
-                first += bool(found) and found[0] == chunk_id
-        found_first[str(ef_search)] = first
-    return {"probes": len(probes), "found_first_by_ef_search": found_first}
-
-
-async def exact_scan(bench: Bench, params: Params) -> dict[str, float]:
-    """The vector query without the index (enable_indexscan off): what the HNSW index saves."""
-    captured = bench.statements.vector
-    if captured is None:
-        return {}
-    statement, params_ = captured
-    rng = np.random.default_rng(params.seed + 3)
-    out: list[float] = []
-    async with bench.raw.transaction():
-        # A statement text of its own: a prepared statement's cached plan ignores later settings.
-        await bench.raw.execute("SET LOCAL enable_indexscan = off")
-        await bench.raw.execute("SET LOCAL plan_cache_mode = force_custom_plan")
-        for vector in unit_vectors(rng, params.seqscan_queries):
-            args = bind(params_, vector)
-            started = time.perf_counter()
-            await bench.raw.fetch(f"/* exact */ {statement}", *args)
-            out.append((time.perf_counter() - started) * 1000)
-    return summary(out)
-
-
-async def vector_candidates(
-    bench: Bench, questions: Sequence[Question], collection: str, kb: KnowledgeBase | None = None
-) -> dict[str, Any]:
-    """How many passages the vector half of the search returns for questions on `collection` (mode="vector",
-    k=CANDIDATES), asked repeatedly as the agents would: fewer than CANDIDATES (or than the collection has)
-    means the HNSW index was scanned and other collections' rows were filtered out after it."""
-    asked = [q for q in questions if q.collection == collection][:12]
-    counts = [
-        len(await (kb or bench.quality_kb).search(q.question, collections=[collection], k=CANDIDATES, mode="vector"))
-        for q in asked
-    ]
-    async with bench.sessions() as s:
-        size = int(
-            (
-                await s.execute(text("SELECT count(*) FROM kb_chunks WHERE collection = :c"), {"c": collection})
-            ).scalar_one()
-        )
-    return {
-        "collection": collection,
-        "collection_chunks": size,
-        "expected": min(CANDIDATES, size),
-        "searches": len(counts),
-        "counts": counts,
-        "short": sum(1 for c in counts if c < min(CANDIDATES, size)),
-    }
-
-
-async def generic_plan(raw: asyncpg.Connection, captured: tuple[str, tuple[Any, ...]] | None) -> dict[str, Any]:
-    """The plan Postgres caches for the statement once it settles on a generic plan (after five executions
-    on a connection, when that looks no costlier): what a pooled connection then runs for every collection."""
-    if captured is None:
-        return {"plan": [], "uses_hnsw": False}
-    statement, params = captured
-
-    def literal(p: Any) -> str:
-        if isinstance(p, (list, tuple)):
-            return "ARRAY[" + ", ".join(literal(x) for x in p) + "]::text[]"
-        if isinstance(p, str):
-            return "'" + p.replace("'", "''") + "'"
-        return str(p)
-
-    await raw.execute(f"PREPARE bench_generic AS {statement}")
-    try:
-        async with raw.transaction():
-            await raw.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-            args = ", ".join(literal(p) for p in params)
-            rows = await raw.fetch(f"EXPLAIN (COSTS OFF) EXECUTE bench_generic({args})")
-    finally:
-        await raw.execute("DEALLOCATE bench_generic")
-    plan = [str(r[0]) for r in rows]
-    return {"plan": plan, "uses_hnsw": any(HNSW_INDEX in line for line in plan)}
-
-
-async def beside_synthetic(bench: Bench, questions: Sequence[Question]) -> dict[str, Any]:
-    """The sample's retrieval quality again, now that the table also holds the synthetic collection; and the
-    plans of the vector query for a small collection."""
-    scores = await quality_hybrid(bench, questions)
-    q = next(q for q in questions if q.collection == "catalogue")
-    await bench.quality_kb.search(q.question, collections=["catalogue"], k=TOOL_K)
-    return {
-        "hybrid": scores,
-        "catalogue_vector_plan": await explain(bench.raw, bench.statements.vector),
-        "catalogue_vector_generic_plan": await generic_plan(bench.raw, bench.statements.vector),
-        "catalogue_vector_candidates": await vector_candidates(bench, questions, "catalogue"),
+        "text_matches_per_query": quantiles(matches),
+        "latency": {mode: {"queries": len(ms), "ms": summary(ms)} for mode, ms in timings.items()},
     }
 
 
@@ -1082,282 +636,133 @@ async def beside_synthetic(bench: Bench, questions: Sequence[Question]) -> dict[
 
 def print_ingestion(f: dict[str, Any]) -> None:
     section("Ingestion of the sample with the local embedder (fresh collections)")
-    e, a, m = f["embedding_in_ingestion"], f["embedder_alone"], f["model"]
+    e, m = f["embedding_in_ingestion"], f["model"]
     print(
-        f"{f['documents']} documents, {f['chunks']} chunks in {f['elapsed_s']:.2f} s: "
-        f"{f['documents_per_s']} documents/s, {f['chunks_per_s']} chunks/s "
-        f"({f['process_cpu_utilisation']:.0%} of one core); re-ingesting unchanged: "
-        f"{f['reingest_unchanged']['elapsed_s']:.2f} s"
+        f"{f['documents']} documents, {f['chunks']} chunks in {f['elapsed_s']:.2f} s: {f['documents_per_s']} "
+        f"documents/s, {f['chunks_per_s']} chunks/s ({f['process_cpu_utilisation']:.0%} of one core)"
     )
     print(
         f"embedding: {e['share_of_ingestion']:.0%} of that time, {e['calls']} calls (one per document): "
-        f"{e['sentences_per_s']} chunk texts/s, {e['tokens_per_s']:,.0f} tokens/s "
-        f"({e['tokens_mean']} tokens per chunk on average, max {e['tokens_max']})"
-    )
-    print(
-        f"model alone ({a['model']}, MiniLM.encode, every {a['of_every']}th chunk text by length): {a['sentences']} "
-        f"texts in {a['elapsed_s']:.2f} s = {a['sentences_per_s']} sentences/s, {a['tokens_per_s']:,.0f} tokens/s, "
-        f"{a['process_cpu_utilisation']:.0%} of one core"
+        f"{e['sentences_per_s']} chunk texts/s, {e['tokens_per_s']:,.0f} tokens/s ({e['tokens_mean']} tokens per "
+        f"chunk on average, max {e['tokens_max']})"
     )
     print(
         f"model load {m['load_s']:.2f} s; process RSS before loading {m['rss_mb_before_loading'].get('rss')} MB, "
         f"after {m['rss_mb_after_loading'].get('rss')} MB, after ingestion {m['rss_mb_after_ingestion'].get('rss')} "
-        f"MB (peak so far {m['rss_mb_after_ingestion'].get('peak')} MB)"
+        f"MB (peak {m['rss_mb_after_ingestion'].get('peak')} MB)"
     )
 
 
-def print_quality(f: dict[str, Any], problems: Sequence[str]) -> None:
+def print_quality(f: dict[str, Any]) -> None:
     section(
-        f"Retrieval quality on the sample: {f['answerable']} answerable questions, each in its collection, "
-        "searched as the product does "
+        f"Retrieval quality on the sample: {f['answerable']} answerable questions, each in its collection "
         f"(exact {f['by_kind'].get('exact', 0)}, paraphrase {f['by_kind'].get('paraphrase', 0)})"
     )
-    rows: list[Sequence[object]] = []
-    for mode in ("vector", "text", "hybrid"):
-        for group in ("all", *KINDS):
-            s = f["modes"][mode][group]
-            rows.append(
-                (
-                    f"{mode} / {group}",
-                    s["questions"],
-                    s["recall_at_1"],
-                    s["recall_at_5"],
-                    s["mrr_at_10"],
-                    s["not_found_in_10"],
-                )
-            )
+    rows = [(f"{mode} / {group}", *_scores(f["modes"][mode][group])) for mode in MODES for group in ("all", *KINDS)]
+    rows += [
+        (f"hybrid, text weight {w['text_weight']}{' (default)' if w['default'] else ''} / {group}", *_scores(w[group]))
+        for w in f["hybrid_text_weight_sweep"]
+        for group in ("all", *KINDS)
+    ]
     print(table(("mode / questions", "n", "recall@1", "recall@5", "MRR@10", "not in top 10"), rows))
-    misses = f["hybrid_misses_at_1"]
-    print(f"hybrid: {len(misses)} questions without the right passage first, e.g.:")
-    for miss in misses[:6]:
-        print(f"  {miss['id']} ({miss['kind']}, rank {miss['rank']}): {miss['question']!r} -> {miss['top_hit']}")
-    for problem in problems:
-        print(f"WARNING: eval entry {problem}")
-    custom = f.get("custom_plans")
-    if custom:
-        v, h = custom["vector"], custom["hybrid"]
-        c, sp = custom["catalogue_vector_candidates"], custom["support_vector_candidates"]
-        print(
-            f"with custom plans only (plan_cache_mode=force_custom_plan): vector recall@1 {v['recall_at_1']}, "
-            f"@5 {v['recall_at_5']}, MRR {v['mrr_at_10']}; hybrid recall@1 {h['recall_at_1']}, @5 {h['recall_at_5']}, "
-            f"MRR {h['mrr_at_10']}; vector candidates per catalogue search {min(c['counts'])}-{max(c['counts'])}, "
-            f"per support search {min(sp['counts'])}-{max(sp['counts'])} (expected {c['expected']})"
-        )
-        print(
-            "hybrid by the full-text ranking's weight in the fusion (custom plans): "
-            + "; ".join(
-                f"{w['text_weight']}{' (default)' if w['default'] else ''}: recall@1 {w['all']['recall_at_1']}, "
-                f"@5 {w['all']['recall_at_5']}, MRR {w['all']['mrr_at_10']}"
-                for w in custom["hybrid_text_weight_sweep"]
-            )
-        )
-
     a = f["abstention"]
     section(f"Abstention: relevant(hits, question, threshold) over the tool's {a['hits_per_search']} hybrid hits")
-    print(
-        table(
-            (
-                "min similarity",
-                "unanswerable: abstains (right)",
-                "answerable: abstains (wrong)",
-                "answerable: right passage kept",
-            ),
-            [
-                (
-                    f"{t['threshold']:.2f}" + (" (default)" if t["threshold"] == a["default_threshold"] else ""),
-                    f"{t['unanswerable_abstained']:.0%}",
-                    f"{t['answerable_wrongly_abstained']:.0%}",
-                    f"{t['answerable_right_passage_kept']:.0%}",
-                )
-                for t in a["thresholds"]
-            ],
-        )
-    )
-    ans, una = a["top_similarity_answerable"], a["top_similarity_unanswerable"]
-    print(
-        "best vector similarity, answerable: "
-        + ", ".join(f"{k} {v:.2f}" for k, v in ans.items())
-        + "; unanswerable: "
-        + ", ".join(f"{k} {v:.2f}" for k, v in una.items())
-    )
+    headers = ("min similarity", "unanswerable: abstains (right)", "answerable: abstains (wrong)", "right passage kept")
+    rows = [
+        (f"{t['threshold']:.2f}" + (" (default)" if t["threshold"] == a["default_threshold"] else ""),
+         f"{t['unanswerable_abstained']:.0%}", f"{t['answerable_wrongly_abstained']:.0%}",
+         f"{t['answerable_right_passage_kept']:.0%}")
+        for t in a["thresholds"]
+    ]  # fmt: skip
+    print(table(headers, rows))
+
+
+def _scores(s: dict[str, Any]) -> tuple[object, ...]:
+    return s["questions"], s["recall_at_1"], s["recall_at_5"], s["mrr_at_10"], s["not_found_in_10"]
+
+
+def _per_label(f: dict[str, Any]) -> str:
+    return f"accuracy {f['accuracy']:.0%} (" + ", ".join(f"{x} {acc:.0%}" for x, acc in f["per_label"].items()) + ")"
 
 
 def print_routing(f: dict[str, Any]) -> None:
-    section(
-        f"Routing: {f['messages']} messages, ASKS_FOR_PERSON then SimilarityRouter (transfer at score >= "
-        f"{f['default_threshold']})"
-    )
-    print(
-        f"accuracy {f['accuracy']:.0%}; per label: "
-        + ", ".join(f"{label} {acc:.0%}" for label, acc in f["per_label"].items())
-    )
+    section(f"Routing: {f['messages']} messages, ASKS_FOR_PERSON then SimilarityRouter (transfer at >= threshold)")
+    print(f"at {f['default_threshold']}: {_per_label(f)}")
     print(table(("expected \\ routed", *LABELS), [(label, *f["confusion"][label].values()) for label in LABELS]))
+    print("threshold sweep: " + "; ".join(f"{s['threshold']:.2f}: {_per_label(s)}" for s in f["sweep"]))
     print(
-        "threshold sweep: "
-        + "; ".join(
-            f"{s['threshold']:.2f} -> {s['accuracy']:.0%} ("
-            + ", ".join(f"{label} {acc:.0%}" for label, acc in s["per_label"].items())
-            + ")"
-            for s in f["sweep"]
-        )
-    )
-    k = f["knowledge_first"]
-    print(
-        f"the offline model's router (the most similar passage's agent when it counts as found, else the above): "
-        f"accuracy {k['accuracy']:.0%}; per label: "
-        + ", ".join(f"{label} {acc:.0%}" for label, acc in k["per_label"].items())
+        f"the offline model's router (the most similar passage's agent when found): {_per_label(f['knowledge_first'])}"
     )
     print(f"{len(f['wrong'])} routed wrongly at {f['default_threshold']} (all in the JSON), e.g.:")
-    for wrong in f["wrong"][:8]:
-        print(
-            f"  {wrong['label']} -> {wrong['routed']}: {wrong['message']!r} "
-            f"(nearest {wrong['nearest']}, {wrong['score']})"
-        )
+    for w in f["wrong"][:8]:
+        print(f"  {w['label']} -> {w['routed']}: {w['message']!r} (nearest {w['nearest']}, {w['score']})")
 
 
-def _ms_row(label: str, s: dict[str, float]) -> Sequence[object]:
-    return (label, s["p50"], s["p90"], s["p99"], s["mean"], s["max"])
-
-
-def print_latency_sample(f: dict[str, Any]) -> None:
-    section(f"Search latency at the sample's size ({f['chunks']} chunks), {f['queries']} hybrid queries, k={f['k']}")
+def print_latency(sample: dict[str, Any], synthetic: dict[str, Any]) -> None:
+    section(f"Search latency at the sample's size ({sample['chunks']} chunks), {sample['queries']} hybrid queries")
     print(
-        table(
-            ("ms per query", "p50", "p90", "p99", "mean", "max"),
-            [
-                _ms_row("total (query embedded)", f["total_ms"]),
-                _ms_row("embedding the query", f["embedding_ms"]),
-                _ms_row("search (SQL, fusion)", f["search_ms"]),
-            ],
+        summary_rows(
+            [("total (query embedded), ms", sample["total_ms"]), ("embedding the query", sample["embedding_ms"]),
+             ("search (SQL, fusion)", sample["search_ms"])]
         )
-    )
-    c = f["catalogue_vector_candidates"]
-    print(
-        f"catalogue vector query uses {HNSW_INDEX}: {f['catalogue_vector_plan']['uses_hnsw']} (generic plan: "
-        f"{f['catalogue_vector_generic_plan']['uses_hnsw']}); vector candidates per catalogue search: "
-        f"{min(c['counts'])}-{max(c['counts'])} (expected {c['expected']})"
-    )
-
-
-def print_latency_synthetic(f: dict[str, Any], beside: dict[str, Any], before: dict[str, Any]) -> None:
+    )  # fmt: skip
+    print(f"catalogue vector query uses {HNSW_INDEX}: {sample['catalogue_vector_plan']['uses_hnsw']}")
+    f = synthetic
     section(f"Synthetic collection: {f['chunks']:,} chunks of {f['words_per_chunk']} words, random {DIM}-d vectors")
-    c, b, live = f["copy"], f["hnsw_build"], f["insert_with_live_index"]
+    c, b, live, sizes = f["copy"], f["hnsw_build"], f["insert_with_live_index"], f["sizes_mb"]
     print(
         f"COPY of {c['rows']:,} chunks (no HNSW index): {c['elapsed_s']:.1f} s = {c['rows_per_s']:,.0f} rows/s; "
-        f"HNSW build over {b['rows']:,} rows: {b['elapsed_s']:.1f} s "
-        f"(maintenance_work_mem {b['maintenance_work_mem']}, "
-        f"{b['max_parallel_maintenance_workers']} parallel workers); then {live['rows']:,} more with the index "
-        f"live: {live['rows_per_s']:,.0f} rows/s"
+        f"HNSW build over {b['rows']:,} rows: {b['elapsed_s']:.1f} s (maintenance_work_mem "
+        f"{b['maintenance_work_mem']}, {b['max_parallel_maintenance_workers']} parallel workers); then "
+        f"{live['rows']:,} more with the index live: {live['rows_per_s']:,.0f} rows/s"
     )
-    sizes = f["sizes_mb"]
     print(f"sizes: kb_chunks total {sizes['total']} MB, HNSW {sizes['hnsw']} MB, GIN {sizes['gin']} MB")
     print(
-        f"vector query uses {HNSW_INDEX}: {f['vector_plan']['uses_hnsw']} (generic plan: "
-        f"{f['vector_generic_plan']['uses_hnsw']}); "
-        "rows matching the OR-ed text query: "
+        f"vector query uses {HNSW_INDEX}: {f['vector_plan']['uses_hnsw']}; rows matching the OR-ed text query: "
         + ", ".join(f"{k} {v:,.0f}" for k, v in f["text_matches_per_query"].items())
     )
-    probe = f["index_probe"]
-    if probe:
-        print(
-            "index probe (stored vector + noise, cosine ~0.9 to it): original found first in "
-            + ", ".join(
-                f"{n}/{probe['probes']} at hnsw.ef_search={ef}" + (" (default)" if ef == "40" else "")
-                for ef, n in probe["found_first_by_ef_search"].items()
-            )
-        )
-    rows = [_ms_row(f"{mode} ({v['queries']} queries)", v["ms"]) for mode, v in f["latency"].items()]
-    if f["exact_scan_ms"]:
-        rows.append(_ms_row("vector SQL, index disabled", f["exact_scan_ms"]))
-    print(table(("ms per search (random query vector)", "p50", "p90", "p99", "mean", "max"), rows))
-    h, c = beside["hybrid"], beside["catalogue_vector_candidates"]
-    print(
-        f"sample quality with it in the table (hybrid): recall@1 {h['recall_at_1']}, recall@5 {h['recall_at_5']}, "
-        f"MRR {h['mrr_at_10']} (before: {before['recall_at_1']}, {before['recall_at_5']}, {before['mrr_at_10']})"
-    )
-    print(
-        f"catalogue vector query uses {HNSW_INDEX}: {beside['catalogue_vector_plan']['uses_hnsw']} (generic plan: "
-        f"{beside['catalogue_vector_generic_plan']['uses_hnsw']}); vector candidates per catalogue search: "
-        f"{c['counts']} (expected {c['expected']})"
-    )
-    if c["short"]:
-        print(
-            f"WARNING: {c['short']} of {c['searches']} catalogue searches got fewer than {c['expected']} vector "
-            "candidates: the HNSW index was scanned for all collections and the other collection's rows "
-            "filtered out afterwards"
-        )
-
-
-def machine(database: str, server_version: str | None, pgvector: str | None) -> dict[str, Any]:
-    return base_machine(
-        database,
-        server_version,
-        pgvector=pgvector,
-        numpy=np.__version__,
-        asyncpg=asyncpg.__version__,
-        blas_threads_env={k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")},
-    )
+    print(summary_rows([(f"{mode} ({v['queries']} queries), ms", v["ms"]) for mode, v in f["latency"].items()]))
 
 
 # ------------------------------------------------------------------------------------------------ entry
 
 
-async def run(server_url: str, database: str, params: Params) -> dict[str, Any]:
+async def run(server_url: str, params: Params) -> dict[str, Any]:
     started = time.perf_counter()
-    load_start = load_average()
-    version = await admin(server_url, "SELECT current_setting('server_version')")
     pgvector = await admin(server_url, "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'")
-    questions = load_questions()
-    cases = load_routing()
+    questions = [Question(**row) for row in jsonl("kb_eval.jsonl")]
+    load_start = [round(x, 2) for x in os.getloadavg()]
     async with bench_environment(server_url) as bench:
         print(f"set-up (database, migrations, model): {time.perf_counter() - started:.1f} s", flush=True)
-        ingest = await ingestion(bench, params)
+        ingest = await ingestion(bench)
         print_ingestion(ingest)
-        problems = await check_eval(bench, questions)
         await bench.cached.embed([q.question for q in questions])
         quality_figures = await quality(bench, questions)
-        quality_figures["custom_plans"] = await quality_custom_plans(bench, questions)
-        print_quality(quality_figures, problems)
-        routing_figures = await routing(bench, cases)
+        print_quality(quality_figures)
+        routing_figures = await routing(bench)
         print_routing(routing_figures)
         sample_latency = await latency_sample(bench, questions, params)
-        print_latency_sample(sample_latency)
         print(f"\nloading {params.synthetic_chunks:,} synthetic chunks…", flush=True)
         synthetic = await latency_synthetic(bench, questions, params)
-        beside = await beside_synthetic(bench, questions)
-        print_latency_synthetic(synthetic, beside, quality_figures["modes"]["hybrid"]["all"])
+        print_latency(sample_latency, synthetic)
+    extra = {"pgvector": pgvector, "numpy": np.__version__, "asyncpg": asyncpg.__version__}
+    extra |= {"blas_threads_env": {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}}
     return {
-        "benchmark": "knowledge",
-        "machine": machine(database, version, pgvector),
-        "load_average": {"start": load_start, "end": load_average()},
-        "parameters": {
-            **asdict(params),
-            "embedder": LocalEmbedder.name,
-            "sample": str(SAMPLE.relative_to(ROOT)),
-            "collections": list(COLLECTIONS),
-            "tool_k": TOOL_K,
-            "text_weight": TEXT_WEIGHT,
-            "min_similarity": DEFAULT_MIN_SIMILARITY,
-            "rank_k": RANK_K,
-        },
+        "machine": {"load_average_at_start": load_start, **extra},
+        "parameters": asdict(params)
+        | {"embedder": LocalEmbedder.name, "collections": list(COLLECTIONS), "tool_k": TOOL_K, "rank_k": RANK_K}
+        | {"text_weight": TEXT_WEIGHT, "min_similarity": DEFAULT_MIN_SIMILARITY},
         "figures": {
             "ingestion": ingest,
-            "eval_problems": problems,
             "quality": quality_figures,
             "routing": routing_figures,
             "latency_sample": sample_latency,
             "latency_synthetic": synthetic,
-            "sample_quality_beside_synthetic": beside,
         },
-        "total_s": round(time.perf_counter() - started, 1),
     }
 
 
 def main(*, quick: bool = False, results: Path = RESULTS) -> dict[str, Any]:
     """Run the knowledge-base benchmark, print its tables and write `results/knowledge.json`."""
-    quiet()
     params = Params.of(quick)
-    print(f"knowledge benchmark{' (quick)' if quick else ''}: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
-    with postgres_server() as (server_url, database):
-        report = asyncio.run(run(server_url, database, params))
-    return write_report(report, results / "knowledge.json")
+    return run_benchmark("knowledge", quick, results, lambda url: run(url, params))

@@ -1,5 +1,5 @@
-"""What the benchmarks share: a Postgres server (the embedded Postgres, or the one in BENCH_DATABASE_URL), a
-throwaway database built by the migrations, statistics, plain-text tables and the machine description."""
+"""What every benchmark shares: running it against a Postgres server (`harness.database`: the embedded one, or
+the one in BENCH_DATABASE_URL), statistics, plain-text tables, the machine and the source it ran from."""
 
 from __future__ import annotations
 
@@ -9,26 +9,24 @@ import logging
 import math
 import os
 import platform
+import subprocess
 import sys
-import tempfile
-import uuid
+import time
 import warnings
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import create_async_engine
-from sqlalchemy.pool import NullPool
 
-from db import migrate
-from db.embedded import start_embedded
-from db.url import async_url
+from harness.database import admin, postgres_server
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+DATABASE = "BENCH_DATABASE_URL"
+"""Names a Postgres server to use instead of starting an embedded one."""
+DATABASE_PREFIX = "helpdesk_bench"
 
 
 def quiet() -> None:
@@ -38,48 +36,38 @@ def quiet() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 
-# ------------------------------------------------------------------------------------------------ Postgres
+def run_benchmark(
+    name: str, quick: bool, results: Path, run: Callable[[str], Coroutine[Any, Any, dict[str, Any]]]
+) -> dict[str, Any]:
+    """`run(server URL)` on a Postgres server; its report, with the machine (to which a "machine" entry of the
+    report adds), the source it ran from and the total time, written to `results/<name>.json`."""
+    quiet()
+    print(f"{name} benchmark{' (quick)' if quick else ''}: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
+    started, source = time.perf_counter(), source_version()
+    with postgres_server(DATABASE) as (server_url, origin):
+        version = asyncio.run(admin(server_url, "SELECT current_setting('server_version')"))
+        report = asyncio.run(run(server_url))
+    report["machine"] = machine(origin, version, **report.get("machine", {}))
+    report = {"benchmark": name, "quick": quick, **report, "source": source}
+    report["total_s"] = round(time.perf_counter() - started, 1)
+    return write_report(report, results / f"{name}.json")
 
 
-@contextmanager
-def postgres_server() -> Iterator[tuple[str, str]]:
-    """(server URL, where it came from): BENCH_DATABASE_URL's server, or a private embedded one."""
-    external = os.environ.get("BENCH_DATABASE_URL")
-    if external:
-        yield external, "BENCH_DATABASE_URL"
-        return
-    with tempfile.TemporaryDirectory(prefix="helpdesk-bench-pg-") as tmp:
-        url, server = start_embedded(Path(tmp), cleanup="delete")
+def source_version() -> dict[str, Any]:
+    """The commit the bot ran from, and whether its code had uncommitted changes (figures move with them)."""
+
+    def git(*args: str) -> str | None:
         try:
-            yield url, "embedded Postgres"
-        finally:
-            server.cleanup()
+            done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=True)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip()
 
-
-async def admin(url: str, sql: str) -> str | None:
-    """Run one statement outside any transaction (CREATE/DROP DATABASE); its first value as text, if any."""
-    engine = create_async_engine(async_url(url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    try:
-        async with engine.connect() as conn:
-            result = await conn.execute(text(sql))
-            value = result.scalar() if result.returns_rows else None
-            return None if value is None else str(value)
-    finally:
-        await engine.dispose()
-
-
-@asynccontextmanager
-async def throwaway_database(server_url: str) -> AsyncIterator[str]:
-    """A fresh database on the server, built by the migrations; its URL. Dropped on exit."""
-    name = f"helpdesk_bench_{uuid.uuid4().hex[:8]}"
-    await admin(server_url, f'CREATE DATABASE "{name}"')
-    url = async_url(server_url).set(database=name).render_as_string(hide_password=False)
-    try:
-        await admin(url, "CREATE EXTENSION IF NOT EXISTS vector")
-        await asyncio.to_thread(migrate.upgrade, url)
-        yield url
-    finally:
-        await admin(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    changed = git("status", "--porcelain", "--", "bot", "agents", "db", "escalation", "fakes", "migrations")
+    return {
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "uncommitted_changes": None if changed is None else bool(changed),
+    }
 
 
 # ------------------------------------------------------------------------------------------------ statistics
@@ -119,6 +107,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join([line(cells[0]), line(["-" * w for w in widths]), *(line(r) for r in cells[1:])])
 
 
+def summary_rows(rows: Sequence[tuple[str, dict[str, float]]]) -> str:
+    """A table of `summary` figures, one labelled row each."""
+    keys = ("p50", "p90", "p99", "mean", "max")
+    return table(("", *keys), [(label, *(figures[k] for k in keys)) for label, figures in rows])
+
+
 def _cell(value: object) -> str:
     if isinstance(value, float):
         return f"{value:,.2f}"
@@ -143,6 +137,7 @@ def machine(database: str, server_version: str | None, **extra: Any) -> dict[str
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpu_count": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "postgres": server_version,

@@ -243,6 +243,7 @@ class SlackEmulator:
         echo_bot_posts: bool = True,
         bot_token: str | None = None,
         port: int = 0,
+        connection_limit: int = 100,
     ) -> None:
         self.signing_secret = signing_secret
         self.events_url = events_url
@@ -267,6 +268,8 @@ class SlackEmulator:
         self._response_ids = itertools.count(1)
         self._verifier = SignatureVerifier(signing_secret)
         self._requested_port = port
+        self._connection_limit = connection_limit
+        """Requests to the bot at once (aiohttp's default); a benchmark's burst needs more."""
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._port: int | None = None
@@ -300,7 +303,9 @@ class SlackEmulator:
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self._requested_port).start()
         self._port = int(self._runner.addresses[0][1])
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self._connection_limit), timeout=aiohttp.ClientTimeout(total=30)
+        )
 
     async def stop(self) -> None:
         for event in self._holds.values():
@@ -748,6 +753,13 @@ class SlackEmulator:
     async def deliver_event(self, event: dict[str, Any], **kw: Any) -> DeliveryResult:
         return await self.deliver(self.event_envelope(event), **kw)
 
+    def message_event(self, msg: Msg) -> dict[str, Any]:
+        """The envelope of the ``message`` event Slack sends for a stored human message (``add_message``)."""
+        event = self._render(msg) | self._event_fields(self.channels[msg.channel], msg.ts)
+        if msg.files:
+            event["subtype"] = "file_share"
+        return self.event_envelope(event)
+
     async def user_says(
         self,
         channel: str,
@@ -759,12 +771,9 @@ class SlackEmulator:
         mention: bool = False,
     ) -> Said:
         """A human posts: store the message, deliver ``message`` (and ``app_mention`` when the bot is mentioned)."""
-        chan = self._channel(channel)
-        msg = self._store(Msg(chan.id, self._next_ts(), user, text, thread_ts=thread_ts, files=files))
-        event = self._render(msg) | self._event_fields(chan, msg.ts)
-        if files:
-            event["subtype"] = "file_share"
-        envelope = self.event_envelope(event)
+        msg = self._store(Msg(self._channel(channel).id, self._next_ts(), user, text, thread_ts=thread_ts, files=files))
+        envelope = self.message_event(msg)
+        event = envelope["event"]
         said = Said(msg.ts, envelope["event_id"], await self.deliver(envelope))
         if mention or f"<@{BOT_USER_ID}>" in text:
             keep = ("user", "text", "ts", "channel", "event_ts", "team", "thread_ts", "files", "blocks")

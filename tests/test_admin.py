@@ -28,9 +28,10 @@ from bot.admin.parse import (
 from db import models as m
 from fakes.openai_server import FakeOpenAI, error, reply, slow, tool_call, tools
 from fakes.slack_api import SlackEmulator
-from tests.conftest import bot_settings, serving
+from harness.bot import bot_settings, serving
+from harness.database import settle
+from harness.slack import replies_in
 from tests.test_escalation import STAFF, SUPPORT, escalate, escalation_row
-from tests.test_slack import replies_in, settle
 
 Sessions = async_sessionmaker[AsyncSession]
 ADMIN = "U_ADMIN"

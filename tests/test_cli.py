@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
 import sys
@@ -15,8 +14,9 @@ import aiohttp
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
+from harness.bot import clean_environ
 
-CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "SLACK_", "DATABASE_URL"))}
+CLEAN = clean_environ()
 
 
 async def run_bot(

@@ -27,7 +27,8 @@ from bot import runtime
 from bot.runtime import SAMPLE_KNOWLEDGE, SAMPLE_VECTORS, ensure_sample_knowledge, fitted_budget, knowledge_base
 from bot.settings import Settings
 from db import models as m
-from fakes.openai_server import FakeOpenAI
+from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
+from harness.bot import bot_settings, serving
 
 Sessions = async_sessionmaker[AsyncSession]
 SUPPORT = SAMPLE_KNOWLEDGE / "support"
@@ -327,9 +328,6 @@ async def test_the_engine_gets_the_fitted_budget(
 async def test_the_bot_starts_answers_and_says_why_search_is_full_text(
     database_url: str, fake_llm: FakeOpenAI, emulator: Any
 ) -> None:
-    from fakes.openai_server import reply, tool_call, tools
-    from tests.conftest import bot_settings, serving
-
     fake_llm.embeddings_status = 404
     emulator.add_user("U_ADMIN", "ada", "Ada Admin")
     settings = bot_settings(database_url, fake_llm, emulator, admin_user_ids="U_ADMIN")

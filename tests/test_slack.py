@@ -9,38 +9,18 @@ import time
 from typing import Any
 
 import aiohttp
-from sqlalchemy import func, select, text
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from db import models as m
 from db.deliveries import Post
 from fakes.openai_server import FakeOpenAI, RecordedRequest, reply, slow, tool_call, tools
 from fakes.slack_api import BOT_USER_ID, SlackEmulator
+from harness.bot import bot_settings, serving
+from harness.database import count, settle
+from harness.slack import replies_in
 
 Sessions = async_sessionmaker[AsyncSession]
-
-
-async def count(sessions: Sessions, model: Any, *where: Any) -> int:
-    async with sessions() as s:
-        return int(await s.scalar(select(func.count()).select_from(model).where(*where)) or 0)
-
-
-async def replies_in(emulator: SlackEmulator, channel: str, thread_ts: str, n: int, wait_s: float = 10) -> list[str]:
-    posts = await emulator.wait_for(
-        lambda: (p := emulator.posts(channel, thread_ts)) and len(p) >= n and p, timeout=wait_s
-    )
-    return [p.text for p in posts]
-
-
-async def settle(sessions: Sessions) -> None:
-    """Wait until nothing is left to process or send."""
-    for _ in range(200):
-        if not await count(sessions, m.Inbound, m.Inbound.processed_at.is_(None)) and not await count(
-            sessions, m.Outbox, m.Outbox.sent_at.is_(None)
-        ):
-            return
-        await asyncio.sleep(0.05)
-    raise TimeoutError("work left unfinished")
 
 
 async def test_url_verification(slack_bot: Any, emulator: SlackEmulator) -> None:
@@ -258,17 +238,9 @@ async def test_two_bot_processes_share_one_database(
 ) -> None:
     """A second bot (own engine, pool, workers and HTTP server) against the same database: events land on
     either; each message is answered once, in order within its thread."""
-    from aiohttp import web
-
-    from bot.server import running_bot, web_app
-    from tests.conftest import bot_settings
-
     fake_llm.rule = lambda request: slow(0.02, reply(f"re: {request.last_user}"))
-    async with running_bot(bot_settings(database_url, fake_llm, emulator)) as other:
-        runner = web.AppRunner(web_app(other), access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        urls = [f"{slack_bot.url}/slack/events", f"http://127.0.0.1:{runner.addresses[0][1]}/slack/events"]
+    async with serving(bot_settings(database_url, fake_llm, emulator), emulator) as other:
+        urls = [f"{slack_bot.url}/slack/events", f"{other.url}/slack/events"]
         roots = []
         for i in range(8):
             emulator.events_url = urls[i % 2]
@@ -279,7 +251,6 @@ async def test_two_bot_processes_share_one_database(
                 await emulator.user_says("C_SUPPORT", f"t{i} m{j}", thread_ts=root)
         await emulator.wait_for(lambda: len(emulator.posts("C_SUPPORT")) >= 32, timeout=30)
         await settle(sessions)
-        await runner.cleanup()
     for i, root in enumerate(roots):
         assert [p.text for p in emulator.posts("C_SUPPORT", root)] == [f"re: t{i} m{j}" for j in range(4)]
     assert len(emulator.posts("C_SUPPORT")) == 32

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -14,7 +13,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from db import migrate
 from db.models import Base
 from db.url import async_url
-from tests.conftest import _admin, _with_database
+from harness.database import throwaway_database
 
 
 @pytest.mark.parametrize(
@@ -49,11 +48,7 @@ def _diff(connection: Connection) -> list[object]:
 
 
 async def test_migrations_match_models_and_downgrade_cleanly(server_url: str) -> None:
-    name = f"helpdesk_migrations_{uuid.uuid4().hex[:8]}"
-    await _admin(server_url, f'CREATE DATABASE "{name}"')
-    url = _with_database(server_url, name)
-    try:
-        await asyncio.to_thread(migrate.upgrade, url)
+    async with throwaway_database(server_url, "helpdesk_migrations") as url:  # upgraded to head
         engine = create_async_engine(async_url(url))
         async with engine.connect() as conn:
             assert await conn.run_sync(_diff) == []
@@ -68,5 +63,3 @@ async def test_migrations_match_models_and_downgrade_cleanly(server_url: str) ->
         assert tables == 0
         await asyncio.to_thread(migrate.upgrade, url)
         await engine.dispose()
-    finally:
-        await _admin(server_url, f'DROP DATABASE "{name}" WITH (FORCE)')

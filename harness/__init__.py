@@ -1,0 +1,10 @@
+"""What the tests and the benchmarks share to run the bot for real (not part of the installed package):
+
+- `harness.database`: a Postgres server (the embedded one, or the one an environment variable names), a
+  throwaway database built by the Alembic migrations, and waiting until the bot has nothing left to do;
+- `harness.bot`: the bot's settings against the fakes, the bot in this process or as `python -m bot serve`;
+- `harness.slack`: messages sent to the bot as Slack's signed events (through the emulator, timed), and a
+  watcher over the emulator's record of the bot's Web API calls.
+
+The fakes themselves (`fakes.openai_server`, `fakes.slack_api`) ship with the bot, for the playground.
+"""

@@ -1,0 +1,82 @@
+"""Postgres for tests and benchmarks: a server, a throwaway database built by the migrations, and waiting
+until the bot has processed every stored message and sent every queued Slack call."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.pool import NullPool
+
+from db import migrate
+from db import models as m
+from db.embedded import start_embedded
+from db.url import async_url
+
+Sessions = async_sessionmaker[AsyncSession]
+
+
+@contextmanager
+def postgres_server(variable: str) -> Iterator[tuple[str, str]]:
+    """(server URL, where it came from): the server the environment variable names (never an embedded one),
+    or a private embedded Postgres in a temporary folder, deleted on exit."""
+    external = os.environ.get(variable)
+    if external:
+        yield external, variable
+        return
+    with tempfile.TemporaryDirectory(prefix="helpdesk-pg-") as tmp:
+        url, server = start_embedded(Path(tmp), cleanup="delete")
+        try:
+            yield url, "embedded Postgres"
+        finally:
+            server.cleanup()
+
+
+async def admin(url: str, sql: str) -> str | None:
+    """Run one statement outside any transaction (CREATE/DROP DATABASE); its first value as text, if any."""
+    engine = create_async_engine(async_url(url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        async with engine.connect() as conn:
+            result = await conn.execute(text(sql))
+            value = result.scalar() if result.returns_rows else None
+            return None if value is None else str(value)
+    finally:
+        await engine.dispose()
+
+
+@asynccontextmanager
+async def throwaway_database(server_url: str, prefix: str = "helpdesk_test") -> AsyncIterator[str]:
+    """A fresh database on the server, built by the Alembic migrations; its URL. Dropped on exit."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    await admin(server_url, f'CREATE DATABASE "{name}"')
+    url = async_url(server_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        await admin(url, "CREATE EXTENSION IF NOT EXISTS vector")
+        await asyncio.to_thread(migrate.upgrade, url)
+        yield url
+    finally:
+        await admin(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def count(sessions: Sessions, model: Any, *where: Any) -> int:
+    async with sessions() as s:
+        return int(await s.scalar(select(func.count()).select_from(model).where(*where)) or 0)
+
+
+async def settle(sessions: Sessions, timeout_s: float = 10.0) -> None:
+    """Wait until every stored message is processed and every queued Slack call sent."""
+    for _ in range(round(timeout_s / 0.05)):
+        if not await count(sessions, m.Inbound, m.Inbound.processed_at.is_(None)) and not await count(
+            sessions, m.Outbox, m.Outbox.sent_at.is_(None)
+        ):
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError("work left unfinished")
