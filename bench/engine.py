@@ -174,6 +174,12 @@ async def reset(bench: Bench) -> None:
 class Sample:
     inbound_id: int
     wall_ms: float
+    """submit() and the turn"""
+    turn_ms: float
+    """The turn alone: from the stored message to its committed result."""
+    submit_work: tuple[int, int, int]
+    turn_work: tuple[int, int, int]
+    """Statements, checkouts and commits seen meanwhile: the message's own only when nothing else runs."""
     result: MessageResult
 
 
@@ -184,10 +190,26 @@ class LLMUse:
     prompt_tokens: int
 
 
-async def timed(service: Conversations, key: str, message: str) -> Sample:
-    started = time.perf_counter()
-    result = await service.handle(key, message)
-    return Sample(result.inbound_id, (time.perf_counter() - started) * 1000, result)
+async def timed(bench: Bench, key: str, message: str) -> Sample:
+    """Store the message, then run its turn, as a worker would."""
+    started, before = time.perf_counter(), bench.counters.snapshot()
+    submitted = await bench.service.submit(key, message)
+    stored, between = time.perf_counter(), bench.counters.snapshot()
+    result = await bench.service.process_next(submitted.conversation_id)
+    done, after = time.perf_counter(), bench.counters.snapshot()
+    assert result is not None and result.inbound_id == submitted.inbound_id
+    return Sample(
+        submitted.inbound_id,
+        (done - started) * 1000,
+        (done - stored) * 1000,
+        _minus(between, before),
+        _minus(after, between),
+        result,
+    )
+
+
+def _minus(a: tuple[int, int, int], b: tuple[int, int, int]) -> tuple[int, int, int]:
+    return a[0] - b[0], a[1] - b[1], a[2] - b[2]
 
 
 async def llm_use(sessions: Sessions, inbound_ids: Sequence[int]) -> dict[int, LLMUse]:
@@ -223,7 +245,7 @@ async def load_sequential(bench: Bench, params: Params) -> dict[str, Any]:
     started, cpu = time.perf_counter(), time.process_time()
     for c in range(params.sequential_conversations):
         for message in LOAD_CYCLE:
-            samples.append(await timed(bench.service, f"seq:{c}", message))
+            samples.append(await timed(bench, f"seq:{c}", message))
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     work = [after - prior for after, prior in zip(bench.counters.snapshot(), before, strict=True)]
     return await _load_figures(bench, samples, elapsed, cpu, work)
@@ -235,7 +257,7 @@ async def load_concurrent(bench: Bench, params: Params) -> dict[str, Any]:
     messages = [LOAD_CYCLE[i % len(LOAD_CYCLE)] for i in range(params.messages_per_conversation)]
 
     async def customer(c: int) -> list[Sample]:
-        return [await timed(bench.service, f"conc:{c}", message) for message in messages]
+        return [await timed(bench, f"conc:{c}", message) for message in messages]
 
     before = bench.counters.snapshot()
     started, cpu = time.perf_counter(), time.process_time()
@@ -250,6 +272,7 @@ async def _load_figures(
 ) -> dict[str, Any]:
     use = await llm_use(bench.sessions, [s.inbound_id for s in samples])
     overhead = [s.wall_ms - use[s.inbound_id].latency_ms for s in samples]
+    turn_overhead = [s.turn_ms - use[s.inbound_id].latency_ms for s in samples]
     llm = [use[s.inbound_id].latency_ms for s in samples]
     turns = len(samples)
     unexpected = sum(1 for s in samples if s.result.kind != "reply" or len(s.result.handoffs) != 1)
@@ -263,6 +286,17 @@ async def _load_figures(
         "wall_ms": summary([s.wall_ms for s in samples]),
         "llm_ms": summary(llm),
         "overhead_ms": summary(overhead),
+        "turn_overhead_ms": summary(turn_overhead),
+        "db_per_phase": {
+            phase: dict(
+                zip(
+                    ("statements", "connection_checkouts", "commits"),
+                    (round(sum(getattr(s, phase)[i] for s in samples) / turns, 1) for i in range(3)),
+                    strict=True,
+                )
+            )
+            for phase in ("submit_work", "turn_work")
+        },
         "db_per_turn": {
             "statements": round(work[0] / turns, 1),
             "connection_checkouts": round(work[1] / turns, 1),
@@ -277,7 +311,7 @@ async def cost(bench: Bench) -> dict[str, Any]:
     await reset(bench)
     conversations: list[dict[str, Any]] = []
     for script in SCRIPTS:
-        samples = [await timed(bench.service, f"cost:{script.name}", say.text) for say in script.messages]
+        samples = [await timed(bench, f"cost:{script.name}", say.text) for say in script.messages]
         use = await llm_use(bench.sessions, [s.inbound_id for s in samples])
         async with bench.sessions() as s:
             tool_calls = await s.scalar(
@@ -474,14 +508,16 @@ def print_load(title: str, figures: dict[str, Any]) -> None:
             [
                 (label, *(figures[key][k] for k in ("p50", "p90", "p99", "mean", "max")))
                 for label, key in (
-                    ("wall time of handle()", "wall_ms"),
+                    ("wall time: store, then the turn", "wall_ms"),
                     ("LLM time (client-measured)", "llm_ms"),
-                    ("engine overhead", "overhead_ms"),
+                    ("engine overhead (store + turn)", "overhead_ms"),
+                    ("turn overhead (the turn alone)", "turn_overhead_ms"),
                 )
             ],
         )
     )
     db = figures["db_per_turn"]
+    phases = figures["db_per_phase"]
     print(
         f"CPU of this process (engine, SDK and fake LLM): {figures['process_cpu_ms_per_turn']} ms per turn, "
         f"{figures['process_cpu_utilisation']:.0%} of one core"
@@ -490,6 +526,12 @@ def print_load(title: str, figures: dict[str, Any]) -> None:
         f"database per turn: {db['statements']} statements, {db['connection_checkouts']} connection checkouts "
         f"(each with a pre-ping), {db['commits']} commits"
     )
+    for label, phase in (("storing the message", "submit_work"), ("the turn", "turn_work")):
+        work = phases[phase]
+        print(
+            f"  {label}: {work['statements']} statements, {work['connection_checkouts']} checkouts, "
+            f"{work['commits']} commits" + (" (mixed with other tasks' under concurrency)" if "Concurrent" in title else "")
+        )
     if figures["turns_not_handoff_plus_reply"]:
         print(f"WARNING: {figures['turns_not_handoff_plus_reply']} turns were not one handoff plus a reply")
 

@@ -29,6 +29,7 @@ from bot.slack_events import (
 )
 from db import models as m
 from db.deliveries import AddReaction, RelayDelete, RelayEdit, enqueue
+from escalation.machine import OPEN_CASE
 from escalation.policy import EscalationPolicy
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ class Inbox:
             case StaffReply() if self.escalation.is_note(message.text):
                 await enqueue(s, [AddReaction(conversation_id, message.channel, message.ts, "memo")])
                 return "note"
-            case StaffReply() if status in ("open", "claimed"):
+            case StaffReply() if status in OPEN_CASE:
                 submitted = await self.conversations.submit_in(
                     s,
                     key,

@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from db import models as m
+from escalation.machine import OPEN_CASE
 
 
 class _DatabaseGauges(Collector):
@@ -63,7 +64,7 @@ class Metrics:
                 "helpdesk_inbox_backlog": await s.scalar(select(func.count()).where(unprocessed)) or 0,
                 "helpdesk_outbox_backlog": await s.scalar(select(func.count()).where(m.Outbox.sent_at.is_(None))) or 0,
                 "helpdesk_open_escalations": await s.scalar(
-                    select(func.count()).where(m.Escalation.status.in_(("open", "claimed")))
+                    select(func.count()).where(m.Escalation.status.in_(OPEN_CASE))
                 )
                 or 0,
             }

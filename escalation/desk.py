@@ -19,13 +19,13 @@ from agents.address import Address
 from agents.leases import LeaseLost, Leases, fenced, process_owner
 from db import models as m
 from db.deliveries import CaseUpdate, Post, Reminder, enqueue
+from escalation.machine import OPEN_CASE, TAKEOVER, CaseStatus, Mode, Moved, Refused, StaffAction
 from escalation.policy import EscalationPolicy
 from escalation.views import reminder_text
 
 log = logging.getLogger(__name__)
 
-Action = Literal["claim", "resolve", "hand_back"]
-OPEN = ("open", "claimed")
+Action = StaffAction
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class CaseDesk:
                 return ActionResult(False, "That conversation no longer exists.")
             escalation = await s.scalar(
                 select(m.Escalation)
-                .where(m.Escalation.conversation_id == conversation_id, m.Escalation.status.in_(OPEN))
+                .where(m.Escalation.conversation_id == conversation_id, m.Escalation.status.in_(OPEN_CASE))
                 .order_by(m.Escalation.id.desc())
                 .limit(1)
                 .with_for_update()
@@ -111,12 +111,13 @@ class CaseDesk:
                 case_action: Action = "resolve" if action == "close" else "hand_back"
                 result = await self._apply_locked(s, conversation, escalation, case_action, user)
             elif action == "hand_back":
-                where = "closed" if conversation.mode == "closed" else "with the bot"
+                where = "closed" if conversation.mode == Mode.CLOSED else "with the bot"
                 return ActionResult(False, f"That conversation is already {where}; there is nothing to hand back.")
-            elif conversation.mode == "closed":
-                return ActionResult(False, "That conversation is already closed.")
             else:
-                conversation.mode = "closed"
+                closed = TAKEOVER.close(conversation.mode)
+                if isinstance(closed, Refused):
+                    return ActionResult(False, closed.message)
+                conversation.mode = closed
                 await self._tell_customer(s, conversation, self.policy.resolved_message)
                 result = ActionResult(True, "Conversation closed.")
         self.on_change()
@@ -129,17 +130,18 @@ class CaseDesk:
             if conversation is None:
                 return ActionResult(False, "That conversation no longer exists.")
             last = await s.scalar(select(func.max(m.Message.id)).where(m.Message.conversation_id == conversation_id))
-            if conversation.mode in ("awaiting_human", "human"):
+            mode, tell = TAKEOVER.reset(conversation.mode)
+            if tell:
                 await self._tell_customer(s, conversation, self.policy.handed_back_message)
-            conversation.mode, conversation.active_agent, conversation.context = "bot", entry_agent, {}
+            conversation.mode, conversation.active_agent, conversation.context = mode, entry_agent, {}
             conversation.history_from = (last or 0) + 1
             cases = await s.scalars(
                 select(m.Escalation)
-                .where(m.Escalation.conversation_id == conversation_id, m.Escalation.status.in_(OPEN))
+                .where(m.Escalation.conversation_id == conversation_id, m.Escalation.status.in_(OPEN_CASE))
                 .with_for_update()
             )
             for escalation in cases:
-                escalation.status, escalation.closed_by, escalation.closed_at = "resolved", user, func.now()
+                escalation.status, escalation.closed_by, escalation.closed_at = CaseStatus.RESOLVED, user, func.now()
                 await enqueue(s, [CaseUpdate(conversation_id, escalation.id)])
         self.on_change()
         return ActionResult(True, f"Conversation reset: back to {entry_agent}, context cleared.")
@@ -147,29 +149,28 @@ class CaseDesk:
     async def _apply_locked(
         self, s: AsyncSession, conversation: m.Conversation, escalation: m.Escalation, action: Action, user: str
     ) -> ActionResult:
-        escalation_id = escalation.id
-        if escalation.status not in OPEN:
-            return ActionResult(False, f"Case #{escalation_id} is already {escalation.status.replace('_', ' ')}.")
+        moved = TAKEOVER.act(
+            action, status=escalation.status, claimed_by=escalation.claimed_by, user=user, case_id=escalation.id
+        )
+        if isinstance(moved, Refused):
+            return ActionResult(False, moved.message)
+        self._move(conversation, escalation, moved, user)
+        if moved.tell_customer is not None:
+            notice = {"resolved": self.policy.resolved_message, "handed_back": self.policy.handed_back_message}
+            await self._tell_customer(s, conversation, notice[moved.tell_customer])
+        await enqueue(s, [CaseUpdate(conversation.id, escalation.id)])
+        return ActionResult(True, moved.message)
+
+    @staticmethod
+    def _move(conversation: m.Conversation, escalation: m.Escalation, moved: Moved, user: str) -> None:
+        """Write what the machine decided."""
         now = func.now()
-        match action:
-            case "claim":
-                if escalation.claimed_by is not None:
-                    return ActionResult(
-                        False, f"Case #{escalation_id} is already claimed by <@{escalation.claimed_by}>."
-                    )
-                escalation.claimed_by, escalation.claimed_at, escalation.status = user, now, "claimed"
-                conversation.mode = "human"
-                message = f"You have claimed case #{escalation_id}."
-            case "resolve" | "hand_back":
-                escalation.status = "resolved" if action == "resolve" else "handed_back"
-                escalation.closed_by, escalation.closed_at = user, now
-                # Handed back: the last AI agent picks up again, with the human exchange in its transcript.
-                conversation.mode = "closed" if action == "resolve" else "bot"
-                notice = self.policy.resolved_message if action == "resolve" else self.policy.handed_back_message
-                await self._tell_customer(s, conversation, notice)
-                message = f"Case #{escalation_id} {'resolved' if action == 'resolve' else 'handed back to the bot'}."
-        await enqueue(s, [CaseUpdate(conversation.id, escalation_id)])
-        return ActionResult(True, message)
+        conversation.mode = moved.mode
+        if moved.claimed_by is not None and escalation.claimed_by is None:
+            escalation.claimed_by, escalation.claimed_at = moved.claimed_by, now
+        escalation.status = moved.status
+        if moved.closed:
+            escalation.closed_by, escalation.closed_at = user, now
 
     async def _tell_customer(self, s: AsyncSession, conversation: m.Conversation, text: str) -> None:
         address = Address.parse(conversation.key)
@@ -185,7 +186,7 @@ class CaseDesk:
             due = await s.scalars(
                 select(m.Escalation)
                 .where(
-                    m.Escalation.status == "open",
+                    m.Escalation.status == CaseStatus.OPEN,
                     m.Escalation.first_response_at.is_(None),
                     m.Escalation.case_ts.is_not(None),
                     m.Escalation.reminders_sent < self.policy.max_reminders,

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from escalation.machine import OPEN_CASE, CaseStatus
+
 ACTION_CLAIM = "case_claim"
 ACTION_RESOLVE = "case_resolve"
 ACTION_HAND_BACK = "case_hand_back"
@@ -51,13 +53,13 @@ class CaseView:
 
 def _status_line(case: CaseView) -> str:
     match case.status:
-        case "open":
+        case CaseStatus.OPEN:
             return ":large_orange_circle: *Waiting for a colleague*"
-        case "claimed":
+        case CaseStatus.CLAIMED:
             return f":large_blue_circle: *Claimed by <@{case.claimed_by}>*"
-        case "resolved":
+        case CaseStatus.RESOLVED:
             return f":white_check_mark: *Resolved by <@{case.closed_by}>*"
-        case "handed_back":
+        case CaseStatus.HANDED_BACK:
             return f":robot_face: *Handed back to the bot by <@{case.closed_by}>*"
     return case.status
 
@@ -103,7 +105,7 @@ def case_blocks(case: CaseView) -> list[dict[str, Any]]:
         {"type": "section", "text": {"type": "mrkdwn", "text": f"*Summary*\n{case.summary[:2900]}"}},
         {"type": "context", "elements": [{"type": "mrkdwn", "text": _status_line(case)}]},
     ]
-    if case.status in ("open", "claimed"):
+    if case.status in OPEN_CASE:
         value = str(case.escalation_id)
         buttons = [
             {
@@ -120,7 +122,7 @@ def case_blocks(case: CaseView) -> list[dict[str, Any]]:
                 "text": {"type": "plain_text", "text": "Hand back to bot"},
             },
         ]
-        if case.status == "open":
+        if case.status == CaseStatus.OPEN:
             buttons.insert(
                 0,
                 {

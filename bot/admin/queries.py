@@ -15,8 +15,8 @@ from agents.address import DM, Address
 from agents.offline import OFFLINE
 from bot.admin.parse import CaseRef, Listing, Ref, ThreadRef
 from db import models as m
+from escalation.machine import OPEN_CASE, WITH_HUMANS, Mode
 
-OPEN_CASE = ("open", "claimed")
 LIST_LIMIT = 15
 
 
@@ -121,8 +121,8 @@ class AdminQueries:
     async def conversations(self, listing: Listing) -> tuple[int, list[ConversationRow]]:
         """(how many match, the most recently active of them)."""
         where = {
-            "open": m.Conversation.mode != "closed",
-            "human": m.Conversation.mode.in_(("awaiting_human", "human")),
+            "open": m.Conversation.mode != Mode.CLOSED,
+            "human": m.Conversation.mode.in_(WITH_HUMANS),
             "recent": true(),
         }[listing]
         async with self.sessions() as s:

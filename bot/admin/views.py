@@ -13,12 +13,17 @@ from agents.knowledge.store import Hit, KnowledgeStatus
 from bot.admin.parse import USAGE, UsageError
 from bot.admin.queries import CaseRow, ConversationDetail, ConversationRow, Health, Usage
 from escalation.desk import ActionResult
+from escalation.machine import Mode
 
 MAX_TEXT = 2900  # a section's text may hold 3,000 characters
 MAX_FIELD = 1900  # a section field 2,000
 MAX_BLOCKS = 45  # a message 50
-MODE = {"bot": "🤖 with the bot", "awaiting_human": "⏳ waiting for a person", "human": "🧑 with a person",
-        "closed": "✔️ closed"}  # fmt: skip
+MODE: dict[str, str] = {
+    Mode.BOT: "🤖 with the bot",
+    Mode.AWAITING_HUMAN: "⏳ waiting for a person",
+    Mode.HUMAN: "🧑 with a person",
+    Mode.CLOSED: "✔️ closed",
+}
 
 
 @dataclass(frozen=True)
