@@ -25,7 +25,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 from sqlalchemy import func, select, text
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents import leases
@@ -203,39 +202,36 @@ class Conversations:
         """Store a customer message inside the caller's transaction (so it can be one write with the caller's
         own rows). `order_key` orders messages of one conversation when arrival order may differ from the
         order they were written in (Slack's ts); messages without one run in arrival order."""
-        # A plain read first: an INSERT that meets the existing row (even with ON CONFLICT DO NOTHING) waits for
-        # any transaction that has updated it, such as a running turn, and storing must never wait for a turn.
-        conversation_id = await s.scalar(select(m.Conversation.id).where(m.Conversation.key == key))
-        if conversation_id is None:
-            conversation_id = await s.scalar(
-                pg_insert(m.Conversation)
-                .values(key=key, active_agent=self.roster.entry)
-                .on_conflict_do_nothing(index_elements=["key"])
-                .returning(m.Conversation.id)
-            ) or await s.scalar(select(m.Conversation.id).where(m.Conversation.key == key))
-        assert conversation_id is not None
-        inbound_id = await s.scalar(
-            pg_insert(m.Inbound)
-            .values(
-                conversation_id=conversation_id,
-                text=text,
-                author=author,
-                external_id=external_id,
-                order_key=order_key,
-                kind=kind,
-            )
-            .on_conflict_do_nothing(index_elements=["conversation_id", "external_id"])
-            .returning(m.Inbound.id)
-        )
-        if inbound_id is not None:
-            return Submitted(conversation_id, inbound_id, duplicate=False)
+        row = (await s.execute(_SUBMIT, self.store_params(key, text, author, external_id, order_key, kind))).one()
+        if row.inbound_id is not None:
+            return Submitted(row.conversation_id, row.inbound_id, duplicate=False)
         existing = await s.scalar(
             select(m.Inbound.id).where(
-                m.Inbound.conversation_id == conversation_id, m.Inbound.external_id == external_id
+                m.Inbound.conversation_id == row.conversation_id, m.Inbound.external_id == external_id
             )
         )
         assert existing is not None
-        return Submitted(conversation_id, existing, duplicate=True)
+        return Submitted(row.conversation_id, existing, duplicate=True)
+
+    def store_params(
+        self,
+        key: str,
+        text: str,
+        author: str | None = None,
+        external_id: str | None = None,
+        order_key: str | None = None,
+        kind: Literal["customer", "staff"] = "customer",
+    ) -> dict[str, Any]:
+        """The parameters of STORE_MESSAGE."""
+        return {
+            "key": key,
+            "entry": self.roster.entry,
+            "text": text,
+            "author": author,
+            "external_id": external_id,
+            "order_key": order_key,
+            "kind": kind,
+        }
 
     async def handle(
         self,
@@ -627,6 +623,33 @@ def _llm_calls_json(turn: TurnResult | None) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------------------------- SQL
+
+STORE_MESSAGE = """
+found AS (SELECT id FROM conversations WHERE key = :key),
+created AS (
+    INSERT INTO conversations (key, active_agent)
+    SELECT CAST(:key AS text), CAST(:entry AS text) WHERE {guard} AND NOT EXISTS (SELECT FROM found)
+    ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key
+    RETURNING id
+),
+conversation AS (SELECT id FROM found UNION ALL SELECT id FROM created),
+stored AS (
+    INSERT INTO inbound (conversation_id, text, author, external_id, order_key, kind)
+    SELECT id, CAST(:text AS text), CAST(:author AS text), CAST(:external_id AS text), CAST(:order_key AS text),
+           CAST(:kind AS text)
+    FROM conversation WHERE {guard}
+    ON CONFLICT (conversation_id, external_id) DO NOTHING
+    RETURNING id, conversation_id
+)"""
+"""Storing a message, as common table expressions that another statement can include (the Slack inbox stores
+an event id and its message in one statement), written only where `{guard}` holds: `conversation` yields the
+conversation's id, `stored` the new message's (none for a duplicate external_id). The existing row is read
+first, so storing never waits on it; two first messages of one conversation at once meet in the upsert."""
+
+_SUBMIT = text(
+    f"WITH {STORE_MESSAGE.format(guard='true')} "
+    "SELECT (SELECT id FROM conversation) AS conversation_id, (SELECT id FROM stored) AS inbound_id"
+)
 
 _START_TEMPLATE = """
 WITH lease AS (

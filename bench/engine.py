@@ -523,8 +523,8 @@ def print_load(title: str, figures: dict[str, Any]) -> None:
         f"{figures['process_cpu_utilisation']:.0%} of one core"
     )
     print(
-        f"database per turn: {db['statements']} statements, {db['connection_checkouts']} connection checkouts "
-        f"(each with a pre-ping), {db['commits']} commits"
+        f"database per message: {db['statements']} statements, {db['connection_checkouts']} connection checkouts, "
+        f"{db['commits']} commits"
     )
     for label, phase in (("storing the message", "submit_work"), ("the turn", "turn_work")):
         work = phases[phase]

@@ -9,15 +9,16 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from agents.conversations import Conversations
+from agents.conversations import STORE_MESSAGE, Conversations
 from bot.metrics import Metrics
 from bot.outbox import ReplyStyle
 from bot.slack_events import (
     CustomerMessage,
+    Delivery,
     Ignored,
     Incoming,
     Policy,
@@ -62,29 +63,58 @@ class Inbox:
         policy = self.policy if bot_user_id is None else replace(self.policy, bot_user_id=bot_user_id)
         message = classify(envelope, policy)
         async with self.sessions() as s, s.begin():
-            fresh = await s.scalar(
-                insert(m.SlackEvent)
-                .values(
-                    event_id=delivery.event_id,
-                    team_id=delivery.team_id,
-                    event_type=delivery.event_type,
-                    disposition="received",
-                )
-                .on_conflict_do_nothing()
-                .returning(m.SlackEvent.event_id)
-            )
-            if fresh is None:
-                disposition = "duplicate"
+            if isinstance(message, CustomerMessage):
+                # The hot path (every customer message): one statement, so an ack costs one round trip.
+                disposition = await self._store_customer(s, delivery, message)
             else:
-                disposition = await self._store(s, message)
-                await s.execute(
-                    update(m.SlackEvent)
-                    .where(m.SlackEvent.event_id == delivery.event_id)
-                    .values(disposition=disposition)
-                )
+                disposition = await self._store_other(s, delivery, message)
         self.metrics.events.labels(disposition.split(":")[0]).inc()
         if disposition == "stored":
             self.on_stored()
+        return disposition
+
+    async def _store_customer(self, s: AsyncSession, delivery: Delivery, message: CustomerMessage) -> str:
+        working = self.style.working_reaction
+        params = self.conversations.store_params(
+            message.conversation_key, message.text, message.user, message.ts, message.ts
+        ) | {
+            "event_id": delivery.event_id,
+            "team_id": delivery.team_id,
+            "event_type": delivery.event_type,
+            "reaction": working or None,
+            "reaction_kind": AddReaction.kind,
+            "channel": message.channel,
+            "ts": message.ts,
+        }
+        row = (await s.execute(_STORE_CUSTOMER, params)).one()
+        if not row.fresh:
+            return "duplicate"
+        if row.inbound_id is None:
+            # The same message again: an app_mention's twin message event, or a redelivery under a new event_id.
+            await s.execute(
+                update(m.SlackEvent).where(m.SlackEvent.event_id == delivery.event_id).values(disposition="duplicate")
+            )
+            return "duplicate"
+        return "stored"
+
+    async def _store_other(self, s: AsyncSession, delivery: Delivery, message: Incoming) -> str:
+        fresh = await s.scalar(
+            insert(m.SlackEvent)
+            .values(
+                event_id=delivery.event_id,
+                team_id=delivery.team_id,
+                event_type=delivery.event_type,
+                disposition="received",
+            )
+            .on_conflict_do_nothing()
+            .returning(m.SlackEvent.event_id)
+        )
+        if fresh is None:
+            return "duplicate"
+        disposition = await self._store(s, message)
+        await s.execute(
+            update(m.SlackEvent).where(m.SlackEvent.event_id == delivery.event_id).values(disposition=disposition)
+        )
         return disposition
 
     async def prune(self, *, keep_hours: float = 72) -> int:
@@ -102,21 +132,7 @@ class Inbox:
             case StaffReply() | StaffEdit() | StaffDelete():
                 return await self._store_staff(s, message)
             case CustomerMessage():
-                submitted = await self.conversations.submit_in(
-                    s,
-                    message.conversation_key,
-                    message.text,
-                    author=message.user,
-                    external_id=message.ts,
-                    order_key=message.ts,
-                )
-        if submitted.duplicate:
-            # The same message again: an app_mention's twin message event, or a redelivery under a new event_id.
-            return "duplicate"
-        if self.style.working_reaction:
-            working = AddReaction(submitted.conversation_id, message.channel, message.ts, self.style.working_reaction)
-            await enqueue(s, [working])
-        return "stored"
+                raise AssertionError("customer messages are stored by _store_customer")
 
     async def _store_staff(self, s: AsyncSession, message: StaffReply | StaffEdit | StaffDelete) -> str:
         case = (
@@ -153,3 +169,22 @@ class Inbox:
                 await enqueue(s, [RelayDelete(conversation_id, escalation_id, message.ts)])
                 return "stored"
         return "ignored"
+
+
+_STORE_CUSTOMER = text(
+    f"""
+WITH event AS (
+    INSERT INTO slack_events (event_id, team_id, event_type, disposition)
+    VALUES (:event_id, :team_id, :event_type, 'stored')
+    ON CONFLICT DO NOTHING
+    RETURNING event_id
+), {STORE_MESSAGE.format(guard="EXISTS (SELECT FROM event)")},
+working AS (
+    INSERT INTO outbox (conversation_id, kind, channel, target_ts, reaction)
+    SELECT conversation_id, CAST(:reaction_kind AS text), CAST(:channel AS text), CAST(:ts AS text),
+           CAST(:reaction AS text)
+    FROM stored WHERE CAST(:reaction AS text) IS NOT NULL
+)
+SELECT EXISTS (SELECT FROM event) AS fresh, (SELECT id FROM stored) AS inbound_id
+"""
+)

@@ -168,8 +168,9 @@ class OutboxSender:
         the client could outlive the send lease."""
         self.give_up_after = give_up_after
 
-    async def send_pending(self, *, concurrency: int = 8) -> int:
-        """Send every due row of every conversation not being sent by someone else; returns rows sent."""
+    async def send_pending(self, *, concurrency: int = 8, pace: Callable[[], Awaitable[None]] | None = None) -> int:
+        """Send every due row of every conversation not being sent by someone else; returns rows sent. `pace`
+        is awaited before each conversation (the workers hold sends back while the process is saturated)."""
         async with self.engine.connect() as conn:
             rows = await conn.execute(
                 select(m.Outbox.conversation_id)
@@ -183,6 +184,8 @@ class OutboxSender:
 
         async def one(cid: int | None) -> int:
             async with limit:
+                if pace is not None:
+                    await pace()
                 return await self._send_conversation(cid)
 
         results = await asyncio.gather(*(one(cid) for cid in conversations), return_exceptions=True)

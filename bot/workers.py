@@ -29,6 +29,45 @@ TURNS, SENDS = "helpdesk_turns", "helpdesk_sends"
 CLAIM_BATCH = 50
 
 
+class LoopLoad:
+    """How late this process's event loop runs, from a ticker's oversleep. Acks cannot wait (Slack retries an
+    event after 3 s, and a slow ack holds its sender), turns and sends can (their rows are stored): so work that
+    can wait is started only while the loop keeps time, and acks come first when the process is saturated."""
+
+    def __init__(self, *, period_s: float = 0.005, late_s: float = 0.015, max_wait_s: float = 1.0) -> None:
+        self.period_s = period_s
+        self.late_s = late_s
+        self.max_wait_s = max_wait_s
+        """Waiting is bounded, so a loop that is late for other reasons never stops the work."""
+        self.lag_s = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._tick(), name="loop-load")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(self.period_s)
+            late = loop.time() - before - self.period_s
+            # Up at once, down gently: one on-time tick after a stall does not mean the backlog is gone.
+            self.lag_s = late if late > self.lag_s else 0.7 * self.lag_s + 0.3 * late
+
+    async def calm(self) -> None:
+        """Return once the loop keeps time again (or after `max_wait_s`)."""
+        waited = 0.0
+        while self.lag_s > self.late_s and waited < self.max_wait_s:
+            await asyncio.sleep(self.period_s)
+            waited += self.period_s
+
+
 class Wakeups:
     """A dedicated connection (outside the pool) that LISTENs for new work and calls back; reconnects after a
     loss. Behind a pooler in transaction mode LISTEN does not work: set `url` to a direct connection there,
@@ -112,6 +151,7 @@ class Workers:
         self.housekeeping = housekeeping or []
         """Periodic jobs and their period in seconds (event-id pruning, case reminders)."""
         self._stopping = asyncio.Event()
+        self.load = LoopLoad()
         self._tasks: list[asyncio.Task[None]] = []
         self._running: set[asyncio.Task[None]] = set()
         self.enabled = enabled
@@ -139,6 +179,7 @@ class Workers:
             self.ready = True
             return
         await self.wakeups.start()
+        self.load.start()
         self._tasks = [
             asyncio.create_task(self._dispatch_loop(), name="turns"),
             asyncio.create_task(self._send_loop(), name="outbox"),
@@ -153,6 +194,7 @@ class Workers:
         self.ready = False
         self._stopping.set()
         await self.wakeups.stop()
+        await self.load.stop()
         deadline = asyncio.get_running_loop().time() + grace_s
         for group in (self._tasks, self._running):  # the dispatcher first: it starts no turn after this
             tasks = list(group)
@@ -175,11 +217,14 @@ class Workers:
     async def _dispatch_loop(self) -> None:
         while not self._stopping.is_set():
             self._turns.clear()
+            await self.load.calm()
             free = self.max_turns - len(self._running)
+            # A batch of turns starting at once is a burst of CPU: smaller ones while the loop is busy.
+            batch = CLAIM_BATCH if self.load.lag_s < self.load.late_s / 3 else CLAIM_BATCH // 10
             claimed: list[Lease] = []
             if free > 0:
                 try:
-                    claimed = await self.conversations.leases.claim_pending(min(free, CLAIM_BATCH))
+                    claimed = await self.conversations.leases.claim_pending(min(free, batch))
                 except Exception:
                     log.exception("claiming conversations failed")
             if self._stopping.is_set():  # claimed while stopping: give them back at once
@@ -189,7 +234,7 @@ class Workers:
             for lease in claimed:
                 task = asyncio.create_task(self._run(lease), name=f"turn-{lease.conversation_id}")
                 self._running.add(task)
-            if claimed and len(claimed) == min(free, CLAIM_BATCH):
+            if claimed and len(claimed) == min(free, batch):
                 continue  # there may be more waiting
             await self._sleep(self._turns, self.poll_s)
 
@@ -224,7 +269,7 @@ class Workers:
         while not self._stopping.is_set():
             self._sends.clear()
             try:
-                sent = await self.sender.send_pending()
+                sent = await self.sender.send_pending(pace=self.load.calm)
             except Exception:
                 log.exception("outbox pass failed")
                 sent = 0

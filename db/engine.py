@@ -27,7 +27,11 @@ def make_engine(url: str, *, pool_size: int = 20, transaction_pooler: bool = Fal
         async_url(url),
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
+        # No pre-ping: with asyncpg it is three round trips (BEGIN, a ping, ROLLBACK) on every checkout, more
+        # than a turn's own statements. A connection the server dropped fails its first statement instead;
+        # SQLAlchemy then discards the whole pool, and the caller's retry (a turn run again, Slack's redelivery)
+        # gets a fresh one. Recycling bounds how stale an idle connection can get.
+        pool_recycle=600,
         **pooled,
     )
 
