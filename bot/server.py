@@ -11,6 +11,7 @@ import contextlib
 import gc
 import json
 import logging
+import os
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -49,6 +50,9 @@ from escalation.policy import BusinessHours, EscalationPolicy
 from escalation.render import CaseRenderer, Summarizer
 
 log = logging.getLogger(__name__)
+WORKER_NICENESS = 10
+"""How much lower than a web process a worker process (PROCESS_ROLE=worker) runs: a web process keeps the CPU it
+needs for its acks while workers use the rest."""
 
 NO_SLACK = """Slack is not configured, so there is no workspace to serve. Set:
   SLACK_BOT_TOKEN=xoxb-...        (OAuth & Permissions -> Bot User OAuth Token)
@@ -258,6 +262,10 @@ async def serve(settings: Settings, *, socket_mode: bool = False) -> int:
     if not settings.slack_configured or (socket_mode and settings.slack_app_token is None):
         print(NO_SLACK)
         return 2
+    if settings.process_role == "worker":
+        # A worker's turns and sends can wait (their rows are stored); a web process's acks cannot. On a shared
+        # host the kernel then gives acks the CPU first.
+        os.nice(WORKER_NICENESS)
     async with running_bot(settings) as bot:
         runner = web.AppRunner(web_app(bot), access_log=None)
         await runner.setup()
