@@ -18,7 +18,7 @@ from agents.roster import default_roster
 from bot.outbox import OutboxSender
 from bot.slack_app import slack_client
 from db import models as m
-from db.deliveries import Post, enqueue
+from db.deliveries import AddReaction, Post, RemoveReaction, enqueue
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply, slow
 from tests.conftest import CONFIG
@@ -154,3 +154,38 @@ async def test_a_rate_limited_post_waits_in_the_outbox_not_in_the_client(
     await asyncio.sleep(1.2)
     assert await b.send_pending() == 1
     assert [p.text for p in emulator.posts("C_SUPPORT", thread)] == ["the answer"]
+
+
+async def test_a_working_reaction_whose_removal_is_already_queued_is_never_sent(
+    sessions: Sessions, engine: Any, emulator: Any
+) -> None:
+    """Under load the reply can be ready before the sender gets to the :eyes: reaction: adding it and taking it
+    off again would be two Slack calls nobody sees. A reaction already added (an attempt recorded) is still
+    taken off, and other reactions go out."""
+    root = emulator.add_message("C_SUPPORT", "hi")
+    other = emulator.add_message("C_SUPPORT", "and this?", thread_ts=root.ts)
+    async with sessions() as s, s.begin():
+        conv = m.Conversation(key=f"slack:T0001:C_SUPPORT:{root.ts}", active_agent="triage")
+        s.add(conv)
+        await s.flush()
+        await enqueue(
+            s,
+            [
+                AddReaction(conv.id, "C_SUPPORT", root.ts, "eyes"),
+                Post(conv.id, "C_SUPPORT", root.ts, "the answer"),
+                RemoveReaction(conv.id, "C_SUPPORT", root.ts, "eyes"),
+                AddReaction(conv.id, "C_SUPPORT", root.ts, "white_check_mark"),
+                AddReaction(conv.id, "C_SUPPORT", other.ts, "eyes"),
+            ],
+        )
+    assert await _sender(engine, emulator, "A").send_pending() == 3
+    added = [(c.params["timestamp"], c.params["name"]) for c in emulator.calls_to("reactions.add")]
+    assert added == [(root.ts, "white_check_mark"), (other.ts, "eyes")]
+    assert emulator.calls_to("reactions.remove") == []
+    assert [p.text for p in emulator.posts("C_SUPPORT", root.ts)] == ["the answer"]
+    async with sessions() as s:
+        unsent = await s.scalar(select(func.count()).select_from(m.Outbox).where(m.Outbox.sent_at.is_(None)))
+        skipped = await s.scalar(
+            select(func.count()).select_from(m.Outbox).where(m.Outbox.last_error.like("skipped:%"))
+        )
+    assert unsent == 0 and skipped == 2
