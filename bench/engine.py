@@ -526,11 +526,12 @@ def print_load(title: str, figures: dict[str, Any]) -> None:
         f"database per message: {db['statements']} statements, {db['connection_checkouts']} connection checkouts, "
         f"{db['commits']} commits"
     )
+    mixed = " (mixed with other tasks' under concurrency)" if "Concurrent" in title else ""
     for label, phase in (("storing the message", "submit_work"), ("the turn", "turn_work")):
         work = phases[phase]
         print(
             f"  {label}: {work['statements']} statements, {work['connection_checkouts']} checkouts, "
-            f"{work['commits']} commits" + (" (mixed with other tasks' under concurrency)" if "Concurrent" in title else "")
+            f"{work['commits']} commits{mixed}"
         )
     if figures["turns_not_handoff_plus_reply"]:
         print(f"WARNING: {figures['turns_not_handoff_plus_reply']} turns were not one handoff plus a reply")

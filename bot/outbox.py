@@ -172,7 +172,7 @@ class OutboxSender:
 
     async def send_pending(self, *, concurrency: int = 8, pace: Callable[[], Awaitable[None]] | None = None) -> int:
         """Send every due row of every conversation not being sent by someone else; returns rows sent. `pace`
-        is awaited before each conversation (the workers hold sends back while the process is saturated)."""
+        is awaited before each row (the workers hold sends back while the process is saturated)."""
         async with self.engine.connect() as conn:
             rows = await conn.execute(
                 select(m.Outbox.conversation_id)
@@ -186,16 +186,16 @@ class OutboxSender:
 
         async def one(cid: int | None) -> int:
             async with limit:
-                if pace is not None:
-                    await pace()
-                return await self._send_conversation(cid)
+                return await self._send_conversation(cid, pace)
 
         results = await asyncio.gather(*(one(cid) for cid in conversations), return_exceptions=True)
         for failure in (r for r in results if isinstance(r, BaseException)):
             log.error("outbox: sending a conversation failed", exc_info=failure)
         return sum(r for r in results if isinstance(r, int))
 
-    async def _send_conversation(self, conversation_id: int | None) -> int:
+    async def _send_conversation(
+        self, conversation_id: int | None, pace: Callable[[], Awaitable[None]] | None = None
+    ) -> int:
         key = conversation_id or 0
         if not await self._lease(key):
             return 0
@@ -228,6 +228,8 @@ class OutboxSender:
                     if row.next_attempt_at and row.next_attempt_at > datetime.now(UTC):
                         progressed = False  # the head waits out its backoff and the rest wait behind it
                         break
+                    if pace is not None:
+                        await pace()
                     if not await self._deliver(row, key):
                         progressed = False
                         break
