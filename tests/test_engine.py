@@ -565,3 +565,15 @@ async def test_a_message_that_keeps_killing_the_process_ends_with_a_human(
     assert fake_llm.calls == 0
     [esc] = await rows(sessions, m.Escalation)
     assert esc.trigger == "error" and esc.inbound_id == submitted.inbound_id
+
+
+async def test_first_messages_of_a_new_conversation_stored_at_once_share_it(service: Conversations) -> None:
+    """Storing is one statement that reads the conversation and creates it when missing: two first messages at
+    once (Slack's message and app_mention twins, two deliveries) meet in the upsert and land in one
+    conversation, neither lost; the same external id twice is one message."""
+    stored = await asyncio.gather(
+        *(service.submit("t:race", f"message {i}", external_id=f"ts-{i % 4}") for i in range(8))
+    )
+    assert len({s.conversation_id for s in stored}) == 1
+    assert len({s.inbound_id for s in stored}) == 4
+    assert sum(not s.duplicate for s in stored) == 4
