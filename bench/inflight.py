@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.live import Live, live_bot
+from bench.live import Live, cpu_use, live_bot
 from bench.setup import RESULTS, run_benchmark, section, summary, table
 from fakes.openai_server import FakeReply, RecordedRequest, reply, slow
 from harness.slack import deliver, say, write
@@ -35,6 +35,7 @@ async def wave(live: Live, n: int, latency_s: float) -> dict[str, Any]:
     """N customers at once; seconds from each event to its answer in the thread."""
     live.fake.rule = lambda request: slow(latency_s, reply(f"answer: {request.last_user}"))
     watcher = live.watcher
+    cpu_before = live.cpu()
     started = time.monotonic()
     said = [write(live.emulator, CHANNEL, f"wave {n} question {i}") for i in range(n)]
     for s in said:
@@ -47,6 +48,7 @@ async def wave(live: Live, n: int, latency_s: float) -> dict[str, Any]:
         peak_rss = max(peak_rss, rss_mb(live.bot.proc.pid))
         await asyncio.sleep(0.02)
     times = [at - started for s in said if (at := watcher.posted_at(f"answer: {s.text}")) is not None]
+    cpu = cpu_use(cpu_before, live.cpu())
     return {
         "customers": n,
         "llm_latency_s": latency_s,
@@ -56,6 +58,8 @@ async def wave(live: Live, n: int, latency_s: float) -> dict[str, Any]:
         "event_to_reply_s": summary(times),
         "last_answer_s": round(max(times), 3) if times else None,
         "peak_rss_mb": round(peak_rss, 1),
+        "cpu": cpu,
+        "bot_cpu_ms_per_customer": round((cpu["bot"] or 0) * cpu["seconds"] * 1000 / n, 1) if cpu["seconds"] else None,
     }
 
 
@@ -91,8 +95,10 @@ def report_table(waves: list[dict[str, Any]]) -> str:
         base, last, s = single.get(w["llm_latency_s"]) or 0, w["last_answer_s"], w["event_to_reply_s"]
         ratio = round(last / base, 2) if base and last else None
         load = f"{w['customers']} at once, {w['llm_latency_s']:.0f} s/call"
-        rows.append([load, f"{w['answered']}/{w['customers']}", s["p50"], s["p99"], last, ratio, w["peak_rss_mb"]])
-    return table(["load", "answered", "p50 s", "p99 s", "last s", "last / single", "RSS MB"], rows)
+        cpu = w["bot_cpu_ms_per_customer"]
+        rows.append([load, f"{w['answered']}/{w['customers']}", s["p50"], s["p99"], last, ratio, w["peak_rss_mb"], cpu])
+    headers = ["load", "answered", "p50 s", "p99 s", "last s", "last / single", "RSS MB", "bot CPU ms/customer"]
+    return table(headers, rows)
 
 
 async def run(server_url: str, quick: bool) -> dict[str, Any]:
