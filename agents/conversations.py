@@ -243,6 +243,8 @@ class Conversations:
         on_event: EventSink | None = None,
     ) -> MessageResult:
         submitted = await self.submit(key, text, author=author, external_id=external_id)
+        if submitted.duplicate and (done := await self.result_of(submitted.inbound_id)) is not None:
+            return done
         while True:
             try:
                 result = await self.process_next(submitted.conversation_id, on_event=on_event)
@@ -330,10 +332,10 @@ class Conversations:
                     return results
                 done = await self._run(started, keep=True, on_event=on_event)
                 results.append(done.result)
-                if lost.is_set():
-                    raise LeaseLost(f"conversation {lease.conversation_id}")
                 if not done.kept:
                     return results  # released by the commit: nothing else was waiting
+                if lost.is_set():
+                    raise LeaseLost(f"conversation {lease.conversation_id}")
         except LeaseLost:
             raise
         except BaseException:
@@ -378,7 +380,9 @@ class Conversations:
         if row.inbound_id is not None:
             inbound = _Inbound(row.inbound_id, row.kind, row.text, row.author, row.external_id, row.attempts)
         case = OpenCase(row.case_id, row.claimed_by, row.answered) if row.case_id is not None else None
-        history = tuple(_json_to_message(h) for h in row.history or ())
+        # A message past its attempts is given up without a turn: what failed may be its history itself.
+        giving_up = inbound is not None and inbound.attempts > self.max_attempts
+        history = () if giving_up else tuple(_json_to_message(h) for h in row.history or ())
         return _Started(held, row.key, row.mode, row.active_agent, row.context, inbound, row.paused, case, history)
 
     async def _run(self, started: _Started, *, keep: bool, on_event: EventSink | None) -> _Done:
@@ -629,7 +633,7 @@ found AS (SELECT id FROM conversations WHERE key = :key),
 created AS (
     INSERT INTO conversations (key, active_agent)
     SELECT CAST(:key AS text), CAST(:entry AS text) WHERE {guard} AND NOT EXISTS (SELECT FROM found)
-    ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key
+    ON CONFLICT (key) DO UPDATE SET active_agent = conversations.active_agent
     RETURNING id
 ),
 conversation AS (SELECT id FROM found UNION ALL SELECT id FROM created),
@@ -644,7 +648,8 @@ stored AS (
 """Storing a message, as common table expressions that another statement can include (the Slack inbox stores
 an event id and its message in one statement), written only where `{guard}` holds: `conversation` yields the
 conversation's id, `stored` the new message's (none for a duplicate external_id). The existing row is read
-first, so storing never waits on it; two first messages of one conversation at once meet in the upsert."""
+first, so storing never waits on it; two first messages of one conversation at once meet in the upsert, whose
+no-op update of a non-key column returns the row without the key lock that would hold up other inserts."""
 
 _SUBMIT = text(
     f"WITH {STORE_MESSAGE.format(guard='true')} "
@@ -661,7 +666,7 @@ WITH lease AS (
     WHERE id = (
         SELECT id FROM inbound WHERE conversation_id = :id AND processed_at IS NULL
         ORDER BY order_key ASC NULLS LAST, id LIMIT 1
-    ) AND EXISTS (SELECT FROM lease)
+    ) AND processed_at IS NULL AND EXISTS (SELECT FROM lease)
     RETURNING id, kind, text, author, external_id, attempts
 )
 SELECT l.lease_token, l.key, l.mode, l.active_agent, l.context,
@@ -687,10 +692,12 @@ _START_CLAIMING = text(_START_TEMPLATE.format(lease_set=leases.CLAIM_SET, lease_
 
 _FINISH = text(
     """
-WITH more AS (
+WITH others AS (
     SELECT EXISTS (
         SELECT FROM inbound WHERE conversation_id = :id AND processed_at IS NULL AND id <> :inbound_id
-    ) AND CAST(:keep AS boolean) AS waiting
+    ) AS waiting
+), more AS (
+    SELECT waiting AND CAST(:keep AS boolean) AS waiting FROM others
 ), conv AS (
     UPDATE conversations
     SET mode = :mode, active_agent = :agent, context = CAST(:context AS jsonb), updated_at = now(),
@@ -749,6 +756,9 @@ WITH more AS (
         cached_tokens int, latency_ms float8
     ), conv
 )
-SELECT (SELECT id FROM opened) AS escalation_id, (SELECT waiting FROM more) AS kept FROM conv
+SELECT (SELECT id FROM opened) AS escalation_id, (SELECT waiting FROM more) AS kept,
+       -- released while another message waits (a caller that runs one message only): wake a dispatcher
+       (SELECT pg_notify('helpdesk_turns', '') FROM others, more WHERE others.waiting AND NOT more.waiting)
+FROM conv
 """
 )

@@ -106,7 +106,7 @@ class Counters:
 
     statements: int = 0
     checkouts: int = 0
-    """Each one is also a ping round trip, since make_engine sets pool_pre_ping."""
+    """Connections taken from the pool (make_engine does not pre-ping them)."""
     commits: int = 0
 
     def snapshot(self) -> tuple[int, int, int]:

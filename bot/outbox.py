@@ -246,8 +246,10 @@ class OutboxSender:
         return sent
 
     async def _without_pointless(self, rows: Sequence[Row[Any]]) -> list[Row[Any]]:
-        """A working reaction not added yet whose removal is already queued (the reply was faster than the
-        sender, as under load) is neither added nor removed: two Slack calls saved, nothing visible lost."""
+        """A working reaction not tried yet whose removal is already queued (the reply was faster than the
+        sender, as under load) is not added: one Slack call saved. The removal still goes out (answered
+        `no_reaction`, taken as done), so a reaction that was added after all (a sender killed between adding
+        it and recording that) never stays."""
         pending_adds: dict[tuple[str, str | None, str | None], Row[Any]] = {}
         pointless: list[int] = []
         for row in rows:
@@ -255,14 +257,14 @@ class OutboxSender:
             if row.kind == AddReaction.kind and row.attempts == 0:
                 pending_adds[place] = row
             elif row.kind == RemoveReaction.kind and (added := pending_adds.pop(place, None)) is not None:
-                pointless += [added.id, row.id]
+                pointless.append(added.id)
         if not pointless:
             return list(rows)
         async with self.engine.begin() as conn:
             await conn.execute(
                 update(m.Outbox)
                 .where(m.Outbox.id.in_(pointless), m.Outbox.sent_at.is_(None))
-                .values(sent_at=func.now(), last_error="skipped: removed before it was added")
+                .values(sent_at=func.now(), last_error="skipped: its removal was already queued")
             )
         return [row for row in rows if row.id not in pointless]
 

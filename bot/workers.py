@@ -62,10 +62,12 @@ class LoopLoad:
 
     async def calm(self) -> None:
         """Return once the loop keeps time again (or after `max_wait_s`)."""
-        waited = 0.0
-        while self.lag_s > self.late_s and waited < self.max_wait_s:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_wait_s  # by the clock: each sleep overruns by the very lag waited out
+        while loop.time() < deadline:
+            if self.lag_s <= self.late_s:
+                return
             await asyncio.sleep(self.period_s)
-            waited += self.period_s
 
 
 class Wakeups:
