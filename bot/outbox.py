@@ -59,6 +59,15 @@ log = logging.getLogger(__name__)
 
 METADATA_TYPE = "helpdesk_outbox"
 FETCH_AHEAD = 20
+_SKIP_PAIRS = text(
+    """
+    UPDATE outbox SET sent_at = now(), last_error = 'skipped: removed before it was added'
+    WHERE id = ANY(:ids) AND sent_at IS NULL
+      AND (SELECT count(*) FROM outbox WHERE id = ANY(:ids) AND sent_at IS NULL AND attempts = 0) = :n
+      AND EXISTS (SELECT FROM send_leases WHERE conversation_id = :k AND owner = :o AND until > now())
+    RETURNING id
+    """
+)
 """Rows of one conversation read at once (in order; only this sender, holding the lease, sends them)."""
 
 
@@ -220,7 +229,7 @@ class OutboxSender:
                     ).all()
                 if not rows:
                     break
-                rows = await self._without_pointless(rows)
+                rows = await self._without_pointless(rows, key)
                 progressed = True
                 for row in rows:
                     if lost.is_set():
@@ -245,28 +254,27 @@ class OutboxSender:
                 )
         return sent
 
-    async def _without_pointless(self, rows: Sequence[Row[Any]]) -> list[Row[Any]]:
+    async def _without_pointless(self, rows: Sequence[Row[Any]], key: int) -> list[Row[Any]]:
         """A working reaction not tried yet whose removal is already queued (the reply was faster than the
-        sender, as under load) is not added: one Slack call saved. The removal still goes out (answered
-        `no_reaction`, taken as done), so a reaction that was added after all (a sender killed between adding
-        it and recording that) never stays."""
+        sender, as under load) is neither added nor removed: two Slack calls nobody would see. Both rows are
+        skipped together or not at all, and only while this sender holds the conversation's send lease. What
+        this gives up: a sender killed between adding the reaction and recording it leaves that 👀 beside the
+        ✅ (a reaction's attempt is not recorded first, to keep it one statement)."""
         pending_adds: dict[tuple[str, str | None, str | None], Row[Any]] = {}
-        pointless: list[int] = []
+        pairs: list[int] = []
         for row in rows:
             place = (row.channel, row.target_ts, row.reaction)
             if row.kind == AddReaction.kind and row.attempts == 0:
                 pending_adds[place] = row
             elif row.kind == RemoveReaction.kind and (added := pending_adds.pop(place, None)) is not None:
-                pointless.append(added.id)
-        if not pointless:
+                pairs += [added.id, row.id]
+        if not pairs:
             return list(rows)
         async with self.engine.begin() as conn:
-            await conn.execute(
-                update(m.Outbox)
-                .where(m.Outbox.id.in_(pointless), m.Outbox.sent_at.is_(None))
-                .values(sent_at=func.now(), last_error="skipped: its removal was already queued")
-            )
-        return [row for row in rows if row.id not in pointless]
+            skipped = await conn.execute(_SKIP_PAIRS, {"ids": pairs, "n": len(pairs), "k": key, "o": self.owner})
+            if len(skipped.all()) != len(pairs):
+                return list(rows)
+        return [row for row in rows if row.id not in pairs]
 
     async def _lease(self, key: int) -> bool:
         """Claim (or renew) the send lease of one conversation's rows; False while another sender holds it."""
