@@ -31,7 +31,9 @@ async def test_url_verification(slack_bot: Any, emulator: SlackEmulator) -> None
 async def test_top_level_message_gets_a_threaded_reply(
     slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
 ) -> None:
-    fake_llm.script(reply("Hi! I'm the **Driftwing** front desk."))
+    # The model takes a moment, as a real one does: the working reaction goes out before the reply is ready (a
+    # reply ready first makes the sender skip it).
+    fake_llm.script(slow(0.3, reply("Hi! I'm the **Driftwing** front desk.")))
     said = await emulator.user_says("C_SUPPORT", "hello there")
     assert said.result.status == 200
     assert await replies_in(emulator, "C_SUPPORT", said.ts, 1) == ["Hi! I'm the *Driftwing* front desk."]
