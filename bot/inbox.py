@@ -27,6 +27,7 @@ from bot.slack_events import (
     StaffReply,
     classify,
     delivery_of,
+    sanitised,
 )
 from db import models as m
 from db.deliveries import AddReaction, RelayDelete, RelayEdit, enqueue
@@ -59,6 +60,7 @@ class Inbox:
     async def accept(self, envelope: Mapping[str, Any], *, bot_user_id: str | None) -> str:
         """Store one event_callback in a single transaction; returns its disposition. Raises if the database
         cannot take it, so the caller answers with an error and Slack retries."""
+        envelope = sanitised(envelope)
         delivery = delivery_of(envelope)
         policy = self.policy if bot_user_id is None else replace(self.policy, bot_user_id=bot_user_id)
         message = classify(envelope, policy)

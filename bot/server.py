@@ -24,6 +24,7 @@ from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import text
 
@@ -210,11 +211,21 @@ def _version() -> str:
 
 
 def web_app(bot: Bot) -> web.Application:
+    assert bot.settings.slack_signing_secret is not None
+    verifier = SignatureVerifier(bot.settings.slack_signing_secret.get_secret_value())
+
     async def events(request: web.Request) -> web.Response:
-        body = await request.text()
+        try:
+            body = (await request.read()).decode()
+        except UnicodeDecodeError:  # Slack sends UTF-8; the signature cannot even be checked on anything else
+            return web.json_response({"error": "malformed body"}, status=400)
+        # The signature next (an HMAC over the bytes): nothing unsigned gets parsed, however it is built. Bolt
+        # checks it again, as it does for Socket Mode.
+        if not verifier.is_valid_request(body, dict(request.headers)):
+            return web.json_response({"error": "invalid signature"}, status=401)
         try:
             bolt_request = AsyncBoltRequest(body=body, query=request.query_string, headers=dict(request.headers))
-        except ValueError:  # includes JSONDecodeError: a body that is not what it claims to be
+        except (ValueError, RecursionError):  # not UTF-8, not JSON or form, or nested past the parser's depth
             return web.json_response({"error": "malformed body"}, status=400)
         return await to_aiohttp_response(await bot.app.async_dispatch(bolt_request))
 

@@ -149,6 +149,21 @@ def _classify_staff(event: Mapping[str, Any], channel: str) -> Incoming:
     return Ignored(f"staff channel subtype {subtype}")
 
 
+def sanitised(value: Any) -> Any:
+    """The payload with every string made storable: Postgres text holds no NUL, and UTF-8 no lone surrogate (JSON
+    can spell both, and Slack passes through what clients send); each becomes U+FFFD, so the message is still
+    stored and answered."""
+    if isinstance(value, str):
+        if value.isascii() and "\x00" not in value:
+            return value
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace").replace("\x00", "\ufffd")
+    if isinstance(value, Mapping):
+        return {sanitised(k): sanitised(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [sanitised(v) for v in value]
+    return value
+
+
 def classify(envelope: Mapping[str, Any], policy: Policy) -> Incoming:
     """Decide what one event_callback envelope is: a customer's message to answer, a colleague's message in a
     case thread, or something to ignore."""

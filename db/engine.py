@@ -32,6 +32,8 @@ def make_engine(url: str, *, pool_size: int = 20, transaction_pooler: bool = Fal
         # SQLAlchemy then discards the whole pool, and the caller's retry (a turn run again, Slack's redelivery)
         # gets a fresh one. Recycling bounds how stale an idle connection can get.
         pool_recycle=600,
+        # Errors and logs name the statement, never its values: those are customers' messages.
+        hide_parameters=True,
         **pooled,
     )
 

@@ -115,6 +115,32 @@ async def test_forged_stale_and_malformed_requests_are_refused(
     assert await count(sessions, m.SlackEvent) == 0 and await count(sessions, m.Inbound) == 0
 
 
+async def test_odd_unicode_is_stored_and_answered(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    """JSON can spell a NUL and a lone surrogate, which Postgres and UTF-8 refuse: such a message is stored
+    (each becomes U+FFFD) and answered, instead of a 503 on every delivery."""
+    fake_llm.script(reply("Here to help."))
+    said = await emulator.user_says("C_SUPPORT", "where is\u0000 my order \ud800 DW-1002?")
+    assert said.result.status == 200
+    assert await replies_in(emulator, "C_SUPPORT", said.ts, 1) == ["Here to help."]
+    async with sessions() as s:
+        stored = (await s.scalars(select(m.Inbound.text))).one()
+    assert stored == "where is\ufffd my order \ufffd DW-1002?"
+
+
+async def test_nested_or_unsigned_bodies_are_refused_before_they_are_parsed(
+    slack_bot: Any, emulator: SlackEmulator, sessions: Sessions
+) -> None:
+    """A body nested past the JSON parser's depth is a 400 when signed and a 401 when not; never a 500."""
+    nested = b"[" * 100_000 + b"]" * 100_000
+    signed = await emulator.deliver({}, raw_body=nested)
+    unsigned = await emulator.deliver({}, raw_body=nested, signature="v0=" + "0" * 64)
+    not_utf8 = await emulator.deliver({}, raw_body=b'{"type": "\xff"}', signature="v0=" + "0" * 64)
+    assert (signed.status, unsigned.status, not_utf8.status) == (400, 401, 400)
+    assert await count(sessions, m.SlackEvent) == 0
+
+
 async def test_bot_and_subtype_events_are_ignored(
     slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
 ) -> None:
