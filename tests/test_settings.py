@@ -3,8 +3,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from bot.settings import Settings
+from bot.cli import main
+from bot.settings import Settings, get_settings
 from tests import ROOT as PROJECT_ROOT
 
 
@@ -33,3 +35,26 @@ def test_admin_ids_and_provider(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     settings = Settings()
     assert settings.admin_ids == frozenset({"U1", "U2"})
     assert settings.llm_configured
+
+
+def test_templates_are_checked_at_start_up(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A template that cannot be filled would fail every message it is used on (the give-up path included):
+    the bot refuses to start instead and says which variable, and why."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OFF_HOURS_MESSAGE", "We are back {hourz}.")
+    monkeypatch.setenv("HANDOFF_NOTICE", "Connecting you with {agent")
+    with pytest.raises(ValidationError):
+        Settings()
+    get_settings.cache_clear()
+    try:
+        assert main(["serve"]) == 2
+    finally:
+        get_settings.cache_clear()
+    err = capsys.readouterr().err
+    assert "OFF_HOURS_MESSAGE: Value error, unknown placeholder {hourz}; it may use {hours}" in err
+    assert "HANDOFF_NOTICE: Value error, not a valid template" in err
+    monkeypatch.setenv("OFF_HOURS_MESSAGE", "Back {hours}; {{braces}} stay.")
+    monkeypatch.delenv("HANDOFF_NOTICE")
+    assert Settings().off_hours_message.format(hours="9-17") == "Back 9-17; {braces} stay."
