@@ -59,6 +59,18 @@ log = logging.getLogger(__name__)
 
 METADATA_TYPE = "helpdesk_outbox"
 FETCH_AHEAD = 20
+_DUE_CONVERSATIONS = text(
+    """
+    SELECT conversation_id FROM (
+        SELECT DISTINCT ON (conversation_id) conversation_id, id, next_attempt_at
+        FROM outbox WHERE sent_at IS NULL ORDER BY conversation_id, id
+    ) head
+    WHERE head.next_attempt_at IS NULL OR head.next_attempt_at <= now()
+    ORDER BY head.id LIMIT 200
+    """
+)
+"""Conversations whose next row is due, oldest first: ones waiting out a backoff (their later rows wait behind
+it, in order) take no place in the batch, so a pile of them never starves a healthy conversation."""
 _SKIP_PAIRS = text(
     """
     UPDATE outbox SET sent_at = now(), last_error = 'skipped: removed before it was added'
@@ -131,6 +143,10 @@ def turn_outbox(
 
 
 # Errors that no retry will mend: the row is given up at once (logged), so it never blocks its conversation.
+TRANSIENT_ERRORS = frozenset({"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"})
+"""Slack's errors that say nothing about the call itself: tried again until `give_up_after`. Any other error
+answers the call the same way every time, so it is given up after DETERMINISTIC_TRIES."""
+DETERMINISTIC_TRIES = 3
 PERMANENT_ERRORS = frozenset(
     {
         "channel_not_found",
@@ -183,14 +199,7 @@ class OutboxSender:
         """Send every due row of every conversation not being sent by someone else; returns rows sent. `pace`
         is awaited before each row (the workers hold sends back while the process is saturated)."""
         async with self.engine.connect() as conn:
-            rows = await conn.execute(
-                select(m.Outbox.conversation_id)
-                .where(m.Outbox.sent_at.is_(None))
-                .group_by(m.Outbox.conversation_id)
-                .order_by(func.min(m.Outbox.id))
-                .limit(200)
-            )
-            conversations = [r[0] for r in rows]
+            conversations = [r[0] for r in await conn.execute(_DUE_CONVERSATIONS)]
         limit = asyncio.Semaphore(concurrency)
 
         async def one(cid: int | None) -> int:
@@ -315,7 +324,16 @@ class OutboxSender:
             if (error, type(delivery)) in (("already_reacted", AddReaction), ("no_reaction", RemoveReaction)):
                 await self._mark(row.id, sent_at=func.now(), attempts=m.Outbox.attempts + 1)
                 return True
-            if error in PERMANENT_ERRORS or datetime.now(UTC) - row.created_at > self.give_up_after:
+            if isinstance(delivery, AddReaction | RemoveReaction):
+                # A reaction is a courtesy (a deleted custom emoji, a restricted channel): it never holds the
+                # replies behind it.
+                return await self._give_up(row, error)
+            tries = row.attempts + 1  # `row` was read before this try (a post's is counted in the table already)
+            if (
+                error in PERMANENT_ERRORS
+                or (error not in TRANSIENT_ERRORS and tries >= DETERMINISTIC_TRIES)
+                or datetime.now(UTC) - row.created_at > self.give_up_after
+            ):
                 return await self._give_up(row, error)
             await self._backoff(row, error, posting=posting)
             return False

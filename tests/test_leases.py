@@ -5,10 +5,11 @@ stand for two processes."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
@@ -142,13 +143,17 @@ async def test_a_claim_that_meets_the_old_holders_commit_does_not_run_its_messag
 # --- the outbox's send leases ---------------------------------------------------------------------------------
 
 
-async def _one_post_queued(sessions: Sessions, emulator: Any) -> str:
+async def _one_post_queued(
+    sessions: Sessions, emulator: Any, *, first: type[AddReaction] | None = None, reaction: str = "eyes"
+) -> str:
+    """A customer's message and the bot's answer queued for it (after a reaction on it, with `first`)."""
     root = emulator.add_message("C_SUPPORT", "hi")
     async with sessions() as s, s.begin():
         conv = m.Conversation(key=f"slack:T0001:C_SUPPORT:{root.ts}", active_agent="triage")
         s.add(conv)
         await s.flush()
-        await enqueue(s, [Post(conv.id, "C_SUPPORT", root.ts, "the answer")])
+        before = [first(conv.id, "C_SUPPORT", root.ts, reaction)] if first else []
+        await enqueue(s, [*before, Post(conv.id, "C_SUPPORT", root.ts, "the answer")])
     return str(root.ts)
 
 
@@ -221,3 +226,53 @@ async def test_a_working_reaction_whose_removal_is_already_queued_is_never_sent(
             select(func.count()).select_from(m.Outbox).where(m.Outbox.last_error.like("skipped:%"))
         )
     assert unsent == 0 and skipped == 2
+
+
+async def test_a_reaction_slack_rejects_does_not_hold_the_replies(
+    sessions: Sessions, engine: Any, emulator: Any
+) -> None:
+    """A working reaction Slack refuses (a deleted custom emoji: invalid_name) is given up at once; the reply
+    behind it goes out in the same pass instead of waiting out the reaction's backoff."""
+    thread = await _one_post_queued(sessions, emulator, first=AddReaction, reaction="deleted_emoji")
+    emulator.fail_next("reactions.add", status=200, error="invalid_name")
+    assert await _sender(engine, emulator, "A").send_pending() == 2
+    assert [p.text for p in emulator.posts("C_SUPPORT", thread)] == ["the answer"]
+    async with sessions() as s:
+        errors = (await s.scalars(select(m.Outbox.last_error).order_by(m.Outbox.id))).all()
+    assert errors == ["gave up: invalid_name", None]
+
+
+async def test_a_deterministic_error_is_given_up_after_a_few_tries(
+    sessions: Sessions, engine: Any, emulator: Any
+) -> None:
+    """An error that answers the call the same way every time (restricted_action) is given up after three
+    tries, not retried for a day in front of the conversation's later rows."""
+    thread = await _one_post_queued(sessions, emulator)
+    async with sessions() as s, s.begin():
+        conversation_id = (await s.scalars(select(m.Outbox.conversation_id))).one()
+        await enqueue(s, [Post(conversation_id, "C_SUPPORT", thread, "the next answer")])
+    emulator.fail_next("chat.postMessage", status=200, error="restricted_action", times=3)
+    sender = _sender(engine, emulator, "A")
+    for _ in range(2):
+        assert await sender.send_pending() == 0
+        async with sessions() as s, s.begin():  # the backoff, fast-forwarded
+            await s.execute(update(m.Outbox).where(m.Outbox.sent_at.is_(None)).values(next_attempt_at=func.now()))
+    assert await sender.send_pending() == 2
+    assert [p.text for p in emulator.posts("C_SUPPORT", thread)] == ["the next answer"]
+
+
+async def test_conversations_waiting_out_a_backoff_do_not_starve_a_healthy_one(
+    sessions: Sessions, engine: Any, emulator: Any
+) -> None:
+    """Two hundred conversations whose next row waits out a backoff take no place in the sender's batch: a
+    later, healthy conversation's reply goes out at once."""
+    async with sessions() as s, s.begin():
+        for i in range(200):
+            conv = m.Conversation(key=f"slack:T0001:C_BUSY:{i}.0", active_agent="triage")
+            s.add(conv)
+            await s.flush()
+            await enqueue(s, [Post(conv.id, "C_BUSY", f"{i}.0", "stuck")])
+        await s.execute(update(m.Outbox).values(next_attempt_at=func.now() + timedelta(hours=1), attempts=1))
+    thread = await _one_post_queued(sessions, emulator)
+    assert await _sender(engine, emulator, "A").send_pending() == 1
+    assert [p.text for p in emulator.posts("C_SUPPORT", thread)] == ["the answer"]
