@@ -59,6 +59,9 @@ log = logging.getLogger(__name__)
 
 METADATA_TYPE = "helpdesk_outbox"
 FETCH_AHEAD = 20
+"""Rows of one conversation read at once (in order; only this sender, holding the lease, sends them)."""
+HOLDING_SEND_LEASE = "EXISTS (SELECT FROM send_leases WHERE conversation_id = :k AND owner = :o AND until > now())"
+"""A write by a sender (`:o`) that is valid only while it holds the conversation's (`:k`) send lease."""
 _DUE_CONVERSATIONS = text(
     """
     SELECT conversation_id FROM (
@@ -72,15 +75,14 @@ _DUE_CONVERSATIONS = text(
 """Conversations whose next row is due, oldest first: ones waiting out a backoff (their later rows wait behind
 it, in order) take no place in the batch, so a pile of them never starves a healthy conversation."""
 _SKIP_PAIRS = text(
-    """
+    f"""
     UPDATE outbox SET sent_at = now(), last_error = 'skipped: removed before it was added'
     WHERE id = ANY(:ids) AND sent_at IS NULL
       AND (SELECT count(*) FROM outbox WHERE id = ANY(:ids) AND sent_at IS NULL AND attempts = 0) = :n
-      AND EXISTS (SELECT FROM send_leases WHERE conversation_id = :k AND owner = :o AND until > now())
+      AND {HOLDING_SEND_LEASE}
     RETURNING id
     """
 )
-"""Rows of one conversation read at once (in order; only this sender, holding the lease, sends them)."""
 
 
 @dataclass(frozen=True)
@@ -448,8 +450,7 @@ class OutboxSender:
             done = await conn.execute(
                 text(
                     "UPDATE outbox SET attempts = attempts + 1, attempted_at = now() "
-                    "WHERE id = :id AND sent_at IS NULL AND attempts = :seen AND EXISTS ("
-                    "SELECT 1 FROM send_leases WHERE conversation_id = :k AND owner = :o AND until > now()) "
+                    f"WHERE id = :id AND sent_at IS NULL AND attempts = :seen AND {HOLDING_SEND_LEASE} "
                     "RETURNING id"
                 ),
                 {"id": row.id, "seen": row.attempts, "k": key, "o": self.owner},
