@@ -22,6 +22,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Any, Literal, Protocol
 
 from sqlalchemy import func, select, text
@@ -85,15 +86,31 @@ class Submitted:
     """True when this external_id was already stored: the caller must not act on it twice."""
 
 
+class ResultKind(StrEnum):
+    REPLY = "reply"
+    """An agent answered."""
+    ESCALATED = "escalated"
+    """The turn ended with a human."""
+    HUMAN = "human"
+    """A human owns the conversation and the customer's message waits for them."""
+    STAFF = "staff"
+    """A human colleague's message for the customer."""
+    SET_ASIDE = "set_aside"
+    """It failed `max_attempts` times and so did the apology: kept for the admins (`/support status`), and the
+    conversation moved on."""
+
+
+SET_ASIDE = text("inbound.outcome->>'kind' = 'set_aside'")
+"""Messages set aside, as the partial index `ix_inbound_set_aside` is written (so that counting them uses it)."""
+
+
 @dataclass(frozen=True)
 class MessageResult:
     """What became of one customer message; stored with it, so any process can read it back."""
 
     inbound_id: int
     conversation_id: int
-    kind: Literal["reply", "escalated", "human", "staff"]
-    """reply: an agent answered; escalated: the turn ended with a human; human: a human owns the conversation
-    and the customer's message waits for them; staff: a human colleague's message for the customer."""
+    kind: ResultKind
     reply: str | None
     agent: str
     handoffs: tuple[HandoffRecord, ...] = ()
@@ -116,7 +133,7 @@ class MessageResult:
         return cls(
             inbound_id,
             conversation_id,
-            raw["kind"],
+            ResultKind(raw["kind"]),
             raw["reply"],
             raw["agent"],
             tuple(HandoffRecord(*h) for h in raw["handoffs"]),
@@ -163,6 +180,7 @@ class Conversations:
         takeover: Takeover,
         after_turn: TurnHook | None = None,
         leases: Leases | None = None,
+        retry_base_s: float = 0.5,
     ) -> None:
         self.sessions = sessions
         self.takeover = takeover
@@ -173,6 +191,9 @@ class Conversations:
         self.history_limit = history_limit
         """Rows loaded per turn; the token window trims further. Bounded so long threads stay cheap."""
         self.max_attempts = max_attempts
+        self.retry_base_s = retry_base_s
+        """A conversation whose message failed is left alone this long, doubled per attempt (at most a minute): a
+        poison message costs a handful of tries over seconds, not hundreds, and the others keep the workers."""
         self.after_turn = after_turn
         """Called inside each turn's transaction, so what the host writes (an outbox) commits with the turn."""
 
@@ -309,7 +330,8 @@ class Conversations:
         try:
             done = await self._run(started, keep=False, on_event=on_event)
         except BaseException:
-            await self.leases.release(started.lease, retry_after_s=0.2)
+            assert started.inbound is not None
+            await self.leases.release(started.lease, retry_after_s=self._retry_delay_s(started.inbound.attempts) / 5)
             raise
         finally:
             keeper.cancel()
@@ -322,6 +344,7 @@ class Conversations:
         lost = asyncio.Event()
         keeper = asyncio.create_task(self.leases.keep(lease, lost), name=f"lease-{lease.conversation_id}")
         results: list[MessageResult] = []
+        started: _Started | None = None
         try:
             while True:
                 started = await self._start(lease.conversation_id, lease)
@@ -339,7 +362,8 @@ class Conversations:
         except LeaseLost:
             raise
         except BaseException:
-            await self.leases.release(lease, retry_after_s=1.0)
+            attempts = started.inbound.attempts if started is not None and started.inbound is not None else 1
+            await self.leases.release(lease, retry_after_s=self._retry_delay_s(attempts))
             raise
         finally:
             keeper.cancel()
@@ -353,6 +377,9 @@ class Conversations:
         if started.inbound is None:
             return None
         return (await self._run(started, keep=True, on_event=on_event)).result
+
+    def _retry_delay_s(self, attempts: int) -> float:
+        return min(self.retry_base_s * 2.0**attempts, 60.0)
 
     # ------------------------------------------------------------------------------------------------ one turn
     # Two statements carry a turn: `_start` (claim or fence the lease, count the attempt, read what the turn
@@ -405,17 +432,21 @@ class Conversations:
         return await self._finish(started, self._turn_commit(started, turn), keep=keep)
 
     def _plan(self, started: _Started) -> _Commit | TurnInput:
-        """What becomes of the message: a commit decided without a turn (staff, human, paused, given up), or
-        the turn's input."""
+        """What becomes of the message: a commit decided without a turn (staff, human, paused, given up, set
+        aside), or the turn's input."""
         inbound = started.inbound
         assert inbound is not None
+        route = self.takeover.route(started.mode)
+        # A customer's message for the bot gets one more attempt, the apology; any other has no such fallback.
+        apologises = inbound.kind != "staff" and route != "human"
+        if inbound.attempts > self.max_attempts + apologises:
+            return self._set_aside(started, inbound)
         if inbound.kind == "staff":
             return self._staff_message(started, inbound)
         user = Message("user", inbound.text, author=inbound.author)
-        route = self.takeover.route(started.mode)
         if route == "human":
             case_id = started.case.id if started.case else None
-            result = MessageResult(inbound.id, 0, "human", None, started.agent, escalation_id=case_id)
+            result = MessageResult(inbound.id, 0, ResultKind.HUMAN, None, started.agent, escalation_id=case_id)
             return _Commit(result, started.mode, started.agent, started.context, (user,))
         agent, context = (self.roster.entry, {}) if route == "reopen" else (started.agent, dict(started.context))
         if inbound.attempts > self.max_attempts:
@@ -426,13 +457,21 @@ class Conversations:
             return self._to_human(started, agent, context, reason, self.config.texts.paused)
         return TurnInput(started.lease.conversation_id, inbound.id, agent, context, (*started.history, user))
 
+    def _set_aside(self, started: _Started, inbound: _Inbound) -> _Commit:
+        """A message that failed every way it can be handled: marked done as set aside, with nothing else written
+        (no transcript line, no host rows, since what failed may be any of them), so the conversation moves on.
+        The admins see it in /support status and /metrics."""
+        log.error("message %s failed %d times; set aside", inbound.id, inbound.attempts)
+        result = MessageResult(inbound.id, 0, ResultKind.SET_ASIDE, None, started.agent)
+        return _Commit(result, started.mode, started.agent, started.context, ())
+
     def _turn_commit(self, started: _Started, turn: TurnResult) -> _Commit:
         assert started.inbound is not None
         escalation = turn.outcome if isinstance(turn.outcome, Escalate) else None
         result = MessageResult(
             started.inbound.id,
             0,
-            "escalated" if escalation else "reply",
+            ResultKind.ESCALATED if escalation else ResultKind.REPLY,
             turn.reply,
             turn.agent,
             turn.handoffs,
@@ -448,7 +487,7 @@ class Conversations:
         assert inbound is not None
         user = Message("user", inbound.text, author=inbound.author)
         notice = Message("assistant", text, agent=agent)
-        result = MessageResult(inbound.id, 0, "escalated", text, agent, (), reason.reason)
+        result = MessageResult(inbound.id, 0, ResultKind.ESCALATED, text, agent, (), reason.reason)
         mode = self.takeover.after_turn(escalated=True)
         return _Commit(result, mode, agent, context, (user, notice), escalate=reason)
 
@@ -457,10 +496,12 @@ class Conversations:
         relayed, as human takeover decides (it may claim the case for its author)."""
         step = self.takeover.staff_reply(started.mode, started.case, inbound.author)
         if step is None or started.case is None:  # handed back or closed meanwhile: nothing to relay any more
-            result = MessageResult(inbound.id, 0, "human", None, started.agent)
+            result = MessageResult(inbound.id, 0, ResultKind.HUMAN, None, started.agent)
             return _Commit(result, started.mode, started.agent, started.context, ())
         mode, change = step
-        result = MessageResult(inbound.id, 0, "staff", inbound.text, started.agent, escalation_id=started.case.id)
+        result = MessageResult(
+            inbound.id, 0, ResultKind.STAFF, inbound.text, started.agent, escalation_id=started.case.id
+        )
         staff = Message("staff", inbound.text, author=inbound.author)
         return _Commit(result, mode, started.agent, started.context, (staff,), case_change=change)
 

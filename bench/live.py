@@ -337,7 +337,7 @@ async def database_state(database_url: str) -> dict[str, Any]:
                     await conn.execute(
                         counted(
                             m.Outbox,
-                            m.Outbox.sent_at.is_(None),
+                            m.Outbox.done_at.is_(None),
                             m.Outbox.last_error.like("gave up%"),
                             m.Outbox.attempts > 1,
                         )

@@ -7,7 +7,7 @@ import json
 import sys
 import uuid
 
-from agents.conversations import Conversations
+from agents.conversations import Conversations, ResultKind
 from agents.loop import Escalate, Event, HandoffRecord, Reply, ToolRecord, ToolStarted
 from bot import runtime
 from bot.settings import Settings
@@ -66,7 +66,7 @@ async def chat(settings: Settings, *, conversation: str | None) -> int:
             if not text.strip():
                 continue
             result = await service.handle(key, text, author="terminal", on_event=_show)
-            if result.kind == "human":
+            if result.kind == ResultKind.HUMAN:
                 print(_style("35", "  (a human owns this conversation now; the bot stays quiet)"))
             elif result.reply:
                 title = service.roster.get(result.agent).title

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from agents.logcontext import current_conversation
 from bot import kb
+from bot.preflight import RefusedToStart
 from bot.settings import Settings, get_settings
 
 
@@ -66,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         return _run(args, settings)
+    except RefusedToStart as exc:
+        print(f"Not started: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # Ctrl-C during start-up, before the signal handlers are in place
         return 130
 

@@ -9,7 +9,9 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.conversations import SET_ASIDE
 from db import models as m
+from db.deliveries import GIVEN_UP
 from escalation.machine import OPEN_CASE
 
 
@@ -21,6 +23,8 @@ class _DatabaseGauges(Collector):
         docs = {
             "helpdesk_inbox_backlog": "customer messages stored and not yet processed",
             "helpdesk_outbox_backlog": "Slack calls owed and not yet sent",
+            "helpdesk_outbox_given_up": "Slack calls given up for good (failed: never counted as sent)",
+            "helpdesk_messages_set_aside": "messages set aside after failing repeatedly (see /support status)",
             "helpdesk_open_escalations": "escalations waiting for or owned by a human",
             "helpdesk_llm_calls_total": "LLM calls recorded in the audit trail",
             "helpdesk_llm_prompt_tokens_total": "prompt tokens recorded in the audit trail",
@@ -53,7 +57,9 @@ class Metrics:
             registry=self.registry,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32),
         )
-        self.outbox_sent = Counter("helpdesk_outbox_sent_total", "Slack calls sent", registry=self.registry)
+        self.outbox_sent = Counter(
+            "helpdesk_outbox_sent_total", "Slack calls sent (not those given up)", registry=self.registry
+        )
         self._db = _DatabaseGauges()
         self.registry.register(self._db)
 
@@ -62,7 +68,13 @@ class Metrics:
             unprocessed = m.Inbound.processed_at.is_(None)
             self._db.values = {
                 "helpdesk_inbox_backlog": await s.scalar(select(func.count()).where(unprocessed)) or 0,
-                "helpdesk_outbox_backlog": await s.scalar(select(func.count()).where(m.Outbox.sent_at.is_(None))) or 0,
+                "helpdesk_outbox_backlog": await s.scalar(select(func.count()).where(m.Outbox.done_at.is_(None))) or 0,
+                "helpdesk_outbox_given_up": await s.scalar(select(func.count()).select_from(m.Outbox).where(GIVEN_UP))
+                or 0,
+                "helpdesk_messages_set_aside": await s.scalar(
+                    select(func.count()).select_from(m.Inbound).where(SET_ASIDE)
+                )
+                or 0,
                 "helpdesk_open_escalations": await s.scalar(
                     select(func.count()).where(m.Escalation.status.in_(OPEN_CASE))
                 )

@@ -6,6 +6,13 @@ from markdown_to_mrkdwn import SlackMarkdownConverter
 
 # Slack truncates text over 40,000 characters and recommends staying under 4,000 per message.
 SLACK_TEXT_LIMIT = 3_900
+TEXT_LIMIT = 40_000
+"""A message's `text` over this is truncated by Slack."""
+
+
+def clip(text: str, limit: int) -> str:
+    """At most `limit` characters, an ellipsis marking a cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def to_mrkdwn(markdown: str) -> str:

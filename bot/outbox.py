@@ -30,9 +30,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from agents.address import Address
 from agents.agent import Roster
-from agents.conversations import TurnCommit
+from agents.conversations import ResultKind, TurnCommit
 from agents.leases import keep_renewed, process_owner
-from bot.mrkdwn import split_text, to_mrkdwn
+from bot.mrkdwn import TEXT_LIMIT, clip, split_text, to_mrkdwn
 from db import models as m
 from db.deliveries import (
     AddReaction,
@@ -41,6 +41,7 @@ from db.deliveries import (
     Change,
     Delivery,
     NewMessage,
+    Outcome,
     Post,
     RelayDelete,
     RelayEdit,
@@ -53,7 +54,7 @@ from db.deliveries import (
 )
 from escalation.policy import EscalationPolicy
 from escalation.render import CaseRenderer
-from escalation.views import Message
+from escalation.views import Message, case_given_up, case_problem
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ _DUE_CONVERSATIONS = text(
     """
     SELECT conversation_id FROM (
         SELECT DISTINCT ON (conversation_id) conversation_id, id, next_attempt_at
-        FROM outbox WHERE sent_at IS NULL ORDER BY conversation_id, id
+        FROM outbox WHERE done_at IS NULL ORDER BY conversation_id, id
     ) head
     WHERE head.next_attempt_at IS NULL OR head.next_attempt_at <= now()
     ORDER BY head.id LIMIT 200
@@ -76,9 +77,9 @@ _DUE_CONVERSATIONS = text(
 it, in order) take no place in the batch, so a pile of them never starves a healthy conversation."""
 _SKIP_PAIRS = text(
     f"""
-    UPDATE outbox SET sent_at = now(), last_error = 'skipped: removed before it was added'
-    WHERE id = ANY(:ids) AND sent_at IS NULL
-      AND (SELECT count(*) FROM outbox WHERE id = ANY(:ids) AND sent_at IS NULL AND attempts = 0) = :n
+    UPDATE outbox SET done_at = now(), outcome = 'skipped', last_error = 'removed before it was added'
+    WHERE id = ANY(:ids) AND done_at IS NULL
+      AND (SELECT count(*) FROM outbox WHERE id = ANY(:ids) AND done_at IS NULL AND attempts = 0) = :n
       AND {HOLDING_SEND_LEASE}
     RETURNING id
     """
@@ -118,7 +119,7 @@ def turn_outbox(
             for handoff in result.handoffs:
                 notice = style.handoff_notice.format(agent=roster.get(handoff.to_agent).title)
                 owed += posts(conversation_id=cid, channel=channel, thread=thread, body=notice)
-        if result.kind == "staff":
+        if result.kind == ResultKind.STAFF:
             if escalation_id is not None:
                 relay = to_mrkdwn(commit.text)
                 source = commit.external_id
@@ -126,18 +127,18 @@ def turn_outbox(
                 owed.append(CaseUpdate(cid, escalation_id))
         elif result.reply:
             owed += posts(conversation_id=cid, channel=channel, thread=thread, body=result.reply)
-        if result.kind == "escalated" and escalation_id is not None and policy.staff_channel:
+        if result.kind == ResultKind.ESCALATED and escalation_id is not None and policy.staff_channel:
             if policy.hours is not None and not policy.hours.is_open(clock()):
                 notice = policy.off_hours_message.format(hours=policy.hours.label)
                 owed += posts(conversation_id=cid, channel=channel, thread=thread, body=notice)
             owed.append(CasePost(cid, escalation_id, policy.staff_channel))
-        if result.kind == "human" and escalation_id is not None and policy.staff_channel:
+        if result.kind == ResultKind.HUMAN and escalation_id is not None and policy.staff_channel:
             owed.append(RelayToStaff(cid, escalation_id, commit.author, commit.text))
-        if commit.external_id and result.kind != "staff":
+        if commit.external_id and result.kind != ResultKind.STAFF:
             message = commit.external_id
             if style.working_reaction:
                 owed.append(RemoveReaction(cid, channel, message, style.working_reaction))
-            if style.done_reaction and result.kind != "human":
+            if style.done_reaction and result.kind != ResultKind.HUMAN:
                 owed.append(AddReaction(cid, channel, message, style.done_reaction))
         await enqueue(s, owed)
 
@@ -165,6 +166,13 @@ PERMANENT_ERRORS = frozenset(
 )
 
 
+LAYOUT_ERRORS = frozenset({"invalid_blocks", "invalid_blocks_format", "msg_too_long", "invalid_attachments"})
+"""Slack refused a message's layout, not the message: the words alone are posted instead."""
+FIXABLE_BY_ADMINS = frozenset({"not_in_channel", "channel_not_found", "is_archived", "restricted_action"})
+"""A case post refused for these waits (retried, the admins told) for `case_patience`: someone may invite the bot
+or correct STAFF_CHANNEL_ID meanwhile."""
+
+
 class Undeliverable(Exception):
     """A row that cannot be sent however often it is tried (an unknown kind, a case thread that was never posted)."""
 
@@ -182,6 +190,9 @@ class OutboxSender:
         client: AsyncWebClient,
         cases: CaseRenderer | None = None,
         give_up_after: timedelta = timedelta(hours=24),
+        case_patience: timedelta = timedelta(minutes=10),
+        admins: frozenset[str] = frozenset(),
+        unreachable_notice: str = "",
         owner: str = "",
         lease_s: float = 30.0,
     ) -> None:
@@ -196,6 +207,12 @@ class OutboxSender:
         inside the SDK could land twice, while one retried here is first looked for; and a 429 waited out inside
         the client could outlive the send lease."""
         self.give_up_after = give_up_after
+        self.case_patience = case_patience
+        """How long a case the staff channel refuses is tried again before the customer is told."""
+        self.admins = admins
+        """Told by direct message when a case cannot be posted."""
+        self.unreachable_notice = unreachable_notice
+        """Posted to the customer when their case could not be posted at all."""
 
     async def send_pending(self, *, concurrency: int = 8, pace: Callable[[], Awaitable[None]] | None = None) -> int:
         """Send every due row of every conversation not being sent by someone else; returns rows sent. `pace`
@@ -233,7 +250,7 @@ class OutboxSender:
                         await conn.execute(
                             select(m.Outbox)
                             .where(m.Outbox.conversation_id.is_not_distinct_from(conversation_id))
-                            .where(m.Outbox.sent_at.is_(None))
+                            .where(m.Outbox.done_at.is_(None))
                             .order_by(m.Outbox.id)
                             .limit(FETCH_AHEAD)
                         )
@@ -250,10 +267,11 @@ class OutboxSender:
                         break
                     if pace is not None:
                         await pace()
-                    if not await self._deliver(row, key):
+                    outcome = await self._deliver(row, key)
+                    if outcome is None:
                         progressed = False
                         break
-                    sent += 1
+                    sent += outcome == Outcome.SENT
                 if not progressed:
                     break
         finally:
@@ -301,8 +319,9 @@ class OutboxSender:
             )
         return got is not None
 
-    async def _deliver(self, row: Row[Any], key: int) -> bool:
-        """Send one row; False when it must wait (a transient failure), so later rows keep their order."""
+    async def _deliver(self, row: Row[Any], key: int) -> Outcome | None:
+        """Send one row; None when it must wait (a transient failure, a lost lease), so later rows keep their
+        order."""
         try:
             delivery = delivery_of(row._mapping)
         except ValueError as exc:
@@ -310,11 +329,9 @@ class OutboxSender:
         posting = isinstance(delivery, NewMessage)
         try:
             if isinstance(delivery, NewMessage):
-                if not await self._post_once(row, key, delivery):
-                    return False  # the lease went to another sender, who goes on from this row
-            else:
-                await self._change(delivery)
-                await self._mark(row.id, sent_at=func.now(), attempts=m.Outbox.attempts + 1)
+                return await self._post_once(row, key, delivery)
+            await self._change(delivery)
+            return await self._done(row, Outcome.SENT, attempts=m.Outbox.attempts + 1)
         except Undeliverable as exc:
             return await self._give_up(row, str(exc))
         except SlackApiError as exc:
@@ -322,14 +339,15 @@ class OutboxSender:
             if error == "ratelimited":  # waited out here, not in the client: no call outlives its lease unseen
                 retry_after = float(exc.response.headers.get("Retry-After", 1) or 1)
                 await self._backoff(row, error, posting=posting, delay=timedelta(seconds=retry_after))
-                return False
+                return None
             if (error, type(delivery)) in (("already_reacted", AddReaction), ("no_reaction", RemoveReaction)):
-                await self._mark(row.id, sent_at=func.now(), attempts=m.Outbox.attempts + 1)
-                return True
+                return await self._done(row, Outcome.SENT, attempts=m.Outbox.attempts + 1)
             if isinstance(delivery, AddReaction | RemoveReaction):
                 # A reaction is a courtesy (a deleted custom emoji, a restricted channel): it never holds the
                 # replies behind it.
                 return await self._give_up(row, error)
+            if isinstance(delivery, CasePost):
+                return await self._case_failed(row, delivery, error, transient=error in TRANSIENT_ERRORS)
             tries = row.attempts + 1  # `row` was read before this try (a post's is counted in the table already)
             if (
                 error in PERMANENT_ERRORS
@@ -338,26 +356,65 @@ class OutboxSender:
             ):
                 return await self._give_up(row, error)
             await self._backoff(row, error, posting=posting)
-            return False
+            return None
         except Exception as exc:  # connection failures, lost answers and timeouts: tried again after a backoff
+            if isinstance(delivery, CasePost):
+                return await self._case_failed(row, delivery, repr(exc), transient=True)
             await self._backoff(row, repr(exc), posting=posting)
-            return False
-        return True
+            return None
 
-    async def _post_once(self, row: Row[Any], key: int, delivery: NewMessage) -> bool:
-        """Post a new message, unless an earlier attempt at this row is found where it would be; False when the
-        attempt could not be recorded (the lease went to another sender)."""
+    async def _post_once(self, row: Row[Any], key: int, delivery: NewMessage) -> Outcome | None:
+        """Post a new message, unless an earlier attempt at this row is found where it would be; None when the
+        attempt could not be recorded (the lease went to another sender, who goes on from this row)."""
         where = await self._where(delivery)
         ts = await self._already_posted(row, where) if row.attempts > 0 else None
         if ts is None:
             message = await self._render(delivery)
             if not await self._attempt(row, key):
-                return False
-            ts = await self._post(where, message, outbox_id=row.id)
+                return None
+            try:
+                ts = await self._post(where, message, outbox_id=row.id)
+            except SlackApiError as exc:
+                if not (message.blocks and exc.response.get("error") in LAYOUT_ERRORS):
+                    raise
+                # Slack refused the layout, so nothing was posted: the same attempt posts the words alone.
+                log.warning("outbox row %s: Slack refused its blocks (%s); posting it as text", row.id, exc)
+                ts = await self._post(where, Message(clip(message.text, TEXT_LIMIT)), outbox_id=row.id)
         if isinstance(delivery, CasePost):
             await self._renderer().case_posted(delivery.escalation_id, channel=where.channel, ts=ts)
-        await self._mark(row.id, sent_at=func.now(), result_ts=ts)
-        return True
+        return await self._done(row, Outcome.SENT, result_ts=ts)
+
+    async def _case_failed(self, row: Row[Any], case: CasePost, error: str, *, transient: bool) -> Outcome | None:
+        """A case the staff channel would not take. The admins hear at once (most such failures are theirs to
+        fix: invite the bot, correct STAFF_CHANNEL_ID); it is tried again while that can help; given up, the
+        admins get the case itself and the customer is told that nobody could be reached yet."""
+        tries = row.attempts + 1
+        hopeless = not transient and error not in FIXABLE_BY_ADMINS and tries >= DETERMINISTIC_TRIES
+        if not (hopeless or datetime.now(UTC) - row.created_at > self.case_patience):
+            await self._backoff(row, error, posting=True)
+            if tries == 1:
+                await self._alert_admins(case_problem(case.escalation_id, case.channel, error))
+            return None
+        rendered = await self._renderer().case(case.escalation_id)
+        await self._alert_admins(case_given_up(case.escalation_id, error, rendered.text))
+        notice: list[Delivery] = []
+        if self.unreachable_notice and (place := await self._customer_place(case.conversation_id)) is not None:
+            notice = [*posts(conversation_id=case.conversation_id, **place, body=self.unreachable_notice)]
+        return await self._give_up(row, error, then=notice)
+
+    async def _customer_place(self, conversation_id: int) -> dict[str, Any] | None:
+        async with self.engine.connect() as conn:
+            key = await conn.scalar(select(m.Conversation.key).where(m.Conversation.id == conversation_id))
+        address = Address.parse(key) if key else None
+        return None if address is None else {"channel": address.channel, "thread": address.thread}
+
+    async def _alert_admins(self, text: str) -> None:
+        """A direct message to each admin; best effort (each failure is logged), as it reports a failure."""
+        for admin in sorted(self.admins):
+            try:
+                await self.client.chat_postMessage(channel=admin, text=clip(text, TEXT_LIMIT))
+            except Exception as exc:
+                log.error("could not tell admin %s about a failed delivery: %r", admin, exc)
 
     async def _where(self, delivery: NewMessage) -> Where:
         match delivery:
@@ -450,7 +507,7 @@ class OutboxSender:
             done = await conn.execute(
                 text(
                     "UPDATE outbox SET attempts = attempts + 1, attempted_at = now() "
-                    f"WHERE id = :id AND sent_at IS NULL AND attempts = :seen AND {HOLDING_SEND_LEASE} "
+                    f"WHERE id = :id AND done_at IS NULL AND attempts = :seen AND {HOLDING_SEND_LEASE} "
                     "RETURNING id"
                 ),
                 {"id": row.id, "seen": row.attempts, "k": key, "o": self.owner},
@@ -463,10 +520,22 @@ class OutboxSender:
         counted = {} if posting else {"attempts": m.Outbox.attempts + 1}  # a post's attempt is already counted
         await self._mark(row.id, last_error=error, next_attempt_at=func.now() + delay, **counted)
 
-    async def _give_up(self, row: Row[Any], error: str) -> bool:
-        log.error("outbox row %s given up: %s", row.id, error)
-        await self._mark(row.id, sent_at=func.now(), last_error=f"gave up: {error}")
-        return True
+    async def _give_up(self, row: Row[Any], error: str, *, then: Sequence[Delivery] = ()) -> Outcome:
+        """The row failed for good: its own state (never counted as sent), with `then` queued in the same
+        transaction (what a person must hear instead)."""
+        log.error("outbox row %s (%s) given up: %s", row.id, row.kind, error)
+        await self._done(row, Outcome.GIVEN_UP, last_error=error, then=then)
+        return Outcome.GIVEN_UP
+
+    async def _done(self, row: Row[Any], outcome: Outcome, *, then: Sequence[Delivery] = (), **values: Any) -> Outcome:
+        async with AsyncSession(self.engine) as s, s.begin():
+            await s.execute(
+                update(m.Outbox)
+                .where(m.Outbox.id == row.id, m.Outbox.done_at.is_(None))
+                .values(done_at=func.now(), outcome=str(outcome), **values)
+            )
+            await enqueue(s, then)
+        return outcome
 
     async def _already_posted(self, row: Row[Any], where: Where) -> str | None:
         """The ts of this row's post if Slack has it: searched from a minute before the row was written, so
@@ -490,5 +559,5 @@ class OutboxSender:
     async def _mark(self, row_id: int, **values: Any) -> None:
         async with self.engine.begin() as conn:
             await conn.execute(
-                update(m.Outbox).where(m.Outbox.id == row_id, m.Outbox.sent_at.is_(None)).values(**values)
+                update(m.Outbox).where(m.Outbox.id == row_id, m.Outbox.done_at.is_(None)).values(**values)
             )

@@ -40,6 +40,7 @@ from bot.admin.queries import AdminQueries
 from bot.inbox import Inbox
 from bot.metrics import Metrics
 from bot.outbox import OutboxSender, ReplyStyle, turn_outbox
+from bot.preflight import staff_channel_problem
 from bot.settings import Settings
 from bot.slack_app import SlackDirectory, build_app, slack_client
 from bot.slack_events import Policy
@@ -115,13 +116,13 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
     assert settings.slack_bot_token is not None and settings.slack_signing_secret is not None
     if not settings.llm_configured:
         log.warning("no LLM provider configured: answering from the knowledge base (offline mode)")
-    if not settings.staff_channel_id:
-        log.warning("STAFF_CHANNEL_ID is not set: escalated conversations wait for a human nobody is told about")
     now = clock or (lambda: datetime.now(UTC))
     style = ReplyStyle(settings.handoff_notice, settings.working_reaction, settings.done_reaction)
     policy = escalation_policy(settings)
     token, api = settings.slack_bot_token.get_secret_value(), settings.slack_api_url
     client = slack_client(token=token, base_url=api)
+    if (problem := await staff_channel_problem(client, settings.staff_channel_id)) is not None:
+        log.warning("STAFF CHANNEL: %s", problem)
     async with runtime.open_database(settings) as db:
         brain = await runtime.brain(settings, db)
         roster, model = brain.roster, brain.model
@@ -147,6 +148,8 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             engine=db.engine,
             client=slack_client(token=token, base_url=api, idempotent_only=True),
             cases=cases,
+            admins=settings.admin_ids,
+            unreachable_notice=settings.case_unreachable_message,
             lease_s=settings.lease_seconds,
         )
         workers = Workers(
@@ -200,6 +203,7 @@ def admin_commands(
         knowledge=brain.knowledge,
         probe=provider_probe(brain.provider, model=settings.openai_model),
         version=_version(),
+        staff_channel=settings.staff_channel_id,
     )
 
 

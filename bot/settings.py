@@ -84,6 +84,10 @@ class Settings(BaseSettings):
         "Our assistant is paused here for now, so I've passed your message to a colleague, who will reply here."
     )
     handed_back_message: str = "You're back with our assistant; ask away. A colleague is one message away if needed."
+    case_unreachable_message: str = (
+        "I'm sorry: I could not reach a colleague just now. Your message is saved and our team will see it; "
+        "you can also write here again later."
+    )
     note_marker: str = "note:"
     case_reminder_minutes: float = 15
     case_max_reminders: int = 2

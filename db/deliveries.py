@@ -14,12 +14,27 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
+from enum import StrEnum
 from typing import Any, ClassVar
 
-from sqlalchemy import insert
+from sqlalchemy import insert, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import models as m
+
+
+class Outcome(StrEnum):
+    """How a row stopped being owed (`outbox.outcome`, with `done_at`); a row still owed has none."""
+
+    SENT = "sent"
+    SKIPPED = "skipped"
+    """Nothing to do any more (a reaction removed before it was added, a relay whose source was deleted)."""
+    GIVEN_UP = "given_up"
+    """Failed for good: shown in /metrics and `/support status`, never counted as sent."""
+
+
+GIVEN_UP = text("outbox.outcome = 'given_up'")
+"""Rows given up, as the partial index `ix_outbox_given_up` is written (so that counting them uses it)."""
 
 
 @dataclass(frozen=True)

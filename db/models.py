@@ -65,6 +65,7 @@ class Inbound(Base):
     __table_args__ = (
         UniqueConstraint("conversation_id", "external_id"),
         Index("ix_inbound_pending", "conversation_id", "id", postgresql_where="processed_at IS NULL"),
+        Index("ix_inbound_set_aside", "id", postgresql_where="outcome->>'kind' = 'set_aside'"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -200,8 +201,9 @@ class Outbox(Base):
 
     __tablename__ = "outbox"
     __table_args__ = (
-        Index("ix_outbox_unsent", "id", postgresql_where="sent_at IS NULL"),
-        Index("ix_outbox_unsent_by_conversation", "conversation_id", "id", postgresql_where="sent_at IS NULL"),
+        Index("ix_outbox_unsent", "id", postgresql_where="done_at IS NULL"),
+        Index("ix_outbox_unsent_by_conversation", "conversation_id", "id", postgresql_where="done_at IS NULL"),
+        Index("ix_outbox_given_up", "id", postgresql_where="outcome = 'given_up'"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -223,7 +225,10 @@ class Outbox(Base):
     attempted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     """After a transient failure, not before this (exponential backoff); later rows of the conversation wait."""
-    sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    done_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    """When the row stopped being owed: see `outcome`."""
+    outcome: Mapped[str | None] = mapped_column(Text)
+    """sent, skipped or given_up (`db.deliveries.Outcome`); None while owed."""
     result_ts: Mapped[str | None] = mapped_column(Text)
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()

@@ -65,8 +65,13 @@ def _status_line(case: CaseView) -> str:
 
 
 def case_text(case: CaseView) -> str:
-    """The notification text (and the fallback where blocks do not render)."""
-    return f"Case #{case.escalation_id}: {case.customer} needs a person ({case.reason})"
+    """The notification text (its first line), and the whole case where blocks cannot be used: a post Slack
+    refused the layout of, a direct message to the admins."""
+    where = f"<#{case.channel}>" + (f" {case.permalink}" if case.permalink else "")
+    return (
+        f"Case #{case.escalation_id}: {case.customer} needs a person ({case.reason})\n"
+        f"Where: {where} · escalated by the {case.agent} agent\nSummary: {case.summary}\n{_status_line(case)}"
+    )
 
 
 def case_message(case: CaseView) -> Message:
@@ -79,6 +84,28 @@ def relay_to_staff(customer: Person, text: str) -> Message:
 
 def relay_to_customer(colleague: Person, text: str) -> Message:
     return Message(text, shown_as=Person(f"{colleague.name} (Driftwing team)", colleague.avatar))
+
+
+_FIXES = {
+    "not_in_channel": "Invite me to that channel (`/invite` me there).",
+    "channel_not_found": "Check STAFF_CHANNEL_ID: no such channel, or I cannot see it.",
+    "is_archived": "The channel is archived: unarchive it or set another STAFF_CHANNEL_ID.",
+    "restricted_action": "Posting there is restricted: allow apps to post, or set another STAFF_CHANNEL_ID.",
+}
+
+
+def case_problem(escalation_id: int, channel: str, error: str) -> str:
+    """For the admins: a case the staff channel would not take."""
+    fix = _FIXES.get(error, "I will keep trying for a few minutes.")
+    return f":warning: I could not post case #{escalation_id} in <#{channel}> (`{error}`). {fix}"
+
+
+def case_given_up(escalation_id: int, error: str, case_text: str) -> str:
+    """For the admins: a case that could not be posted at all, with the case itself so that someone can act."""
+    return (
+        f":rotating_light: I gave up posting case #{escalation_id} for staff (`{error}`); the customer was told "
+        f"that nobody could be reached yet. The case:\n\n{case_text}"
+    )
 
 
 def reminder_text(escalation_id: int, waited_minutes: int) -> str:

@@ -67,9 +67,17 @@ class Channel:
     id: str
     name: str
     is_im: bool = False
+    is_member: bool = True
+    """The bot is in the channel: posting elsewhere fails with `not_in_channel`, as in Slack."""
+    is_private: bool = False
+    is_ext_shared: bool = False
+    """Shared with another organisation (Slack Connect)."""
+    is_archived: bool = False
 
     def to_api(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "is_channel": not self.is_im, "is_im": self.is_im, "is_member": True}
+        kind = {"is_channel": not self.is_im and not self.is_private, "is_group": self.is_private, "is_im": self.is_im}
+        flags = {"is_member": self.is_member, "is_private": self.is_private, "is_ext_shared": self.is_ext_shared}
+        return {"id": self.id, "name": self.name, "is_archived": self.is_archived} | kind | flags
 
 
 @dataclass(frozen=True)
@@ -171,6 +179,8 @@ class _Fault:
     status: int
     retry_after: int
     error: str
+    params: dict[str, str] = field(default_factory=dict)
+    """Only calls with these parameters fail."""
 
 
 def block_kit_problem(blocks: Any) -> str | None:
@@ -372,8 +382,9 @@ class SlackEmulator:
         user = self.users[id] = SlackUser(id, name, real_name, image, is_bot, is_admin)
         return user
 
-    def add_channel(self, id: str, name: str, is_im: bool = False) -> Channel:
-        channel = self.channels[id] = Channel(id, name.lstrip("#"), is_im)
+    def add_channel(self, id: str, name: str, is_im: bool = False, **flags: bool) -> Channel:
+        """A channel (again, replacing it: `add_channel("C_STAFF", "#staff", is_member=False)`)."""
+        channel = self.channels[id] = Channel(id, name.lstrip("#"), is_im, **flags)
         return channel
 
     def add_message(self, channel: str, text: str, *, user: str = "U_CUSTOMER", thread_ts: str | None = None) -> Msg:
@@ -410,9 +421,17 @@ class SlackEmulator:
     # -- fault injection -------------------------------------------------------------------------------------
 
     def fail_next(
-        self, method: str, *, status: int = 429, retry_after: int = 1, error: str = "ratelimited", times: int = 1
+        self,
+        method: str,
+        *,
+        status: int = 429,
+        retry_after: int = 1,
+        error: str = "ratelimited",
+        times: int = 1,
+        **params: str,
     ) -> None:
-        self._faults.setdefault(method, deque()).extend([_Fault(status, retry_after, error)] * times)
+        """The next ``times`` calls of ``method`` with these parameters (all calls without any) fail so."""
+        self._faults.setdefault(method, deque()).extend([_Fault(status, retry_after, error, params)] * times)
 
     def drop_next(self, method: str, *, times: int = 1, **params: str) -> None:
         """The next ``times`` calls of ``method`` with these parameters (``channel="C_STAFF"``) are performed, and
@@ -456,8 +475,8 @@ class SlackEmulator:
             body = {"ok": False, "error": "not_authed"}
         elif self.expected_token is not None and token != self.expected_token:
             body = {"ok": False, "error": "invalid_auth"}
-        elif self._faults.get(method):
-            fault = self._faults[method].popleft()
+        elif (fault := self._fault_for(method, params)) is not None:
+            self._faults[method].remove(fault)
             status, injected = fault.status, True
             headers = {"Retry-After": str(fault.retry_after)} if fault.status == 429 else {}
             body = {"ok": False, "error": fault.error}
@@ -479,6 +498,12 @@ class SlackEmulator:
         if hold is not None and not injected:
             await hold.wait()
         return web.json_response(body, status=status, headers=headers)
+
+    def _fault_for(self, method: str, params: Mapping[str, Any]) -> _Fault | None:
+        return next(
+            (f for f in self._faults.get(method, ()) if all(str(params.get(k)) == v for k, v in f.params.items())),
+            None,
+        )
 
     def _drop_for(self, method: str, params: Mapping[str, Any]) -> tuple[str, dict[str, str]] | None:
         return next(
@@ -503,6 +528,12 @@ class SlackEmulator:
 
     def _post_message(self, params: dict[str, Any]) -> dict[str, Any]:
         channel = self._channel_param(params)
+        if block_kit_problem(params.get("blocks")) is not None:
+            raise SlackApiFailure("invalid_blocks")
+        if channel.is_archived:
+            raise SlackApiFailure("is_archived")
+        if not channel.is_member:
+            raise SlackApiFailure("not_in_channel")
         text = _str(params, "text") or _str(params, "markdown_text")
         if text is None and not params.get("blocks") and not params.get("attachments"):
             raise SlackApiFailure("no_text")
@@ -619,6 +650,8 @@ class SlackEmulator:
 
     def _channel(self, key: str) -> Channel:
         channel = self.channels.get(key) or next((c for c in self.channels.values() if c.name == key.lstrip("#")), None)
+        if channel is None and key in self.users:  # a user id: the bot's direct message with them, as in Slack
+            channel = self.channels.setdefault(f"D{key}", Channel(f"D{key}", key, is_im=True))
         if channel is None:
             raise SlackApiFailure("channel_not_found")
         return channel

@@ -75,7 +75,7 @@ async def settle(sessions: Sessions, timeout_s: float = 10.0) -> None:
     """Wait until every stored message is processed and every queued Slack call sent."""
     for _ in range(round(timeout_s / 0.05)):
         if not await count(sessions, m.Inbound, m.Inbound.processed_at.is_(None)) and not await count(
-            sessions, m.Outbox, m.Outbox.sent_at.is_(None)
+            sessions, m.Outbox, m.Outbox.done_at.is_(None)
         ):
             return
         await asyncio.sleep(0.05)

@@ -14,7 +14,7 @@ from bot.outbox import OutboxSender
 from bot.slack_app import slack_client
 from db import deliveries as d
 from db import models as m
-from db.deliveries import KINDS, Delivery, delivery_of, enqueue, row_of
+from db.deliveries import KINDS, Delivery, Outcome, delivery_of, enqueue, row_of
 from fakes.slack_api import SlackEmulator
 from tests import ROOT
 from tests.test_manifests import calls
@@ -77,10 +77,10 @@ async def test_a_row_of_an_unknown_kind_is_given_up_not_retried(
         s.add(m.Outbox(conversation_id=conversation.id, kind="carrier_pigeon", channel="C_SUPPORT"))
         await enqueue(s, [d.Post(conversation.id, "C_SUPPORT", None, "after the pigeon")])
     client = slack_client(token="xoxb-test", base_url=emulator.api_url, idempotent_only=True)
-    assert await OutboxSender(engine=engine, client=client).send_pending() == 2
+    assert await OutboxSender(engine=engine, client=client).send_pending() == 1  # the pigeon is given up, not sent
     async with sessions() as s:
         pigeon, post = (await s.scalars(select(m.Outbox).order_by(m.Outbox.id))).all()
-    assert pigeon.sent_at is not None and pigeon.last_error == "gave up: unknown outbox kind 'carrier_pigeon'"
+    assert pigeon.outcome == Outcome.GIVEN_UP and pigeon.last_error == "unknown outbox kind 'carrier_pigeon'"
     assert post.result_ts is not None and [p.text for p in emulator.posts("C_SUPPORT")] == ["after the pigeon"]
 
 

@@ -19,7 +19,7 @@ from agents.roster import default_roster
 from bot.outbox import OutboxSender
 from bot.slack_app import slack_client
 from db import models as m
-from db.deliveries import AddReaction, Post, RemoveReaction, enqueue
+from db.deliveries import AddReaction, Outcome, Post, RemoveReaction, enqueue
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply, slow
 from tests.conftest import CONFIG
@@ -188,7 +188,7 @@ async def test_a_rate_limited_post_waits_in_the_outbox_not_in_the_client(
     assert await a.send_pending() == 0
     async with sessions() as s:
         row = (await s.scalars(select(m.Outbox))).one()
-        assert row.last_error == "ratelimited" and row.next_attempt_at is not None and row.sent_at is None
+        assert row.last_error == "ratelimited" and row.next_attempt_at is not None and row.done_at is None
     await asyncio.sleep(1.2)
     assert await b.send_pending() == 1
     assert [p.text for p in emulator.posts("C_SUPPORT", thread)] == ["the answer"]
@@ -221,10 +221,8 @@ async def test_a_working_reaction_whose_removal_is_already_queued_is_never_sent(
     assert emulator.calls_to("reactions.remove") == []
     assert [p.text for p in emulator.posts("C_SUPPORT", root.ts)] == ["the answer"]
     async with sessions() as s:
-        unsent = await s.scalar(select(func.count()).select_from(m.Outbox).where(m.Outbox.sent_at.is_(None)))
-        skipped = await s.scalar(
-            select(func.count()).select_from(m.Outbox).where(m.Outbox.last_error.like("skipped:%"))
-        )
+        unsent = await s.scalar(select(func.count()).select_from(m.Outbox).where(m.Outbox.done_at.is_(None)))
+        skipped = await s.scalar(select(func.count()).select_from(m.Outbox).where(m.Outbox.outcome == Outcome.SKIPPED))
     assert unsent == 0 and skipped == 2
 
 
@@ -235,11 +233,11 @@ async def test_a_reaction_slack_rejects_does_not_hold_the_replies(
     behind it goes out in the same pass instead of waiting out the reaction's backoff."""
     thread = await _one_post_queued(sessions, emulator, first=AddReaction, reaction="deleted_emoji")
     emulator.fail_next("reactions.add", status=200, error="invalid_name")
-    assert await _sender(engine, emulator, "A").send_pending() == 2
+    assert await _sender(engine, emulator, "A").send_pending() == 1  # the reaction is given up, not sent
     assert [p.text for p in emulator.posts("C_SUPPORT", thread)] == ["the answer"]
     async with sessions() as s:
-        errors = (await s.scalars(select(m.Outbox.last_error).order_by(m.Outbox.id))).all()
-    assert errors == ["gave up: invalid_name", None]
+        ends = (await s.execute(select(m.Outbox.outcome, m.Outbox.last_error).order_by(m.Outbox.id))).all()
+    assert [tuple(e) for e in ends] == [(Outcome.GIVEN_UP, "invalid_name"), (Outcome.SENT, None)]
 
 
 async def test_a_deterministic_error_is_given_up_after_a_few_tries(
@@ -256,8 +254,8 @@ async def test_a_deterministic_error_is_given_up_after_a_few_tries(
     for _ in range(2):
         assert await sender.send_pending() == 0
         async with sessions() as s, s.begin():  # the backoff, fast-forwarded
-            await s.execute(update(m.Outbox).where(m.Outbox.sent_at.is_(None)).values(next_attempt_at=func.now()))
-    assert await sender.send_pending() == 2
+            await s.execute(update(m.Outbox).where(m.Outbox.done_at.is_(None)).values(next_attempt_at=func.now()))
+    assert await sender.send_pending() == 1
     assert [p.text for p in emulator.posts("C_SUPPORT", thread)] == ["the next answer"]
 
 

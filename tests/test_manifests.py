@@ -40,6 +40,8 @@ METHOD_SCOPES: dict[str, tuple[frozenset[str], ...]] = {
     "reactions.add": (frozenset({"reactions:write"}),),
     "reactions.remove": (frozenset({"reactions:write"}),),
     "users.info": (frozenset({"users:read"}),),
+    # The read scope of the conversation's type: the staff channel checked at start-up (public or private).
+    "conversations.info": (frozenset({"channels:read", "groups:read", "im:read", "mpim:read"}),),
     # The history scope of the conversation's type (public, private, DM, group DM).
     "conversations.history": (HISTORY,),
     "conversations.replies": (HISTORY,),

@@ -24,6 +24,7 @@ from bot.admin import views
 from bot.admin.actions import AdminActions
 from bot.admin.queries import AdminQueries, Health
 from bot.admin.views import Reply
+from bot.preflight import RefusedToStart, staff_channel_problem
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +82,10 @@ class AdminCommands:
         knowledge: KnowledgeBase,
         probe: ProviderProbe,
         version: str,
+        staff_channel: str | None = None,
     ) -> None:
         self.client = client
+        self.staff_channel = staff_channel
         self.admin_ids = admin_ids
         self.workspace_admins = workspace_admins
         self.queries = queries
@@ -143,10 +146,18 @@ class AdminCommands:
             case p.Help(topic):
                 return True, views.help_reply(topic)
             case p.Status():
-                health, llm, knowledge = await asyncio.gather(self._health(), self.probe(), self._knowledge())
+                health, llm, knowledge, staff = await asyncio.gather(
+                    self._health(), self.probe(), self._knowledge(), self._staff_channel()
+                )
                 uptime = time.monotonic() - self._started_monotonic
                 reply = views.status_reply(
-                    health, llm=llm, knowledge=knowledge, version=self.version, uptime_s=uptime, started=self.started
+                    health,
+                    llm=llm,
+                    knowledge=knowledge,
+                    staff_channel=staff,
+                    version=self.version,
+                    uptime_s=uptime,
+                    started=self.started,
                 )
                 return isinstance(health, Health), reply
             case p.Agents():
@@ -183,6 +194,13 @@ class AdminCommands:
             return await self.knowledge.status()
         except Exception as exc:  # the database is down: status still answers, saying so
             return f"unknown ({type(exc).__name__})"
+
+    async def _staff_channel(self) -> str | None:
+        """Checked again on each status, so that inviting the bot shows as fixed at once."""
+        try:
+            return await staff_channel_problem(self.client, self.staff_channel)
+        except RefusedToStart as exc:
+            return str(exc)
 
     async def _health(self) -> Health | str:
         """The database's view, or why there is none: when the database is down, status must still answer."""

@@ -12,12 +12,16 @@ from sqlalchemy import ColumnElement, Float, cast, extract, func, or_, select, t
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.address import DM, Address
+from agents.conversations import SET_ASIDE
 from agents.offline import OFFLINE
 from bot.admin.parse import CaseRef, Listing, Ref, ThreadRef
 from db import models as m
+from db.deliveries import GIVEN_UP
 from escalation.machine import OPEN_CASE, WITH_HUMANS, Mode
 
 LIST_LIMIT = 15
+RECENT = 5
+"""Failures listed by `/support status` (all are counted)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,14 @@ class Health:
     llm_failures_15m: int
     offline_answers_15m: int
     """Answers of the offline stand-in: all of them offline, else one per provider failure it covered."""
+    given_up: int
+    """Slack calls given up for good."""
+    recent_give_ups: tuple[tuple[str, str, str, datetime], ...]
+    """(kind, conversation key, error, when), the latest first."""
+    set_aside: int
+    """Messages set aside after failing every way they can be handled."""
+    recent_set_aside: tuple[tuple[int, str, int, datetime], ...]
+    """(message id, conversation key, attempts, received), the latest first."""
 
 
 @dataclass(frozen=True)
@@ -245,7 +257,7 @@ class AdminQueries:
                     )
                 )
             ).one()
-            unsent = await s.scalar(select(func.count()).where(m.Outbox.sent_at.is_(None))) or 0
+            unsent = await s.scalar(select(func.count()).where(m.Outbox.done_at.is_(None))) or 0
             open_cases, unclaimed = (
                 await s.execute(
                     select(func.count(), func.count().filter(m.Escalation.claimed_by.is_(None))).where(
@@ -257,6 +269,23 @@ class AdminQueries:
             calls, failures, offline = (
                 await s.execute(select(*_llm_counts()).where(m.LLMCall.created_at > func.now() - timedelta(minutes=15)))
             ).one()
+            given_up = await s.scalar(select(func.count()).select_from(m.Outbox).where(GIVEN_UP)) or 0
+            recent_give_ups = await s.execute(
+                select(m.Outbox.kind, func.coalesce(m.Conversation.key, ""), func.coalesce(m.Outbox.last_error, ""))
+                .add_columns(m.Outbox.done_at)
+                .outerjoin(m.Conversation, m.Conversation.id == m.Outbox.conversation_id)
+                .where(GIVEN_UP)
+                .order_by(m.Outbox.id.desc())
+                .limit(RECENT)
+            )
+            set_aside = await s.scalar(select(func.count()).select_from(m.Inbound).where(SET_ASIDE)) or 0
+            recent_set_aside = await s.execute(
+                select(m.Inbound.id, m.Conversation.key, m.Inbound.attempts, m.Inbound.received_at)
+                .join(m.Conversation, m.Conversation.id == m.Inbound.conversation_id)
+                .where(SET_ASIDE)
+                .order_by(m.Inbound.id.desc())
+                .limit(RECENT)
+            )
         return Health(
             database_ms,
             pending,
@@ -268,6 +297,10 @@ class AdminQueries:
             calls,
             failures,
             offline,
+            given_up,
+            tuple((r[0], r[1], r[2], r[3]) for r in recent_give_ups),
+            set_aside,
+            tuple((r[0], r[1], r[2], r[3]) for r in recent_set_aside),
         )
 
     async def usage(self, days: int) -> Usage:

@@ -169,6 +169,7 @@ def status_reply(
     *,
     llm: str,
     knowledge: KnowledgeStatus | str,
+    staff_channel: str | None = None,
     version: str,
     uptime_s: float,
     started: datetime,
@@ -191,11 +192,29 @@ def status_reply(
         f"*LLM provider*\n{llm}\n{llm_recent}",
         knowledge_field(knowledge),
         f"*Inbox*\n{backlog}; {health.unsent_outbox} Slack call(s) unsent",
-        f"*Escalations*\n{health.open_cases} open, {health.unclaimed_cases} unclaimed",
+        f"*Escalations*\n{health.open_cases} open, {health.unclaimed_cases} unclaimed; staff channel "
+        + (f"⚠️ {staff_channel}" if staff_channel else "ok"),
         f"*Paused*\n{pauses}",
         running,
+        failures_field(health),
     ]
     return _fields_reply("Status", fields)
+
+
+def failures_field(health: Health) -> str:
+    """What failed for good: Slack calls given up and messages set aside, counted, with the latest few."""
+    if not health.given_up and not health.set_aside:
+        return "*Failures*\nnone"
+    lines = [f"*Failures*\n{health.given_up} Slack call(s) given up, {health.set_aside} message(s) set aside"]
+    lines += [
+        f"• {kind} in `{key or '-'}`: {_clip(error, 80)} ({when:%d %b %H:%M})"
+        for kind, key, error, when in health.recent_give_ups
+    ]
+    lines += [
+        f"• message {mid} in `{key}` set aside after {n} tries ({when:%d %b %H:%M})"
+        for mid, key, n, when in health.recent_set_aside
+    ]
+    return "\n".join(lines)
 
 
 def agents_reply(roster: Roster) -> Reply:
