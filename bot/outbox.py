@@ -121,9 +121,8 @@ def turn_outbox(
                 owed += posts(conversation_id=cid, channel=channel, thread=thread, body=notice)
         if result.kind == ResultKind.STAFF:
             if escalation_id is not None:
-                relay = to_mrkdwn(commit.text)
                 source = commit.external_id
-                owed.append(RelayToCustomer(cid, escalation_id, channel, thread, commit.author, relay, source))
+                owed.append(RelayToCustomer(cid, escalation_id, channel, thread, commit.author, commit.text, source))
                 owed.append(CaseUpdate(cid, escalation_id))
         elif result.reply:
             owed += posts(conversation_id=cid, channel=channel, thread=thread, body=result.reply)
@@ -370,6 +369,8 @@ class OutboxSender:
         ts = await self._already_posted(row, where) if row.attempts > 0 else None
         if ts is None:
             message = await self._render(delivery)
+            if message is None:
+                return await self._done(row, Outcome.SKIPPED, last_error="deleted before it was relayed")
             if not await self._attempt(row, key):
                 return None
             try:
@@ -430,7 +431,7 @@ class OutboxSender:
                     raise Undeliverable(f"case {escalation_id} has no thread")
                 return Where(*where)
 
-    async def _render(self, delivery: NewMessage) -> Message:
+    async def _render(self, delivery: NewMessage) -> Message | None:
         match delivery:
             case Post(text=text):
                 return Message(text)
@@ -474,10 +475,14 @@ class OutboxSender:
                 if where is not None:
                     case = await self._renderer().case(escalation_id)
                     await self.client.chat_update(channel=where[0], ts=where[1], text=case.text, blocks=case.blocks)
-            case RelayEdit(source=source, text=edited):
+            case RelayEdit(conversation_id=conversation_id, source=source):
+                # No copy yet: the relay is still to go out, and it reads the words as they are now.
                 copy = await self._relayed_copy(source)
-                if copy is not None:
-                    await self.client.chat_update(channel=copy[0], ts=copy[1], text=edited)
+                words = await self._renderer().staff_words(conversation_id, source)
+                if copy is not None and words is not None:
+                    await self.client.chat_update(
+                        channel=copy[0], ts=copy[1], text=self._renderer().for_customer(words)
+                    )
             case RelayDelete(source=source):
                 copy = await self._relayed_copy(source)
                 if copy is not None:

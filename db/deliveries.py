@@ -116,6 +116,7 @@ class RelayToCustomer(_OfCase):
     author: str | None
     """The colleague (a platform user id)."""
     text: str
+    """As the colleague wrote it; the relay shows the message as it is when it goes out (`source`)."""
     source: str | None
     """The colleague's message, so that its edits and deletion reach the copy."""
 

@@ -80,6 +80,8 @@ class Inbound(Base):
     received_at: Mapped[datetime] = _now()
     processed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     outcome: Mapped[dict[str, Any] | None] = mapped_column()
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    """A colleague's message deleted, or edited into a note: not relayed, or its copy deleted."""
 
 
 class Message(Base):

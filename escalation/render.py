@@ -43,8 +43,11 @@ class CaseRenderer:
         sessions: async_sessionmaker[AsyncSession],
         directory: Directory,
         summarize: Summarizer | None = None,
+        for_customer: Callable[[str], str] = lambda text: text,
     ) -> None:
         self.sessions = sessions
+        self.for_customer = for_customer
+        """A colleague's words as the customer's platform shows them (Markdown to Slack mrkdwn)."""
         self.directory = directory
         self.summarize = summarize
         self._summaries: dict[int, str] = {}
@@ -58,8 +61,27 @@ class CaseRenderer:
     async def relay_to_staff(self, relay: RelayToStaff) -> Message:
         return views.relay_to_staff(await self._person(relay.author), relay.text)
 
-    async def relay_to_customer(self, relay: RelayToCustomer) -> Message:
-        return views.relay_to_customer(await self._person(relay.author), relay.text)
+    async def relay_to_customer(self, relay: RelayToCustomer) -> Message | None:
+        """The colleague's message as it is now (edited since, maybe); None when it was deleted or made a note."""
+        words = await self.staff_words(relay.conversation_id, relay.source) if relay.source else relay.text
+        if words is None:
+            return None
+        return views.relay_to_customer(await self._person(relay.author), self.for_customer(words))
+
+    async def staff_words(self, conversation_id: int, source: str) -> str | None:
+        """A colleague's message as last edited, None once deleted (or edited into a note): read when its relay
+        or edit goes out, so that an edit or a deletion that overtook the relay still wins."""
+        async with self.sessions() as s:
+            row = (
+                await s.execute(
+                    select(m.Inbound.text, m.Inbound.deleted_at).where(
+                        m.Inbound.conversation_id == conversation_id,
+                        m.Inbound.external_id == source,
+                        m.Inbound.kind == "staff",
+                    )
+                )
+            ).first()
+        return None if row is None or row.deleted_at is not None else str(row.text)
 
     def reminder(self, reminder: Reminder) -> Message:
         return views.reminder(reminder.text)

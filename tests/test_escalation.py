@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.leases import Leases
 from db import models as m
 from escalation.policy import BusinessHours
 from escalation.views import ACTION_CLAIM, ACTION_HAND_BACK, ACTION_RESOLVE
@@ -312,3 +313,43 @@ async def test_case_relays_and_reminders_whose_answers_are_lost_are_posted_once(
     assert rows == []  # each post tried once, then found
     for post in emulator.posts(STAFF) + emulator.posts(SUPPORT):
         assert post.metadata is not None and post.metadata["event_type"] == "helpdesk_outbox"
+
+
+def staff_edit(ts: str, case_ts: str, text: str) -> dict[str, Any]:
+    message = {"type": "message", "user": "U_STAFF", "text": text, "ts": ts, "thread_ts": case_ts}
+    return {"type": "message", "subtype": "message_changed", "channel": STAFF, "hidden": True, "message": message}
+
+
+def staff_delete(ts: str, case_ts: str) -> dict[str, Any]:
+    previous = {"user": "U_STAFF", "ts": ts, "thread_ts": case_ts}
+    return {"type": "message", "subtype": "message_deleted", "channel": STAFF, "hidden": True, "deleted_ts": ts} | {
+        "previous_message": previous
+    }
+
+
+async def test_edits_and_deletions_that_arrive_before_the_relay_still_win(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    """The workers are busy (another process holds the customer's conversation), so a colleague's edit, deletion
+    and edit into a note all arrive before the messages they change are relayed: the customer gets the edited
+    text, never the deleted one, and never the note."""
+    thread, case = await escalate(emulator, fake_llm, sessions)
+    async with sessions() as s:
+        conversation_id = await s.scalar(select(m.Escalation.conversation_id))
+    assert conversation_id is not None
+    busy = Leases(sessions, owner="a-busy-worker", ttl_s=30)
+    lease = await busy.claim(conversation_id)
+    assert lease is not None
+
+    price = await emulator.user_says(STAFF, "The price is $100", user="U_STAFF", thread_ts=case.ts)
+    await emulator.deliver_event(staff_edit(price.ts, case.ts, "The price is $120"))
+    oops = await emulator.user_says(STAFF, "Wrong customer: your card ends 4242", user="U_STAFF", thread_ts=case.ts)
+    await emulator.deliver_event(staff_delete(oops.ts, case.ts))
+    hunch = await emulator.user_says(STAFF, "We will refund you", user="U_STAFF", thread_ts=case.ts)
+    await emulator.deliver_event(staff_edit(hunch.ts, case.ts, "note: maybe a refund, ask finance"))
+    await busy.release(lease)
+    await settle(sessions)
+
+    posted = [c.params.get("text") for c in emulator.calls_to("chat.postMessage") if c.params.get("channel") == SUPPORT]
+    assert not any("4242" in str(t) or "refund" in str(t) for t in posted)
+    assert relays_to_customer(emulator, thread) == ["The price is $120"]
