@@ -32,7 +32,6 @@ from agents.address import Address
 from agents.agent import Roster
 from agents.conversations import TurnCommit
 from agents.leases import keep_renewed, process_owner
-from bot.mrkdwn import split_text, to_mrkdwn
 from db import models as m
 from db.deliveries import (
     AddReaction,
@@ -53,7 +52,9 @@ from db.deliveries import (
 )
 from escalation.policy import EscalationPolicy
 from escalation.render import CaseRenderer
-from escalation.views import Message
+from escalation.views import Message, relay_text
+from slacktext.limits import split_text
+from slacktext.text import from_markdown
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +95,9 @@ class ReplyStyle:
 
 
 def posts(*, conversation_id: int, channel: str, thread: str | None, body: str) -> list[Post]:
-    """An answer as Slack shows it (mrkdwn), in as many posts as its length needs."""
-    return [Post(conversation_id, channel, thread, part) for part in split_text(to_mrkdwn(body))]
+    """An answer as Slack shows it (mrkdwn, nothing in it a mention or a disguised link), in as many posts as its
+    length needs."""
+    return [Post(conversation_id, channel, thread, part) for part in split_text(from_markdown(body))]
 
 
 def turn_outbox(
@@ -120,9 +122,8 @@ def turn_outbox(
                 owed += posts(conversation_id=cid, channel=channel, thread=thread, body=notice)
         if result.kind == "staff":
             if escalation_id is not None:
-                relay = to_mrkdwn(commit.text)
                 source = commit.external_id
-                owed.append(RelayToCustomer(cid, escalation_id, channel, thread, commit.author, relay, source))
+                owed.append(RelayToCustomer(cid, escalation_id, channel, thread, commit.author, commit.text, source))
                 owed.append(CaseUpdate(cid, escalation_id))
         elif result.reply:
             owed += posts(conversation_id=cid, channel=channel, thread=thread, body=result.reply)
@@ -420,7 +421,7 @@ class OutboxSender:
             case RelayEdit(source=source, text=edited):
                 copy = await self._relayed_copy(source)
                 if copy is not None:
-                    await self.client.chat_update(channel=copy[0], ts=copy[1], text=edited)
+                    await self.client.chat_update(channel=copy[0], ts=copy[1], text=relay_text(edited))
             case RelayDelete(source=source):
                 copy = await self._relayed_copy(source)
                 if copy is not None:

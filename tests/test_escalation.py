@@ -312,3 +312,75 @@ async def test_case_relays_and_reminders_whose_answers_are_lost_are_posted_once(
     assert rows == []  # each post tried once, then found
     for post in emulator.posts(STAFF) + emulator.posts(SUPPORT):
         assert post.metadata is not None and post.metadata["event_type"] == "helpdesk_outbox"
+
+
+HOSTILE = "<!here> <!channel> <@U0ADMIN> <https://evil.example|driftwing.com>"
+"""What a customer (or a prompt-injected model) may write: every Slack control sequence that notifies or misleads."""
+
+
+def live_forms(text: str) -> list[str]:
+    """Mentions, special mentions and disguised links that Slack would act on in `text`."""
+    return [form for form in ("<!", "<@", "|driftwing.com>") if form in text]
+
+
+async def test_untrusted_text_stays_text_in_cases_and_relays(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    fake_llm.script(tools(tool_call("escalate_to_human", {"reason": f"customer asked: {HOSTILE}"})))
+    said = await emulator.user_says(SUPPORT, f"I want a person {HOSTILE}")
+    [case] = await emulator.wait_for(lambda: [p for p in emulator.posts(STAFF) if not p.thread_ts])
+    blocks = json.dumps(case.blocks)
+    assert live_forms(case.text) == live_forms(blocks) == []
+    assert "driftwing.com (<https://evil.example>)" in blocks and "&lt;!channel&gt;" in blocks  # shown, inert
+
+    # The customer's next message, relayed into the case's thread.
+    await emulator.user_says(SUPPORT, f"hello? {HOSTILE}", thread_ts=said.ts)
+    [relay] = await emulator.wait_for(lambda: case_thread(emulator, case))
+    assert live_forms(relay) == []
+    assert relay == (
+        "*Casey Customer* (customer): hello? &lt;!here&gt; &lt;!channel&gt; &lt;@U0ADMIN&gt; "
+        "driftwing.com (<https://evil.example>)"
+    )
+
+    # A colleague's message (and its edit) reaches the customer's channel with no @channel in it either.
+    staff = await emulator.user_says(STAFF, f"Sam here {HOSTILE}", user="U_STAFF", thread_ts=case.ts)
+    [copy] = await emulator.wait_for(lambda: [p for p in emulator.posts(SUPPORT, said.ts) if p.username])
+    assert live_forms(copy.text) == [] and copy.text.startswith("Sam here &lt;!here&gt;")
+    edited = {
+        "type": "message",
+        "subtype": "message_changed",
+        "channel": STAFF,
+        "hidden": True,
+        "message": {
+            "type": "message",
+            "user": "U_STAFF",
+            "text": "<!everyone> edited",
+            "ts": staff.ts,
+            "thread_ts": case.ts,
+        },
+        "previous_message": {"user": "U_STAFF", "text": "Sam here", "ts": staff.ts, "thread_ts": case.ts},
+    }
+    await emulator.deliver_event(edited)
+    await emulator.wait_for(lambda: "edited" in emulator.message(SUPPORT, copy.ts).text)  # type: ignore[union-attr]
+    assert emulator.message(SUPPORT, copy.ts).text == "&lt;!everyone&gt; edited"  # type: ignore[union-attr]
+    await settle(sessions)
+
+
+async def test_a_long_reason_and_a_long_name_still_make_a_case(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    """Slack refuses a whole message over any Block Kit limit (`invalid_blocks`): each field is clipped instead."""
+    name = ("Maximilian " * 19)[:200]  # a display name of 200 characters: a header holds 150
+    emulator.add_user("U_LONG", "max", name)
+    reason = ("The customer reports that the gimbal drifts after the firmware update & more; " * 40)[:2500]
+    fake_llm.script(tools(tool_call("escalate_to_human", {"reason": reason})))
+    await emulator.user_says(SUPPORT, "I need a person about my gimbal", user="U_LONG")
+    [case] = await emulator.wait_for(lambda: [p for p in emulator.posts(STAFF) if not p.thread_ts])
+    assert emulator.rejected == []
+    header, fields = case.blocks[0]["text"]["text"], case.blocks[1]["fields"]  # type: ignore[index]
+    assert len(header) <= 150 and header.startswith("Case #1: Maximilian Maximilian") and header.endswith("…")
+    assert fields[0]["text"] == f"*Customer*\n{name}"
+    assert fields[2]["text"].startswith("*Reason*\nThe customer reports") and fields[2]["text"].endswith("…")
+    assert len(fields[2]["text"]) <= 2000 and "&amp; more" in fields[2]["text"]
+    await settle(sessions)
+    assert (await escalation_row(sessions)).case_ts == case.ts
