@@ -47,6 +47,18 @@ def case_thread(emulator: SlackEmulator, case: Msg) -> list[str]:
     return [p.text for p in emulator.posts(STAFF, case.ts) if p.thread_ts == case.ts]
 
 
+def staff_edit(ts: str, case_ts: str, text: str, *, was: str) -> dict[str, Any]:
+    """The `message_changed` event of a colleague editing their message in a case's thread."""
+    return {
+        "type": "message",
+        "subtype": "message_changed",
+        "channel": STAFF,
+        "hidden": True,
+        "message": {"type": "message", "user": "U_STAFF", "text": text, "ts": ts, "thread_ts": case_ts},
+        "previous_message": {"user": "U_STAFF", "text": was, "ts": ts},
+    }
+
+
 def actions_of(emulator: SlackEmulator, case: Msg) -> list[str]:
     message = emulator.message(STAFF, case.ts)
     assert message is not None and message.blocks is not None
@@ -162,21 +174,7 @@ async def test_editing_and_deleting_a_staff_message_reaches_the_copy(
     thread, case = await escalate(emulator, fake_llm, sessions)
     said = await emulator.user_says(STAFF, "Your refund is $30", user="U_STAFF", thread_ts=case.ts)
     [copy] = await emulator.wait_for(lambda: [p for p in emulator.posts(SUPPORT, thread) if p.username])
-    edited = {
-        "type": "message",
-        "subtype": "message_changed",
-        "channel": STAFF,
-        "hidden": True,
-        "message": {
-            "type": "message",
-            "user": "U_STAFF",
-            "text": "Your refund is $300",
-            "ts": said.ts,
-            "thread_ts": case.ts,
-        },
-        "previous_message": {"user": "U_STAFF", "text": "Your refund is $30", "ts": said.ts},
-    }
-    await emulator.deliver_event(edited)
+    await emulator.deliver_event(staff_edit(said.ts, case.ts, "Your refund is $300", was="Your refund is $30"))
     await emulator.wait_for(lambda: emulator.message(SUPPORT, copy.ts).text == "Your refund is $300")  # type: ignore[union-attr]
     deleted = {
         "type": "message",
@@ -346,21 +344,7 @@ async def test_untrusted_text_stays_text_in_cases_and_relays(
     staff = await emulator.user_says(STAFF, f"Sam here {HOSTILE}", user="U_STAFF", thread_ts=case.ts)
     [copy] = await emulator.wait_for(lambda: [p for p in emulator.posts(SUPPORT, said.ts) if p.username])
     assert live_forms(copy.text) == [] and copy.text.startswith("Sam here &lt;!here&gt;")
-    edited = {
-        "type": "message",
-        "subtype": "message_changed",
-        "channel": STAFF,
-        "hidden": True,
-        "message": {
-            "type": "message",
-            "user": "U_STAFF",
-            "text": "<!everyone> edited",
-            "ts": staff.ts,
-            "thread_ts": case.ts,
-        },
-        "previous_message": {"user": "U_STAFF", "text": "Sam here", "ts": staff.ts, "thread_ts": case.ts},
-    }
-    await emulator.deliver_event(edited)
+    await emulator.deliver_event(staff_edit(staff.ts, case.ts, "<!everyone> edited", was="Sam here"))
     await emulator.wait_for(lambda: "edited" in emulator.message(SUPPORT, copy.ts).text)  # type: ignore[union-attr]
     assert emulator.message(SUPPORT, copy.ts).text == "&lt;!everyone&gt; edited"  # type: ignore[union-attr]
     await settle(sessions)
