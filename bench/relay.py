@@ -39,8 +39,8 @@ from typing import Any, Literal
 
 from bench.live import CORES_NOTE, Live, LoopLag, cpu_line, cpu_use, disturbed, live_bot, paused_gc, print_afterwards
 from bench.setup import RESULTS, run_benchmark, section, summary, table
-from bot.mrkdwn import to_mrkdwn
 from bot.settings import Settings
+from escalation.views import relay_text
 from fakes.openai_server import FakeReply, RecordedRequest, reply, tool_call, tools
 from harness.slack import Sent, deliver, write
 
@@ -119,7 +119,7 @@ def prepare(live: Live, conversation: Conversation, direction: Direction, text: 
     if direction == "staff_to_customer":
         conversation.staff_sent += 1
         sent = write(live.emulator, STAFF_CHANNEL, text, user=STAFF, thread_ts=conversation.case_ts)
-        return Message(direction, conversation, sent, SUPPORT, conversation.thread_ts, to_mrkdwn(text))
+        return Message(direction, conversation, sent, SUPPORT, conversation.thread_ts, relay_text(text))
     sent = write(live.emulator, SUPPORT, text, user=CUSTOMER, thread_ts=conversation.thread_ts)
     relayed = f"*Casey Customer* (customer): {text}"
     return Message(direction, conversation, sent, STAFF_CHANNEL, conversation.case_ts, relayed)

@@ -32,7 +32,6 @@ from agents.address import Address
 from agents.agent import Roster
 from agents.conversations import ResultKind, TurnCommit
 from agents.leases import keep_renewed, process_owner
-from bot.mrkdwn import TEXT_LIMIT, clip, split_text, to_mrkdwn
 from db import models as m
 from db.deliveries import (
     AddReaction,
@@ -54,7 +53,9 @@ from db.deliveries import (
 )
 from escalation.policy import EscalationPolicy
 from escalation.render import CaseRenderer
-from escalation.views import Message, case_given_up, case_problem
+from escalation.views import Message, case_given_up, case_problem, relay_text
+from slacktext.limits import MESSAGE_TEXT, clip, split_text
+from slacktext.text import from_markdown
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +96,9 @@ class ReplyStyle:
 
 
 def posts(*, conversation_id: int, channel: str, thread: str | None, body: str) -> list[Post]:
-    """An answer as Slack shows it (mrkdwn), in as many posts as its length needs."""
-    return [Post(conversation_id, channel, thread, part) for part in split_text(to_mrkdwn(body))]
+    """An answer as Slack shows it (mrkdwn, nothing in it a mention or a disguised link), in as many posts as its
+    length needs."""
+    return [Post(conversation_id, channel, thread, part) for part in split_text(from_markdown(body))]
 
 
 def turn_outbox(
@@ -380,7 +382,7 @@ class OutboxSender:
                     raise
                 # Slack refused the layout, so nothing was posted: the same attempt posts the words alone.
                 log.warning("outbox row %s: Slack refused its blocks (%s); posting it as text", row.id, exc)
-                ts = await self._post(where, Message(clip(message.text, TEXT_LIMIT)), outbox_id=row.id)
+                ts = await self._post(where, Message(clip(message.text, MESSAGE_TEXT)), outbox_id=row.id)
         if isinstance(delivery, CasePost):
             await self._renderer().case_posted(delivery.escalation_id, channel=where.channel, ts=ts)
         return await self._done(row, Outcome.SENT, result_ts=ts)
@@ -413,7 +415,7 @@ class OutboxSender:
         """A direct message to each admin; best effort (each failure is logged), as it reports a failure."""
         for admin in sorted(self.admins):
             try:
-                await self.client.chat_postMessage(channel=admin, text=clip(text, TEXT_LIMIT))
+                await self.client.chat_postMessage(channel=admin, text=clip(text, MESSAGE_TEXT))
             except Exception as exc:
                 log.error("could not tell admin %s about a failed delivery: %r", admin, exc)
 
@@ -480,9 +482,7 @@ class OutboxSender:
                 copy = await self._relayed_copy(source)
                 words = await self._renderer().staff_words(conversation_id, source)
                 if copy is not None and words is not None:
-                    await self.client.chat_update(
-                        channel=copy[0], ts=copy[1], text=self._renderer().for_customer(words)
-                    )
+                    await self.client.chat_update(channel=copy[0], ts=copy[1], text=relay_text(words))
             case RelayDelete(source=source):
                 copy = await self._relayed_copy(source)
                 if copy is not None:

@@ -39,7 +39,6 @@ from bot.admin.command import register as register_admin
 from bot.admin.queries import AdminQueries
 from bot.inbox import Inbox
 from bot.metrics import Metrics
-from bot.mrkdwn import to_mrkdwn
 from bot.outbox import OutboxSender, ReplyStyle, turn_outbox
 from bot.preflight import staff_channel_problem
 from bot.settings import Settings
@@ -141,7 +140,6 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
         cases = CaseRenderer(
             sessions=db.sessions,
             directory=SlackDirectory(client),  # reads only: the client that retries is safe here
-            for_customer=to_mrkdwn,
             summarize=llm_summarizer(runtime.chat_model(settings), settings.openai_model)
             if policy.llm_summary
             else None,

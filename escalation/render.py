@@ -17,6 +17,8 @@ from db import models as m
 from db.deliveries import RelayToCustomer, RelayToStaff, Reminder
 from escalation import views
 from escalation.views import CaseView, Message, Person
+from slacktext.limits import clip
+from slacktext.text import escape, from_markdown, inert
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +45,8 @@ class CaseRenderer:
         sessions: async_sessionmaker[AsyncSession],
         directory: Directory,
         summarize: Summarizer | None = None,
-        for_customer: Callable[[str], str] = lambda text: text,
     ) -> None:
         self.sessions = sessions
-        self.for_customer = for_customer
-        """A colleague's words as the customer's platform shows them (Markdown to Slack mrkdwn)."""
         self.directory = directory
         self.summarize = summarize
         self._summaries: dict[int, str] = {}
@@ -66,7 +65,7 @@ class CaseRenderer:
         words = await self.staff_words(relay.conversation_id, relay.source) if relay.source else relay.text
         if words is None:
             return None
-        return views.relay_to_customer(await self._person(relay.author), self.for_customer(words))
+        return views.relay_to_customer(await self._person(relay.author), words)
 
     async def staff_words(self, conversation_id: int, source: str) -> str | None:
         """A colleague's message as last edited, None once deleted (or edited into a note): read when its relay
@@ -150,14 +149,16 @@ class CaseRenderer:
         return view
 
     async def _summary(self, lines: list[tuple[str, str]]) -> str:
+        """mrkdwn for the case message: the model's summary (Markdown), or the last messages; either way made
+        inert, as the messages (and a model summarizing them) may carry mentions and disguised links."""
         if self.summarize is not None:
             try:
-                return await self.summarize(lines)
+                return from_markdown(await self.summarize(lines))
             except Exception as exc:  # a case without an LLM summary beats no case
                 log.warning("case summary failed, showing the last messages: %s", exc)
-        return "\n".join(f"*{who}:* {_clip(text, 300)}" for who, text in lines[-6:]) or "(no messages)"
+        transcript = [f"*{escape(who)}:* {clip(inert(text), LINE)}" for who, text in lines[-6:]]
+        return "\n".join(transcript) or "(no messages)"
 
 
-def _clip(text: str, limit: int) -> str:
-    """At most `limit` characters, cut at a word and marked, so a summary line never ends mid-word."""
-    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " …"
+LINE = 300
+"""Characters of one message in a transcript summary."""

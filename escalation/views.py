@@ -1,5 +1,8 @@
 """What the staff side's messages show, as pure functions of what they are about: the case message (Block Kit),
-relays both ways and reminders. The outbox's sender posts the `Message`s returned here."""
+relays both ways and reminders. The outbox's sender posts the `Message`s returned here.
+
+Names, reasons and messages are other people's text (a customer's, a colleague's, a model's): each is escaped or made
+inert (`slacktext.text`) where it enters a message, and the blocks are clipped to what Slack accepts."""
 
 from __future__ import annotations
 
@@ -7,10 +10,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from escalation.machine import OPEN_CASE, CaseStatus
+from slacktext.limits import MESSAGE_TEXT, clip, fit
+from slacktext.text import escape, inert
 
 ACTION_CLAIM = "case_claim"
 ACTION_RESOLVE = "case_resolve"
 ACTION_HAND_BACK = "case_hand_back"
+REASON_IN_TEXT = 300
+"""Characters of the reason in the case's notification text; the blocks show more."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,7 @@ class CaseView:
     permalink: str | None
     reason: str
     summary: str
+    """mrkdwn, its untrusted parts already made inert (it is built from the transcript, or by a model)."""
     agent: str
     status: str
     claimed_by: str | None = None
@@ -66,11 +74,12 @@ def _status_line(case: CaseView) -> str:
 
 def case_text(case: CaseView) -> str:
     """The notification text (its first line), and the whole case where blocks cannot be used: a post Slack
-    refused the layout of, a direct message to the admins."""
-    where = f"<#{case.channel}>" + (f" {case.permalink}" if case.permalink else "")
+    refused the layout of, a direct message to the admins. The summary is inert already (`CaseRenderer`)."""
+    reason = clip(inert(case.reason), REASON_IN_TEXT)
+    where = f"<#{case.channel}>" + (f" <{escape(case.permalink)}>" if case.permalink else "")
     return (
-        f"Case #{case.escalation_id}: {case.customer} needs a person ({case.reason})\n"
-        f"Where: {where} · escalated by the {case.agent} agent\nSummary: {case.summary}\n{_status_line(case)}"
+        f"Case #{case.escalation_id}: {escape(case.customer)} needs a person ({reason})\n"
+        f"Where: {where} · escalated by the {escape(case.agent)} agent\nSummary: {case.summary}\n{_status_line(case)}"
     )
 
 
@@ -79,11 +88,18 @@ def case_message(case: CaseView) -> Message:
 
 
 def relay_to_staff(customer: Person, text: str) -> Message:
-    return Message(f"*{customer.name}* (customer): {text}")
+    return Message(clip(f"*{escape(customer.name)}* (customer): {inert(text)}", MESSAGE_TEXT))
+
+
+def relay_text(text: str) -> str:
+    """A colleague's message (Slack mrkdwn, as its event delivered it) as the customer sees it, also when edited:
+    an @channel or a mention in the staff channel must not reach a customer channel as one."""
+    return clip(inert(text), MESSAGE_TEXT)
 
 
 def relay_to_customer(colleague: Person, text: str) -> Message:
-    return Message(text, shown_as=Person(f"{colleague.name} (Driftwing team)", colleague.avatar))
+    # The username is plain text to Slack (no mentions, no links), so the colleague's name goes in as it is.
+    return Message(relay_text(text), shown_as=Person(f"{colleague.name} (Driftwing team)", colleague.avatar))
 
 
 _FIXES = {
@@ -117,19 +133,21 @@ def reminder(text: str) -> Message:
 
 
 def case_blocks(case: CaseView) -> list[dict[str, Any]]:
-    where = f"<#{case.channel}>" + (f" · <{case.permalink}|open the thread>" if case.permalink else "")
+    """The case message's layout; each text clipped to its field's limit, so a long reason or name still posts."""
+    customer = escape(case.customer)
+    where = f"<#{case.channel}>" + (f" · <{escape(case.permalink)}|open the thread>" if case.permalink else "")
     blocks: list[dict[str, Any]] = [
-        {"type": "header", "text": {"type": "plain_text", "text": f"Case #{case.escalation_id}: {case.customer}"}},
+        {"type": "header", "text": {"type": "plain_text", "text": f"Case #{case.escalation_id}: {customer}"}},
         {
             "type": "section",
             "fields": [
-                {"type": "mrkdwn", "text": f"*Customer*\n{case.customer}"},
+                {"type": "mrkdwn", "text": f"*Customer*\n{customer}"},
                 {"type": "mrkdwn", "text": f"*Where*\n{where}"},
-                {"type": "mrkdwn", "text": f"*Reason*\n{case.reason}"},
-                {"type": "mrkdwn", "text": f"*Escalated by*\n{case.agent} agent"},
+                {"type": "mrkdwn", "text": f"*Reason*\n{inert(case.reason)}"},
+                {"type": "mrkdwn", "text": f"*Escalated by*\n{escape(case.agent)} agent"},
             ],
         },
-        {"type": "section", "text": {"type": "mrkdwn", "text": f"*Summary*\n{case.summary[:2900]}"}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": f"*Summary*\n{case.summary}"}},
         {"type": "context", "elements": [{"type": "mrkdwn", "text": _status_line(case)}]},
     ]
     if case.status in OPEN_CASE:
@@ -172,4 +190,4 @@ def case_blocks(case: CaseView) -> list[dict[str, Any]]:
             ],
         }
     )
-    return blocks
+    return fit(blocks)

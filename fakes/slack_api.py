@@ -40,6 +40,7 @@ BOT_USER_ID = "UBOT"
 BOT_ID = "BBOT"
 BOT_NAME = "helpdesk"
 VERIFICATION_TOKEN = "verification-token"
+MESSAGE_TEXT_LIMIT = 40_000
 # Fields that slack_sdk sends JSON-encoded inside form bodies.
 _JSON_FIELDS = ("blocks", "attachments", "metadata")
 
@@ -184,20 +185,78 @@ class _Fault:
 
 
 def block_kit_problem(blocks: Any) -> str | None:
-    """What Slack would refuse in a message's blocks (the documented size limits), or None."""
+    """What Slack would refuse in a message's blocks (answering `invalid_blocks`), or None. The documented limits
+    (docs.slack.dev, Block Kit reference) of the block types the bot sends: header, section, context, actions with
+    buttons, divider; any other type is refused, so that a new one gets its limits here before the bot uses it.
+    Written out here rather than imported from `slacktext.limits`: the emulator plays Slack, so a wrong limit in the
+    bot must fail against it, not be copied into it."""
     if blocks is None:
         return None
     if not isinstance(blocks, list) or len(blocks) > 50:
         return "more than 50 blocks"
     for block in blocks:
-        text = (block.get("text") or {}).get("text", "")
-        fields = block.get("fields") or []
-        if block.get("type") == "header" and len(text) > 150:
-            return "header text over 150 characters"
-        if block.get("type") == "section" and len(text) > 3000:
-            return "section text over 3000 characters"
-        if len(fields) > 10 or any(len(f.get("text", "")) > 2000 for f in fields):
-            return "more than 10 fields, or a field over 2000 characters"
+        if not isinstance(block, dict):
+            return "a block that is not an object"
+        kind = block.get("type")
+        if len(str(block.get("block_id") or "")) > 255:
+            return f"{kind}: block_id over 255 characters"
+        if (problem := _block_problem(kind, block)) is not None:
+            return f"{kind}: {problem}"
+    return None
+
+
+def _block_problem(kind: Any, block: dict[str, Any]) -> str | None:
+    match kind:
+        case "header":
+            return _text_problem(block.get("text"), 150, plain=True)
+        case "section":
+            text, fields = block.get("text"), block.get("fields")
+            if text is None and not fields:
+                return "neither text nor fields"
+            if text is not None and (problem := _text_problem(text, 3000)) is not None:
+                return problem
+            if fields is not None and (not isinstance(fields, list) or len(fields) > 10):
+                return "more than 10 fields"
+            return next((f"field {p}" for f in fields or [] if (p := _text_problem(f, 2000)) is not None), None)
+        case "context":
+            return _elements_problem(block.get("elements"), 10, _context_element_problem)
+        case "actions":
+            return _elements_problem(block.get("elements"), 25, _button_problem)
+        case "divider":
+            return None
+    return "a block type the emulator does not know"
+
+
+def _elements_problem(elements: Any, most: int, check: Callable[[Any], str | None]) -> str | None:
+    if not isinstance(elements, list) or not 1 <= len(elements) <= most:
+        return f"not 1 to {most} elements"
+    return next((p for e in elements if (p := check(e)) is not None), None)
+
+
+def _context_element_problem(element: Any) -> str | None:
+    if isinstance(element, dict) and element.get("type") == "image":
+        return None if element.get("image_url") and element.get("alt_text") else "image without image_url or alt_text"
+    return _text_problem(element, 3000)
+
+
+def _button_problem(element: Any) -> str | None:
+    if not isinstance(element, dict) or element.get("type") != "button":
+        return "an element that is not a button"
+    limits = {"action_id": 255, "value": 2000, "url": 3000}
+    if over := [key for key, most in limits.items() if len(str(element.get(key) or "")) > most]:
+        return f"button {over[0]} over {limits[over[0]]} characters"
+    problem = _text_problem(element.get("text"), 75, plain=True)
+    return None if problem is None else f"button {problem}"
+
+
+def _text_problem(obj: Any, most: int, *, plain: bool = False) -> str | None:
+    """A text object: plain_text (or mrkdwn where allowed) of 1 to `most` characters."""
+    kinds = ("plain_text",) if plain else ("plain_text", "mrkdwn")
+    if not isinstance(obj, dict) or obj.get("type") not in kinds:
+        return f"text that is not a {' or '.join(kinds)} object"
+    text = obj.get("text")
+    if not isinstance(text, str) or not 1 <= len(text) <= most:
+        return f"text of {len(text) if isinstance(text, str) else 0} characters (1 to {most})"
     return None
 
 
@@ -263,7 +322,7 @@ class SlackEmulator:
         self.ephemerals: list[Ephemeral] = []
         self.responses: list[dict[str, Any]] = []  # bodies POSTed to response_url endpoints
         self.response_log: list[Response] = []  # the same, with who and what they answer
-        self.rejected: list[tuple[dict[str, Any], str]] = []  # response_url bodies refused, and why
+        self.rejected: list[tuple[dict[str, Any], str]] = []  # messages and response_url bodies refused, and why
         self._response_urls: dict[str, tuple[str, str, str]] = {}  # id -> (user, channel, source)
         self.deliveries: list[Delivery] = []
         self.users: dict[str, SlackUser] = {}
@@ -528,8 +587,6 @@ class SlackEmulator:
 
     def _post_message(self, params: dict[str, Any]) -> dict[str, Any]:
         channel = self._channel_param(params)
-        if block_kit_problem(params.get("blocks")) is not None:
-            raise SlackApiFailure("invalid_blocks")
         if channel.is_archived:
             raise SlackApiFailure("is_archived")
         if not channel.is_member:
@@ -537,6 +594,7 @@ class SlackEmulator:
         text = _str(params, "text") or _str(params, "markdown_text")
         if text is None and not params.get("blocks") and not params.get("attachments"):
             raise SlackApiFailure("no_text")
+        self._check_content(params)
         msg = Msg(
             channel=channel.id,
             ts=self._next_ts(),
@@ -557,6 +615,7 @@ class SlackEmulator:
 
     def _update(self, params: dict[str, Any]) -> dict[str, Any]:
         old = self._own_message(params, "ts", "cant_update_message")
+        self._check_content(params)
         changes: dict[str, Any] = {"edited_ts": self._next_ts()}
         for key in ("text", "blocks", "metadata"):
             if key in params:
@@ -593,6 +652,7 @@ class SlackEmulator:
         user = _require(params, "user", "user_not_found")
         if user not in self.users:
             raise SlackApiFailure("user_not_in_channel")
+        self._check_content(params)
         ts = self._next_ts()
         blocks = params.get("blocks")
         self.ephemerals.append(
@@ -678,6 +738,15 @@ class SlackEmulator:
         if msg.bot_id != BOT_ID:
             raise SlackApiFailure(not_mine)
         return msg
+
+    def _check_content(self, params: dict[str, Any]) -> None:
+        """Refuse a message Slack would refuse: blocks over Block Kit's limits, text over 40,000 characters."""
+        if (problem := block_kit_problem(params.get("blocks"))) is not None:
+            self.rejected.append((params, problem))
+            raise SlackApiFailure("invalid_blocks")
+        if len(_str(params, "text") or "") > MESSAGE_TEXT_LIMIT:
+            self.rejected.append((params, "text over 40000 characters"))
+            raise SlackApiFailure("msg_too_long")
 
     def _reaction_target(self, params: Mapping[str, Any]) -> tuple[Msg, str]:
         channel = self._channel_param(params)

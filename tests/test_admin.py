@@ -233,6 +233,24 @@ async def test_conversations_show_and_escalations(
     assert "no conversation for that link" in shown(await support(emulator, f"show {link(SUPPORT, '1.000001')}"))
 
 
+async def test_show_and_escalations_keep_customers_and_models_text_inert(
+    admin_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    hostile = "<!channel> <@U0ADMIN> <https://evil.example|driftwing.com>"
+    fake_llm.script(
+        tools(tool_call("transfer_to_sales", {"reason": f"wants {hostile}"})),
+        tools(tool_call("escalate_to_human", {"reason": f"asked {hostile}"})),
+    )
+    said = await emulator.user_says(SUPPORT, f"a person please {hostile}")
+    await emulator.wait_for(lambda: [p for p in emulator.posts(STAFF) if not p.thread_ts])
+    await settle(sessions)
+    for command in (f"show {link(SUPPORT, said.ts)}", "escalations"):
+        answer = shown(await support(emulator, command))
+        assert "<!" not in answer and "<@U0ADMIN>" not in answer and "|driftwing.com>" not in answer
+        assert "&lt;!channel&gt;" in answer and "driftwing.com (<https://evil.example>)" in answer
+    assert emulator.rejected == []
+
+
 async def test_handback_and_close_by_link(
     admin_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
 ) -> None:

@@ -48,6 +48,18 @@ def case_thread(emulator: SlackEmulator, case: Msg) -> list[str]:
     return [p.text for p in emulator.posts(STAFF, case.ts) if p.thread_ts == case.ts]
 
 
+def staff_edit(ts: str, case_ts: str, text: str, *, was: str) -> dict[str, Any]:
+    """The `message_changed` event of a colleague editing their message in a case's thread."""
+    return {
+        "type": "message",
+        "subtype": "message_changed",
+        "channel": STAFF,
+        "hidden": True,
+        "message": {"type": "message", "user": "U_STAFF", "text": text, "ts": ts, "thread_ts": case_ts},
+        "previous_message": {"user": "U_STAFF", "text": was, "ts": ts},
+    }
+
+
 def actions_of(emulator: SlackEmulator, case: Msg) -> list[str]:
     message = emulator.message(STAFF, case.ts)
     assert message is not None and message.blocks is not None
@@ -163,21 +175,7 @@ async def test_editing_and_deleting_a_staff_message_reaches_the_copy(
     thread, case = await escalate(emulator, fake_llm, sessions)
     said = await emulator.user_says(STAFF, "Your refund is $30", user="U_STAFF", thread_ts=case.ts)
     [copy] = await emulator.wait_for(lambda: [p for p in emulator.posts(SUPPORT, thread) if p.username])
-    edited = {
-        "type": "message",
-        "subtype": "message_changed",
-        "channel": STAFF,
-        "hidden": True,
-        "message": {
-            "type": "message",
-            "user": "U_STAFF",
-            "text": "Your refund is $300",
-            "ts": said.ts,
-            "thread_ts": case.ts,
-        },
-        "previous_message": {"user": "U_STAFF", "text": "Your refund is $30", "ts": said.ts},
-    }
-    await emulator.deliver_event(edited)
+    await emulator.deliver_event(staff_edit(said.ts, case.ts, "Your refund is $300", was="Your refund is $30"))
     await emulator.wait_for(lambda: emulator.message(SUPPORT, copy.ts).text == "Your refund is $300")  # type: ignore[union-attr]
     deleted = {
         "type": "message",
@@ -315,11 +313,6 @@ async def test_case_relays_and_reminders_whose_answers_are_lost_are_posted_once(
         assert post.metadata is not None and post.metadata["event_type"] == "helpdesk_outbox"
 
 
-def staff_edit(ts: str, case_ts: str, text: str) -> dict[str, Any]:
-    message = {"type": "message", "user": "U_STAFF", "text": text, "ts": ts, "thread_ts": case_ts}
-    return {"type": "message", "subtype": "message_changed", "channel": STAFF, "hidden": True, "message": message}
-
-
 def staff_delete(ts: str, case_ts: str) -> dict[str, Any]:
     previous = {"user": "U_STAFF", "ts": ts, "thread_ts": case_ts}
     return {"type": "message", "subtype": "message_deleted", "channel": STAFF, "hidden": True, "deleted_ts": ts} | {
@@ -342,14 +335,74 @@ async def test_edits_and_deletions_that_arrive_before_the_relay_still_win(
     assert lease is not None
 
     price = await emulator.user_says(STAFF, "The price is $100", user="U_STAFF", thread_ts=case.ts)
-    await emulator.deliver_event(staff_edit(price.ts, case.ts, "The price is $120"))
+    await emulator.deliver_event(staff_edit(price.ts, case.ts, "The price is $120", was="The price is $100"))
     oops = await emulator.user_says(STAFF, "Wrong customer: your card ends 4242", user="U_STAFF", thread_ts=case.ts)
     await emulator.deliver_event(staff_delete(oops.ts, case.ts))
     hunch = await emulator.user_says(STAFF, "We will refund you", user="U_STAFF", thread_ts=case.ts)
-    await emulator.deliver_event(staff_edit(hunch.ts, case.ts, "note: maybe a refund, ask finance"))
+    await emulator.deliver_event(
+        staff_edit(hunch.ts, case.ts, "note: maybe a refund, ask finance", was="We will refund you")
+    )
     await busy.release(lease)
     await settle(sessions)
 
     posted = [c.params.get("text") for c in emulator.calls_to("chat.postMessage") if c.params.get("channel") == SUPPORT]
     assert not any("4242" in str(t) or "refund" in str(t) for t in posted)
     assert relays_to_customer(emulator, thread) == ["The price is $120"]
+
+
+HOSTILE = "<!here> <!channel> <@U0ADMIN> <https://evil.example|driftwing.com>"
+"""What a customer (or a prompt-injected model) may write: every Slack control sequence that notifies or misleads."""
+
+
+def live_forms(text: str) -> list[str]:
+    """Mentions, special mentions and disguised links that Slack would act on in `text`."""
+    return [form for form in ("<!", "<@", "|driftwing.com>") if form in text]
+
+
+async def test_untrusted_text_stays_text_in_cases_and_relays(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    fake_llm.script(tools(tool_call("escalate_to_human", {"reason": f"customer asked: {HOSTILE}"})))
+    said = await emulator.user_says(SUPPORT, f"I want a person {HOSTILE}")
+    [case] = await emulator.wait_for(lambda: [p for p in emulator.posts(STAFF) if not p.thread_ts])
+    blocks = json.dumps(case.blocks)
+    assert live_forms(case.text) == live_forms(blocks) == []
+    assert "driftwing.com (<https://evil.example>)" in blocks and "&lt;!channel&gt;" in blocks  # shown, inert
+
+    # The customer's next message, relayed into the case's thread.
+    await emulator.user_says(SUPPORT, f"hello? {HOSTILE}", thread_ts=said.ts)
+    [relay] = await emulator.wait_for(lambda: case_thread(emulator, case))
+    assert live_forms(relay) == []
+    assert relay == (
+        "*Casey Customer* (customer): hello? &lt;!here&gt; &lt;!channel&gt; &lt;@U0ADMIN&gt; "
+        "driftwing.com (<https://evil.example>)"
+    )
+
+    # A colleague's message (and its edit) reaches the customer's channel with no @channel in it either.
+    staff = await emulator.user_says(STAFF, f"Sam here {HOSTILE}", user="U_STAFF", thread_ts=case.ts)
+    [copy] = await emulator.wait_for(lambda: [p for p in emulator.posts(SUPPORT, said.ts) if p.username])
+    assert live_forms(copy.text) == [] and copy.text.startswith("Sam here &lt;!here&gt;")
+    await emulator.deliver_event(staff_edit(staff.ts, case.ts, "<!everyone> edited", was="Sam here"))
+    await emulator.wait_for(lambda: "edited" in emulator.message(SUPPORT, copy.ts).text)  # type: ignore[union-attr]
+    assert emulator.message(SUPPORT, copy.ts).text == "&lt;!everyone&gt; edited"  # type: ignore[union-attr]
+    await settle(sessions)
+
+
+async def test_a_long_reason_and_a_long_name_still_make_a_case(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    """Slack refuses a whole message over any Block Kit limit (`invalid_blocks`): each field is clipped instead."""
+    name = ("Maximilian " * 19)[:200]  # a display name of 200 characters: a header holds 150
+    emulator.add_user("U_LONG", "max", name)
+    reason = ("The customer reports that the gimbal drifts after the firmware update & more; " * 40)[:2500]
+    fake_llm.script(tools(tool_call("escalate_to_human", {"reason": reason})))
+    await emulator.user_says(SUPPORT, "I need a person about my gimbal", user="U_LONG")
+    [case] = await emulator.wait_for(lambda: [p for p in emulator.posts(STAFF) if not p.thread_ts])
+    assert emulator.rejected == []
+    header, fields = case.blocks[0]["text"]["text"], case.blocks[1]["fields"]  # type: ignore[index]
+    assert len(header) <= 150 and header.startswith("Case #1: Maximilian Maximilian") and header.endswith("…")
+    assert fields[0]["text"] == f"*Customer*\n{name}"
+    assert fields[2]["text"].startswith("*Reason*\nThe customer reports") and fields[2]["text"].endswith("…")
+    assert len(fields[2]["text"]) <= 2000 and "&amp; more" in fields[2]["text"]
+    await settle(sessions)
+    assert (await escalation_row(sessions)).case_ts == case.ts

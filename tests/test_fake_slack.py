@@ -152,6 +152,58 @@ async def test_errors(emu: SlackEmulator) -> None:
         assert (raw.status, await raw.json()) == (200, {"ok": False, "error": "not_authed"})
 
 
+def section(text: str) -> dict[str, Any]:
+    return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
+
+
+def button(text: str) -> dict[str, Any]:
+    return {"type": "button", "action_id": "a", "value": "1", "text": {"type": "plain_text", "text": text}}
+
+
+@pytest.mark.parametrize(
+    ("blocks", "problem"),
+    [
+        ([section("x")] * 51, "more than 50 blocks"),
+        ([{"type": "header", "text": {"type": "plain_text", "text": "h" * 151}}], "header: text of 151 characters"),
+        ([{"type": "header", "text": {"type": "mrkdwn", "text": "h"}}], "header: text that is not a plain_text"),
+        ([section("s" * 3001)], "section: text of 3001 characters"),
+        ([section("")], "section: text of 0 characters"),
+        ([{"type": "section", "fields": [{"type": "mrkdwn", "text": "f"}] * 11}], "section: more than 10 fields"),
+        ([{"type": "section", "fields": [{"type": "mrkdwn", "text": "f" * 2001}]}], "section: field text of 2001"),
+        ([{"type": "context", "elements": [{"type": "mrkdwn", "text": "c" * 3001}]}], "context: text of 3001"),
+        ([{"type": "context", "elements": [{"type": "mrkdwn", "text": "c"}] * 11}], "context: not 1 to 10 elements"),
+        ([{"type": "actions", "elements": [button("b" * 76)]}], "actions: button text of 76 characters"),
+        ([{"type": "actions", "elements": [button("b") | {"value": "v" * 2001}]}], "actions: button value over"),
+        ([{"type": "divider", "block_id": "i" * 256}], "divider: block_id over 255"),
+        ([{"type": "video"}], "video: a block type the emulator does not know"),
+    ],
+)
+async def test_messages_over_block_kit_limits_are_refused_like_slack(
+    emu: SlackEmulator, blocks: list[dict[str, Any]], problem: str
+) -> None:
+    """Posting, updating and posting ephemerally all answer `invalid_blocks`, and nothing is stored."""
+    web_client = client(emu)
+    posted = await web_client.chat_postMessage(channel="C_STAFF", text="ok", blocks=[section("ok")])
+    calls = (
+        web_client.chat_postMessage(channel="C_STAFF", text="fallback", blocks=blocks),
+        web_client.chat_update(channel="C_STAFF", ts=posted["ts"], text="fallback", blocks=blocks),
+        web_client.chat_postEphemeral(channel="C_STAFF", user="U_STAFF", text="fallback", blocks=blocks),
+    )
+    for call in calls:
+        with pytest.raises(SlackApiError) as refused:
+            await call
+        assert refused.value.response["error"] == "invalid_blocks"
+    assert [why.startswith(problem) for _, why in emu.rejected] == [True] * 3
+    assert [m.text for m in emu.posts("C_STAFF")] == ["ok"] and emu.ephemerals == []
+
+
+async def test_text_over_40000_characters_is_refused(emu: SlackEmulator) -> None:
+    with pytest.raises(SlackApiError) as refused:
+        await client(emu).chat_postMessage(channel="C_STAFF", text="x" * 40_001)
+    assert refused.value.response["error"] == "msg_too_long"
+    await client(emu).chat_postMessage(channel="C_STAFF", text="x" * 40_000)
+
+
 async def test_expected_token() -> None:
     async with SlackEmulator(bot_token="xoxb-right") as emu:
         with pytest.raises(SlackApiError) as excinfo:
@@ -317,7 +369,7 @@ async def test_slash_command_click_and_url_verification(live: SlackEmulator, bot
                 assert refused.status == 400 and await refused.text() == "invalid_blocks"
     assert [problem for _, problem in live.rejected] == [
         "more than 50 blocks",
-        "more than 10 fields, or a field over 2000 characters",
+        "section: field text of 2001 characters (1 to 2000)",
     ]
     assert len(live.responses) == 1
 

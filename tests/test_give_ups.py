@@ -130,19 +130,6 @@ async def test_a_case_whose_layout_slack_refuses_is_posted_as_text(
     assert dms_to(emulator, ADMIN) == []
 
 
-async def test_a_long_reason_and_a_long_name_still_make_a_case(
-    database_url: str, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
-) -> None:
-    """A 2,500-character escalation reason and a 200-character display name: Slack's block limits are not a
-    reason for a case to vanish."""
-    emulator.add_user("U_CUSTOMER", "casey", "C" * 200)
-    async with serving(bot_settings(database_url, fake_llm, emulator), emulator):
-        await ask_for_a_person(emulator, fake_llm, reason="r" * 2500)
-        case = await emulator.wait_for(lambda: [p for p in emulator.posts(STAFF) if not p.thread_ts])
-        await settle(sessions)
-    assert "r" * 100 in case[0].text and (await case_row(sessions)).outcome == Outcome.SENT
-
-
 async def test_an_externally_shared_staff_channel_stops_the_bot(
     database_url: str, emulator: SlackEmulator, fake_llm: FakeOpenAI
 ) -> None:

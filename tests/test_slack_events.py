@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 
 from agents.address import Address
-from bot.mrkdwn import split_text, to_mrkdwn
 from bot.slack_events import CustomerMessage, Ignored, Policy, classify
 
 POLICY = Policy(bot_user_id="UBOT", staff_channel="C_STAFF")
@@ -66,17 +65,3 @@ def test_served_channels_and_dms() -> None:
     assert isinstance(dm, CustomerMessage) and dm.is_dm
     assert Address.parse(dm.conversation_key) == Address("slack", "T1", "D1", None) == dm.address
     assert dm.conversation_key == "slack:T1:D1:dm" and Address.parse("cli:ada") is None
-
-
-def test_markdown_becomes_mrkdwn() -> None:
-    assert to_mrkdwn("**Harrier X4** costs $1,299 - see [specs](https://example.com/hx4)") == (
-        "*Harrier X4* costs $1,299 - see <https://example.com/hx4|specs>"
-    )
-
-
-def test_long_text_is_split_below_the_limit_keeping_code_fences() -> None:
-    text = "intro\n\n```\n" + "\n".join(f"line {i}" for i in range(400)) + "\n```\nend"
-    parts = split_text(text, limit=1000)
-    assert len(parts) > 1 and all(len(p) <= 1010 for p in parts)
-    assert all(p.count("```") % 2 == 0 for p in parts)
-    assert "".join(parts).count("line 399") == 1

@@ -1,4 +1,7 @@
-"""Block Kit for `/support` answers. Every answer is ephemeral: a `Reply` of fallback text and blocks."""
+"""Block Kit for `/support` answers. Every answer is ephemeral: a `Reply` of fallback text and blocks.
+
+Messages, names, reasons, passages and provider errors are other people's text: `_quote` makes each inert before it
+enters an answer, so an admin's view of a conversation never pings a channel or hides a link's target."""
 
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from bot.admin.parse import USAGE, UsageError
 from bot.admin.queries import CaseRow, ConversationDetail, ConversationRow, Health, Usage
 from escalation.desk import ActionResult
 from escalation.machine import Mode
+from slacktext.limits import HEADER_TEXT, clip
+from slacktext.text import escape, inert
 
 MAX_TEXT = 2900  # a section's text may hold 3,000 characters
 MAX_FIELD = 1900  # a section field 2,000
@@ -33,9 +38,7 @@ class Reply:
 
 
 def _section(text: str) -> dict[str, Any]:
-    if len(text) > MAX_TEXT:
-        text = text[: MAX_TEXT - 1] + "…"
-    return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
+    return {"type": "section", "text": {"type": "mrkdwn", "text": clip(text, MAX_TEXT)}}
 
 
 def _sections(lines: Sequence[str], *, more: str = "") -> list[dict[str, Any]]:
@@ -54,27 +57,26 @@ def _sections(lines: Sequence[str], *, more: str = "") -> list[dict[str, Any]]:
 
 
 def _fields(texts: Sequence[str]) -> dict[str, Any]:
-    fields = [t if len(t) <= MAX_FIELD else t[: MAX_FIELD - 1] + "…" for t in texts]
-    return {"type": "section", "fields": [{"type": "mrkdwn", "text": f} for f in fields[:10]]}
+    return {"type": "section", "fields": [{"type": "mrkdwn", "text": clip(t, MAX_FIELD)} for t in texts[:10]]}
 
 
 def _fields_reply(title: str, fields: Sequence[str], *more: dict[str, Any]) -> Reply:
     texts = [*(f.replace("\n", " ") for f in fields), *(b["text"]["text"] for b in more)]
-    return Reply(f"{title}: " + " | ".join(texts)[:MAX_TEXT], [_header(title), _fields(fields), *more])
+    return Reply(clip(f"{title}: " + " | ".join(texts), MAX_TEXT), [_header(title), _fields(fields), *more])
 
 
 def _header(text: str) -> dict[str, Any]:
-    return {"type": "header", "text": {"type": "plain_text", "text": text[:150], "emoji": True}}
+    return {"type": "header", "text": {"type": "plain_text", "text": clip(text, HEADER_TEXT), "emoji": True}}
 
 
 def _context(text: str) -> dict[str, Any]:
-    return {"type": "context", "elements": [{"type": "mrkdwn", "text": text[:MAX_TEXT]}]}
+    return {"type": "context", "elements": [{"type": "mrkdwn", "text": clip(text, MAX_TEXT)}]}
 
 
 def _reply(title: str, *body: dict[str, Any] | list[dict[str, Any]]) -> Reply:
     blocks = [b for part in body for b in (part if isinstance(part, list) else [part])]
     text = " ".join(b["text"]["text"] for b in blocks if b["type"] == "section" and "text" in b)
-    return Reply(f"{title}: {text}"[:MAX_TEXT], [_header(title), *blocks])
+    return Reply(clip(f"{title}: {text}", MAX_TEXT), [_header(title), *blocks])
 
 
 def ago(at: datetime | None, now: datetime | None = None) -> str:
@@ -113,9 +115,9 @@ def message_link(domain: str, channel: str, ts: str) -> str:
     return f"https://{domain}.slack.com/archives/{channel}/p{ts.replace('.', '')}"
 
 
-def _clip(text: str, limit: int = 160) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def _quote(text: str, limit: int = 160) -> str:
+    """Someone else's text on one line, inert (no mention, no disguised link) and at most `limit` characters."""
+    return clip(inert(" ".join(text.split())), limit)
 
 
 def help_reply(topic: str | None = None) -> Reply:
@@ -156,12 +158,8 @@ def knowledge_field(status: KnowledgeStatus | str) -> str:
     if status.unembedded:
         lines.append(f"{status.unembedded} passage(s) without vectors yet (found by full text meanwhile)")
     # Provider error messages are untrusted text: escaped, so they cannot become links or mentions.
-    lines += [f"⚠️ {_clip(_escape(problem), 600)}" for problem in status.problems[:3]]
+    lines += [f"⚠️ {clip(escape(' '.join(problem.split())), 600)}" for problem in status.problems[:3]]
     return "\n".join(lines)
-
-
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def status_reply(
@@ -193,7 +191,7 @@ def status_reply(
         knowledge_field(knowledge),
         f"*Inbox*\n{backlog}; {health.unsent_outbox} Slack call(s) unsent",
         f"*Escalations*\n{health.open_cases} open, {health.unclaimed_cases} unclaimed; staff channel "
-        + (f"⚠️ {staff_channel}" if staff_channel else "ok"),
+        + (f"⚠️ {escape(staff_channel)}" if staff_channel else "ok"),
         f"*Paused*\n{pauses}",
         running,
         failures_field(health),
@@ -207,7 +205,7 @@ def failures_field(health: Health) -> str:
         return "*Failures*\nnone"
     lines = [f"*Failures*\n{health.given_up} Slack call(s) given up, {health.set_aside} message(s) set aside"]
     lines += [
-        f"• {kind} in `{key or '-'}`: {_clip(error, 80)} ({when:%d %b %H:%M})"
+        f"• {kind} in `{key or '-'}`: {clip(escape(error), 80)} ({when:%d %b %H:%M})"
         for kind, key, error, when in health.recent_give_ups
     ]
     lines += [
@@ -223,7 +221,7 @@ def agents_reply(roster: Roster) -> Reply:
         entry = " (entry)" if agent.name == roster.entry else ""
         tools = ", ".join(t.name for t in agent.tools) or "none"
         to = ", ".join(f"*{t}*" for t in agent.handoffs) or "nobody"
-        lines.append(f"*{agent.name}*{entry}: {_clip(agent.description, 140)}\n   hands off to {to} · tools: {tools}")
+        lines.append(f"*{agent.name}*{entry}: {_quote(agent.description, 140)}\n   hands off to {to} · tools: {tools}")
     return _reply(
         "Agents", _sections(lines), _context("Every agent can also escalate to a person (escalate_to_human).")
     )
@@ -250,8 +248,11 @@ def detail_reply(detail: ConversationDetail, domain: str | None) -> Reply:
     if detail.history_from:
         head += "\n_Reset by an admin: earlier messages are out of the agents' context._"
     icons = {"user": "👤", "assistant": "🤖", "staff": "🧑‍💼", "tool": "🔧"}
-    lines = [f"{icons.get(line.role, '•')} *{line.who or line.role}*: {_clip(line.text, 200)}" for line in detail.lines]
-    handoffs = [f"{f} → {t}" + (f" ({_clip(r, 80)})" if r else "") for f, t, r, _ in detail.handoffs]
+    lines = [
+        f"{icons.get(line.role, '•')} *{escape(line.who or line.role)}*: {_quote(line.text, 200)}"
+        for line in detail.lines
+    ]
+    handoffs = [f"{f} → {t}" + (f" ({_quote(r, 80)})" if r else "") for f, t, r, _ in detail.handoffs]
     return _reply(
         "Conversation",
         _section(head),
@@ -268,7 +269,7 @@ def case_line(case: CaseRow, domain: str | None) -> str:
         if domain and case.case_channel and case.case_ts
         else ""
     )
-    return f"*#{case.id}* {case.status} · {ago(case.created_at)} old · {owner} · {_clip(case.reason, 100)}{link}"
+    return f"*#{case.id}* {case.status} · {ago(case.created_at)} old · {owner} · {_quote(case.reason, 100)}{link}"
 
 
 def cases_reply(total: int, cases: Sequence[CaseRow], domain: str | None) -> Reply:
@@ -281,12 +282,12 @@ def cases_reply(total: int, cases: Sequence[CaseRow], domain: str | None) -> Rep
 
 def kb_hits_reply(query: str, hits: Sequence[Hit]) -> Reply:
     if not hits:
-        return _reply("Knowledge base", _section(f"Nothing found for _{_clip(query, 100)}_."))
+        return _reply("Knowledge base", _section(f"Nothing found for _{_quote(query, 100)}_."))
     lines = [
-        f"*{i}.* {h.citation} · `{h.collection}` · score {h.score:.3f}\n>{_clip(h.text, 220)}"
+        f"*{i}.* {escape(h.citation)} · `{h.collection}` · score {h.score:.3f}\n>{_quote(h.text, 220)}"
         for i, h in enumerate(hits, 1)
     ]
-    return _reply("Knowledge base", _section(f"Top {len(hits)} for _{_clip(query, 100)}_:"), _sections(lines))
+    return _reply("Knowledge base", _section(f"Top {len(hits)} for _{_quote(query, 100)}_:"), _sections(lines))
 
 
 def kb_stats_reply(stats: Sequence[dict[str, object]]) -> Reply:

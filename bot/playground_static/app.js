@@ -47,7 +47,7 @@ function mrkdwn(text) {
     }
     return whole;
   });
-  h = esc(h.replace(/&amp;/g, "&").replace(/&lt;/g, "<").replace(/&gt;/g, ">"));
+  h = esc(unescapeSlack(h));
   h = h.replace(/```([\s\S]*?)```/g, "<pre>$1</pre>");
   h = h.replace(/`([^`\n]+)`/g, "<code>$1</code>");
   h = h.replace(/(^|[\s(>])\*([^*\n]+)\*/g, "$1<b>$2</b>");
@@ -59,7 +59,10 @@ function mrkdwn(text) {
   return h.replace(/\n/g, "<br>");
 }
 
-function textObj(t) { return t ? (t.type === "mrkdwn" ? mrkdwn(t.text) : esc(t.text)) : ""; }
+// Slack's three entities, in one pass (so "&amp;lt;" is the text "&lt;"); plain_text has them too.
+function unescapeSlack(text) { return text.replace(/&(amp|lt|gt);/g, (_, e) => ({amp: "&", lt: "<", gt: ">"}[e])); }
+
+function textObj(t) { return t ? (t.type === "mrkdwn" ? mrkdwn(t.text) : esc(unescapeSlack(t.text))) : ""; }
 
 function blocks(list, msg) {
   return list.map((b) => {
