@@ -137,7 +137,7 @@ def turn_outbox(
             message = commit.external_id
             if style.working_reaction:
                 owed.append(RemoveReaction(cid, channel, message, style.working_reaction))
-            if style.done_reaction and result.kind != "human":
+            if style.done_reaction and result.kind not in ("human", "limited"):  # not answered (yet)
                 owed.append(AddReaction(cid, channel, message, style.done_reaction))
         await enqueue(s, owed)
 

@@ -12,6 +12,7 @@ from sqlalchemy import ColumnElement, Float, cast, extract, func, or_, select, t
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.address import DM, Address
+from agents.limits import Scope
 from agents.offline import OFFLINE
 from bot.admin.parse import CaseRef, Listing, Ref, ThreadRef
 from db import models as m
@@ -81,6 +82,8 @@ class Health:
     llm_failures_15m: int
     offline_answers_15m: int
     """Answers of the offline stand-in: all of them offline, else one per provider failure it covered."""
+    held_back: int
+    """People over a rate limit now (told so, in a window that has not ended)."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,8 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    rate_limited: tuple[tuple[str, int], ...] = ()
+    """Customer messages no agent answered, being over a rate limit, by limit."""
 
 
 def _conversation_rows(rows: Sequence[tuple[m.Conversation, int]]) -> list[ConversationRow]:
@@ -257,6 +262,9 @@ class AdminQueries:
             calls, failures, offline = (
                 await s.execute(select(*_llm_counts()).where(m.LLMCall.created_at > func.now() - timedelta(minutes=15)))
             ).one()
+            held_back = await s.scalar(
+                select(func.count()).where(m.RateCounter.scope == Scope.USER, m.RateCounter.told_until > func.now())
+            )
         return Health(
             database_ms,
             pending,
@@ -268,6 +276,7 @@ class AdminQueries:
             calls,
             failures,
             offline,
+            held_back or 0,
         )
 
     async def usage(self, days: int) -> Usage:
@@ -285,6 +294,13 @@ class AdminQueries:
                     ).where(m.Inbound.received_at > since)
                 )
             ).one()
+            limited_by = m.Inbound.outcome["limited_by"].astext
+            limited = await s.execute(
+                select(limited_by, func.count())
+                .where(m.Inbound.received_at > since, m.Inbound.outcome["kind"].astext == "limited")
+                .group_by(limited_by)
+                .order_by(func.count().desc())
+            )
             handoffs = await s.execute(
                 select(m.Handoff.from_agent, m.Handoff.to_agent, func.count())
                 .where(m.Handoff.created_at > since)
@@ -333,6 +349,7 @@ class AdminQueries:
             prompt_tokens=int(llm[3]),
             completion_tokens=int(llm[4]),
             cached_tokens=int(llm[5]),
+            rate_limited=tuple(limited.all()),
         )
 
 
