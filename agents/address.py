@@ -43,6 +43,12 @@ class Address:
         return cls(platform, workspace, channel, None if thread == DM else thread)
 
     @staticmethod
+    def channel_sql(key: str) -> str:
+        """SQL for the channel part of the key in the SQL expression `key` (`platform:workspace:channel`), NULL
+        for keys that are no platform's: what conversations of one channel share."""
+        return f"substring({key} from '^([^:]+:[^:]+:[^:]+):[^:]+$')"
+
+    @staticmethod
     def like(
         platform: str, *, workspace: str | None = None, channel: str | None = None, thread: str | None = None
     ) -> str:

@@ -28,9 +28,10 @@ from typing import Any, Literal, Protocol
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from agents import leases
+from agents import leases, limits
 from agents.agent import Roster
 from agents.leases import Lease, LeaseLost, Leases, process_owner
+from agents.limits import NO_LIMITS, Counts, Limit, Limits
 from agents.logcontext import current_conversation
 from agents.loop import Escalate, EventSink, HandoffRecord, LoopConfig, TurnInput, TurnResult, run_turn
 from agents.messages import Message, ToolCall
@@ -95,6 +96,8 @@ class ResultKind(StrEnum):
     """A human owns the conversation and the customer's message waits for them."""
     STAFF = "staff"
     """A human colleague's message for the customer."""
+    LIMITED = "limited"
+    """Over a rate limit, no agent ran (`reply` is the notice, or None when the customer was told already)."""
     SET_ASIDE = "set_aside"
     """It failed `max_attempts` times and so did the apology: kept for the admins (`/support status`), and the
     conversation moved on."""
@@ -117,6 +120,7 @@ class MessageResult:
     escalation_reason: str | None = None
     escalation_id: int | None = None
     """The escalation this message opened or belongs to."""
+    limited_by: Limit | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -126,6 +130,7 @@ class MessageResult:
             "handoffs": [[h.from_agent, h.to_agent, h.reason] for h in self.handoffs],
             "escalation_reason": self.escalation_reason,
             "escalation_id": self.escalation_id,
+            "limited_by": self.limited_by,
         }
 
     @classmethod
@@ -139,6 +144,7 @@ class MessageResult:
             tuple(HandoffRecord(*h) for h in raw["handoffs"]),
             raw["escalation_reason"],
             raw.get("escalation_id"),
+            Limit(raw["limited_by"]) if raw.get("limited_by") else None,
         )
 
 
@@ -181,6 +187,7 @@ class Conversations:
         after_turn: TurnHook | None = None,
         leases: Leases | None = None,
         retry_base_s: float = 0.5,
+        limits: Limits = NO_LIMITS,
     ) -> None:
         self.sessions = sessions
         self.takeover = takeover
@@ -196,6 +203,7 @@ class Conversations:
         poison message costs a handful of tries over seconds, not hundreds, and the others keep the workers."""
         self.after_turn = after_turn
         """Called inside each turn's transaction, so what the host writes (an outbox) commits with the turn."""
+        self.limits = limits
 
     async def submit(
         self,
@@ -410,11 +418,16 @@ class Conversations:
         # A message past its attempts is given up without a turn: what failed may be its history itself.
         giving_up = inbound is not None and inbound.attempts > self.max_attempts
         history = () if giving_up else tuple(_json_to_message(h) for h in row.history or ())
-        return _Started(held, row.key, row.mode, row.active_agent, row.context, inbound, row.paused, case, history)
+        counts = Counts(row.user_minute, row.channel_minute, row.user_day_tokens, row.told)
+        return _Started(
+            held, row.key, row.mode, row.active_agent, row.context, inbound, row.paused, case, history, counts
+        )
 
     async def _run(self, started: _Started, *, keep: bool, on_event: EventSink | None) -> _Done:
         planned = self._plan(started)
         if isinstance(planned, _Commit):
+            if planned.told is not None and not await self._tell_once(started, planned.told):
+                planned = self._limited(started, planned.told, tell=False)
             return await self._finish(started, planned, keep=keep)
         assert started.inbound is not None
         try:
@@ -433,7 +446,7 @@ class Conversations:
 
     def _plan(self, started: _Started) -> _Commit | TurnInput:
         """What becomes of the message: a commit decided without a turn (staff, human, paused, given up, set
-        aside), or the turn's input."""
+        aside, over a rate limit), or the turn's input."""
         inbound = started.inbound
         assert inbound is not None
         route = self.takeover.route(started.mode)
@@ -455,6 +468,8 @@ class Conversations:
         if started.paused:
             reason = Escalate("the bot is paused here by an admin", "paused")
             return self._to_human(started, agent, context, reason, self.config.texts.paused)
+        if (limit := self.limits.exceeded(started.counts)) is not None:
+            return self._limited(started, limit, tell=not started.counts.told)
         return TurnInput(started.lease.conversation_id, inbound.id, agent, context, (*started.history, user))
 
     def _set_aside(self, started: _Started, inbound: _Inbound) -> _Commit:
@@ -490,6 +505,28 @@ class Conversations:
         result = MessageResult(inbound.id, 0, ResultKind.ESCALATED, text, agent, (), reason.reason)
         mode = self.takeover.after_turn(escalated=True)
         return _Commit(result, mode, agent, context, (user, notice), escalate=reason)
+
+    def _limited(self, started: _Started, limit: Limit, *, tell: bool) -> _Commit:
+        """No turn: the message joins the transcript (the agents read it with the next one they answer), and the
+        customer is told if `tell` (once per window of the limit: a flood gets one notice)."""
+        inbound = started.inbound
+        assert inbound is not None
+        user = Message("user", inbound.text, author=inbound.author)
+        notice = self.config.texts.limited.format(when=limit.when) if tell else None
+        said = (Message("assistant", notice, agent=started.agent),) if notice else ()
+        result = MessageResult(inbound.id, 0, ResultKind.LIMITED, notice, started.agent, limited_by=limit)
+        told = limit if tell else None
+        return _Commit(result, started.mode, started.agent, started.context, (user, *said), told=told)
+
+    async def _tell_once(self, started: _Started, limit: Limit) -> bool:
+        """Whether this message is the one to tell its author of `limit`: of several conversations of one person
+        limited at once, only the first to get here is (a short statement, only when a notice is due)."""
+        lease, inbound = started.lease, started.inbound
+        assert inbound is not None
+        params = {"id": lease.conversation_id, "token": lease.token, "owner": lease.owner}
+        async with self.sessions() as s, s.begin():
+            row = await s.execute(limits.TELL, params | {"author": inbound.author, "limit": limit})
+            return row.first() is not None
 
     def _staff_message(self, started: _Started, inbound: _Inbound) -> _Commit:
         """A colleague's reply: kept in the transcript (so agents know what was said after a hand back) and
@@ -537,6 +574,8 @@ class Conversations:
             "case_id": started.case.id if change and started.case else None,
             "case_status": str(change.status) if change else None,
             "claimed_by": change.claimed_by if change else None,
+            "key": started.key,
+            "counters": json.dumps(self.limits.counters(turn)),
         }
         async with self.sessions() as s, s.begin():
             row = (await s.execute(_FINISH, params)).first()
@@ -581,6 +620,7 @@ class _Started:
     paused: bool
     case: OpenCase | None
     history: tuple[Message, ...]
+    counts: Counts
 
 
 @dataclass(frozen=True)
@@ -598,6 +638,8 @@ class _Commit:
     """Open a case."""
     case_change: CaseChange | None = None
     """Change the open case (a colleague's reply)."""
+    told: Limit | None = None
+    """The customer is told they are over this limit."""
 
 
 @dataclass(frozen=True)
@@ -720,16 +762,17 @@ SELECT l.lease_token, l.key, l.mode, l.active_agent, l.context,
                WHERE conversation_id = :id AND id >= coalesce(l.history_from, 0)
                ORDER BY id DESC LIMIT :history
            ) h
-       ) END AS history
+       ) END AS history,{limits_columns}
 FROM lease l
 LEFT JOIN next n ON true
 LEFT JOIN LATERAL (
     SELECT id, claimed_by, first_response_at FROM escalations
     WHERE conversation_id = :id AND status IN ('open', 'claimed') ORDER BY id DESC LIMIT 1
-) c ON true
+) c ON true{limits_joins}
 """
-_START = text(_START_TEMPLATE.format(lease_set=leases.RENEW_SET, lease_where=leases.HELD))
-_START_CLAIMING = text(_START_TEMPLATE.format(lease_set=leases.CLAIM_SET, lease_where=leases.FREE))
+_LIMITS = {"limits_columns": limits.READ_COLUMNS, "limits_joins": limits.READ_JOINS}
+_START = text(_START_TEMPLATE.format(lease_set=leases.RENEW_SET, lease_where=leases.HELD, **_LIMITS))
+_START_CLAIMING = text(_START_TEMPLATE.format(lease_set=leases.CLAIM_SET, lease_where=leases.FREE, **_LIMITS))
 
 _FINISH = text(
     """
@@ -796,7 +839,9 @@ WITH others AS (
         agent text, model text, ok boolean, error text, prompt_tokens int, completion_tokens int,
         cached_tokens int, latency_ms float8
     ), conv
-)
+), """
+    + limits.COUNT
+    + """
 SELECT (SELECT id FROM opened) AS escalation_id, (SELECT waiting FROM more) AS kept,
        -- released while another message waits (a caller that runs one message only): wake a dispatcher
        (SELECT pg_notify('helpdesk_turns', '') FROM others, more WHERE others.waiting AND NOT more.waiting)

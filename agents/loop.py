@@ -47,6 +47,12 @@ class Texts:
     paused: str = (
         "Our assistant is paused here for now, so I've passed your message to a colleague, who will reply here."
     )
+    limited: str = (
+        "You've sent more messages than I can answer right now. Everything you wrote is kept: write again {when} "
+        "and I'll pick it up from there."
+    )
+    """Told once per window to a customer over a rate limit (agents.limits); `{when}` is "in a minute" or
+    "tomorrow"."""
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,12 @@ class Metrics:
             registry=self.registry,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32),
         )
+        self.rate_limited = Counter(
+            "helpdesk_rate_limited_total",
+            "customer messages no agent answered, being over a rate limit, by limit",
+            ["scope"],
+            registry=self.registry,
+        )
         self.outbox_sent = Counter(
             "helpdesk_outbox_sent_total", "Slack calls sent (not those given up)", registry=self.registry
         )

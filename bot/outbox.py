@@ -139,7 +139,7 @@ def turn_outbox(
             message = commit.external_id
             if style.working_reaction:
                 owed.append(RemoveReaction(cid, channel, message, style.working_reaction))
-            if style.done_reaction and result.kind != ResultKind.HUMAN:
+            if style.done_reaction and result.kind not in (ResultKind.HUMAN, ResultKind.LIMITED):  # not answered (yet)
                 owed.append(AddReaction(cid, channel, message, style.done_reaction))
         await enqueue(s, owed)
 

@@ -23,6 +23,7 @@ from agents.knowledge.embedders import OpenAIEmbedder, Precomputed, Unavailable,
 from agents.knowledge.local import MODEL as LOCAL_MODEL
 from agents.knowledge.local import LocalEmbedder
 from agents.knowledge.store import KnowledgeBase
+from agents.limits import Limits
 from agents.loop import LoopConfig, Texts
 from agents.model import Model, OpenAIChatModel
 from agents.offline import FallbackModel, OfflineModel, SimilarityRouter
@@ -83,7 +84,19 @@ def loop_config(settings: Settings, *, token_budget: int | None = None) -> LoopC
         max_handoffs=settings.max_handoffs_per_message,
         max_parallel_tools=settings.max_parallel_tools,
         token_budget=token_budget or settings.context_token_budget,
-        texts=Texts(escalated=settings.escalation_message, paused=settings.paused_message),
+        texts=Texts(
+            escalated=settings.escalation_message,
+            paused=settings.paused_message,
+            limited=settings.rate_limited_message,
+        ),
+    )
+
+
+def limits(settings: Settings) -> Limits:
+    return Limits(
+        user_per_minute=settings.rate_limit_user_per_minute,
+        channel_per_minute=settings.rate_limit_channel_per_minute,
+        daily_tokens_per_user=settings.daily_token_budget_per_user,
     )
 
 

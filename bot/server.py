@@ -135,6 +135,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             config=runtime.loop_config(settings, token_budget=brain.token_budget),
             after_turn=turn_outbox(roster, style, policy, clock=now),
             leases=leases,
+            limits=runtime.limits(settings),
         )
         metrics = Metrics()
         cases = CaseRenderer(

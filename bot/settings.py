@@ -13,7 +13,13 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-TEMPLATES = {"handoff_notice": frozenset({"agent"}), "off_hours_message": frozenset({"hours"})}
+from agents.loop import Texts
+
+TEMPLATES = {
+    "handoff_notice": frozenset({"agent"}),
+    "off_hours_message": frozenset({"hours"}),
+    "rate_limited_message": frozenset({"when"}),
+}
 """The texts filled in with values, and the placeholders each may use; every other text is posted as written."""
 
 
@@ -50,6 +56,12 @@ class Settings(BaseSettings):
     max_handoffs_per_message: int = 3
     max_parallel_tools: int = 4
     context_token_budget: int = 12_000
+
+    # Rate limits, per customer and per channel (0: off)
+    rate_limit_user_per_minute: int = Field(default=10, ge=0)
+    rate_limit_channel_per_minute: int = Field(default=120, ge=0)
+    daily_token_budget_per_user: int = Field(default=1_000_000, ge=0)
+    rate_limited_message: str = Texts.limited
 
     # Slack
     slack_bot_token: SecretStr | None = None

@@ -255,6 +255,8 @@ class Workers:
             self.wake_turns()  # a place is free
         for result in results:
             self.metrics.processed.labels(result.kind).inc()
+            if result.limited_by is not None:
+                self.metrics.rate_limited.labels(result.limited_by).inc()
         if results:
             self.metrics.turn_seconds.observe((time.perf_counter() - started) / len(results))
             self.wake_sender()

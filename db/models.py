@@ -7,11 +7,12 @@ handoffs, tool_runs, llm_calls, escalations    the audit trail of every turn
 refunds        the refund tool's idempotency record (one refund per order)
 pauses         where admins paused the bot: conversations there go to humans
 admin_actions  every admin command: who, what, when, allowed or refused, and its outcome
+rate_counters  per customer and per channel: messages answered this minute, tokens spent today (agents.limits)
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, ClassVar
 
 from pgvector.sqlalchemy import Vector
@@ -19,6 +20,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Computed,
+    Date,
     DateTime,
     Float,
     ForeignKey,
@@ -335,3 +337,22 @@ class AdminAction(Base):
     """None while it runs, and for good if it never finished (the process died)."""
     result: Mapped[str] = mapped_column(Text, server_default="")
     created_at: Mapped[datetime] = _now()
+
+
+class RateCounter(Base):
+    """One customer's or one channel's use of the agents in the current minute and UTC day (agents.limits):
+    one row each, updated in place by every turn, read by primary key at every turn's start."""
+
+    __tablename__ = "rate_counters"
+
+    scope: Mapped[str] = mapped_column(Text, primary_key=True)
+    """user (`name` is the message's author) or channel (`name` is the conversation key's channel part)."""
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    minute: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    answered: Mapped[int] = mapped_column(Integer, server_default="0")
+    """Messages an agent answered in `minute`."""
+    day: Mapped[date] = mapped_column(Date)
+    tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    """Prompt and completion tokens of the LLM calls of `day` (UTC)."""
+    told_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    """The customer was told of a limit; no second notice before then (the end of that limit's window)."""

@@ -12,7 +12,8 @@ from sqlalchemy import ColumnElement, Float, cast, extract, func, or_, select, t
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.address import DM, Address
-from agents.conversations import SET_ASIDE
+from agents.conversations import SET_ASIDE, ResultKind
+from agents.limits import Scope
 from agents.offline import OFFLINE
 from bot.admin.parse import CaseRef, Listing, Ref, ThreadRef
 from db import models as m
@@ -93,6 +94,8 @@ class Health:
     """Messages set aside after failing every way they can be handled."""
     recent_set_aside: tuple[tuple[int, str, int, datetime], ...]
     """(message id, conversation key, attempts, received), the latest first."""
+    held_back: int
+    """People over a rate limit now (told so, in a window that has not ended)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,8 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    rate_limited: tuple[tuple[str, int], ...] = ()
+    """Customer messages no agent answered, being over a rate limit, by limit."""
 
 
 def _conversation_rows(rows: Sequence[tuple[m.Conversation, int]]) -> list[ConversationRow]:
@@ -286,6 +291,9 @@ class AdminQueries:
                 .order_by(m.Inbound.id.desc())
                 .limit(RECENT)
             )
+            held_back = await s.scalar(
+                select(func.count()).where(m.RateCounter.scope == Scope.USER, m.RateCounter.told_until > func.now())
+            )
         return Health(
             database_ms,
             pending,
@@ -301,6 +309,7 @@ class AdminQueries:
             tuple((r[0], r[1], r[2], r[3]) for r in recent_give_ups),
             set_aside,
             tuple((r[0], r[1], r[2], r[3]) for r in recent_set_aside),
+            held_back or 0,
         )
 
     async def usage(self, days: int) -> Usage:
@@ -318,6 +327,13 @@ class AdminQueries:
                     ).where(m.Inbound.received_at > since)
                 )
             ).one()
+            limited_by = m.Inbound.outcome["limited_by"].astext
+            limited = await s.execute(
+                select(limited_by, func.count())
+                .where(m.Inbound.received_at > since, m.Inbound.outcome["kind"].astext == ResultKind.LIMITED.value)
+                .group_by(limited_by)
+                .order_by(func.count().desc())
+            )
             handoffs = await s.execute(
                 select(m.Handoff.from_agent, m.Handoff.to_agent, func.count())
                 .where(m.Handoff.created_at > since)
@@ -366,6 +382,7 @@ class AdminQueries:
             prompt_tokens=int(llm[3]),
             completion_tokens=int(llm[4]),
             cached_tokens=int(llm[5]),
+            rate_limited=tuple(limited.all()),
         )
 
 

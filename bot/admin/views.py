@@ -193,6 +193,7 @@ def status_reply(
         f"*Escalations*\n{health.open_cases} open, {health.unclaimed_cases} unclaimed; staff channel "
         + (f"⚠️ {escape(staff_channel)}" if staff_channel else "ok"),
         f"*Paused*\n{pauses}",
+        f"*Rate limits*\n{health.held_back} customer(s) over a limit now",
         running,
         failures_field(health),
     ]
@@ -305,9 +306,12 @@ def usage_stats_reply(u: Usage) -> Reply:
     pairs = ", ".join(f"{f} → {t}: {n}" for f, t, n in u.handoffs) or "none"
     triggers = ", ".join(f"{t}: {n}" for t, n in u.escalations_by_trigger)
     tokens = f"{u.prompt_tokens:,} prompt ({u.cached_tokens:,} cached) + {u.completion_tokens:,} completion"
+    limited = sum(n for _, n in u.rate_limited)
+    by_limit = ", ".join(f"{limit}: {n}" for limit, n in u.rate_limited)
     fields = [
         f"*Conversations*\n{u.conversations} active, {u.new_conversations} new",
-        f"*Messages*\n{u.customer_messages} from customers, {u.staff_messages} from staff",
+        f"*Messages*\n{u.customer_messages} from customers, {u.staff_messages} from staff"
+        + (f"\n{limited} not answered, over a rate limit ({by_limit})" if limited else ""),
         f"*Escalations*\n{u.escalations} ({rate} of conversations)" + (f"\n{triggers}" if triggers else ""),
         f"*Median time*\nto claim {duration(u.median_to_claim_s)}, to first human reply "
         f"{duration(u.median_to_first_reply_s)}",
