@@ -6,6 +6,7 @@ users.info gives the name and email the inbox stores."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from sqlalchemy import select, text
@@ -179,3 +180,19 @@ async def test_the_model_sees_who_wrote_each_message_in_a_shared_thread(
         "name": "Ben Ortiz",
         "email": BEN_ORDER.customer.email,
     }
+
+
+async def test_a_slow_profile_does_not_hold_the_ack(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    emulator.hold("users.info")
+    fake_llm.script(reply("Hello!"))
+    started = time.monotonic()
+    said = await emulator.user_says("C_SUPPORT", "hello?")
+    assert said.result.status == 200 and time.monotonic() - started < 3.0  # Slack's deadline for the ack
+    await replies_in(emulator, "C_SUPPORT", said.ts, 1)
+    emulator.release("users.info")
+    # Stored with what the signed event says; without an email, no order is this writer's.
+    async with sessions() as s:
+        identity = await s.scalar(select(m.Inbound.identity))
+    assert identity == {"platform": "slack", "workspace": TEAM_ID, "user": "U_CUSTOMER", "name": None, "email": None}
