@@ -78,14 +78,14 @@ class Inbox:
         delivery = delivery_of(envelope)
         policy = self.policy if bot_user_id is None else replace(self.policy, bot_user_id=bot_user_id)
         message = classify(envelope, policy)
-        # Who wrote it is stored with it (tools act for that person), looked up before any connection is taken.
-        author = await self._identify(message.author) if isinstance(message, CustomerMessage) else None
-        async with self.sessions() as s, s.begin():
-            if isinstance(message, CustomerMessage):
+        if isinstance(message, CustomerMessage):
+            # Who wrote it is stored with it (tools act for that person), looked up before a connection is taken.
+            author = await self._identify(message.author)
+            async with self.sessions() as s, s.begin():
                 # The hot path (every customer message): one statement, so an ack costs one round trip.
-                assert author is not None
                 disposition = await self._store_customer(s, delivery, message, author)
-            else:
+        else:
+            async with self.sessions() as s, s.begin():
                 disposition = await self._store_other(s, delivery, message)
         self.metrics.events.labels(disposition.split(":")[0]).inc()
         if disposition == "stored":
@@ -96,10 +96,9 @@ class Inbox:
         try:
             async with asyncio.timeout(IDENTIFY_WITHIN_S):
                 return await self.people.identify(author)
-        except TimeoutError:
-            log.warning(
-                "no profile for %s within %.1f s: stored without name and email", author.user, IDENTIFY_WITHIN_S
-            )
+        except Exception as exc:  # a slow or failing Web API never costs a customer's message
+            reason = f"not within {IDENTIFY_WITHIN_S:g} s" if isinstance(exc, TimeoutError) else repr(exc)
+            log.warning("no profile for %s (%s): stored without name and email", author.user, reason)
             return author
 
     async def _store_customer(
