@@ -30,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents import leases, limits
 from agents.agent import Roster
+from agents.identity import Author
 from agents.leases import Lease, LeaseLost, Leases, process_owner
 from agents.limits import NO_LIMITS, Counts, Limit, Limits
 from agents.logcontext import current_conversation
@@ -210,7 +211,7 @@ class Conversations:
         key: str,
         text: str,
         *,
-        author: str | None = None,
+        author: Author | None = None,
         external_id: str | None = None,
         order_key: str | None = None,
     ) -> Submitted:
@@ -223,7 +224,7 @@ class Conversations:
         key: str,
         text: str,
         *,
-        author: str | None = None,
+        author: Author | None = None,
         external_id: str | None = None,
         order_key: str | None = None,
         kind: Literal["customer", "staff"] = "customer",
@@ -246,7 +247,7 @@ class Conversations:
         self,
         key: str,
         text: str,
-        author: str | None = None,
+        author: Author | None = None,
         external_id: str | None = None,
         order_key: str | None = None,
         kind: Literal["customer", "staff"] = "customer",
@@ -256,7 +257,8 @@ class Conversations:
             "key": key,
             "entry": self.roster.entry,
             "text": text,
-            "author": author,
+            "author": author.user if author else None,
+            "identity": json.dumps(author.to_json()) if author else None,
             "external_id": external_id,
             "order_key": order_key,
             "kind": kind,
@@ -267,7 +269,7 @@ class Conversations:
         key: str,
         text: str,
         *,
-        author: str | None = None,
+        author: Author | None = None,
         external_id: str | None = None,
         on_event: EventSink | None = None,
     ) -> MessageResult:
@@ -413,7 +415,8 @@ class Conversations:
         current_conversation.set(row.key)
         inbound = None
         if row.inbound_id is not None:
-            inbound = _Inbound(row.inbound_id, row.kind, row.text, row.author, row.external_id, row.attempts)
+            asker = Author.from_json(row.identity)
+            inbound = _Inbound(row.inbound_id, row.kind, row.text, row.author, row.external_id, row.attempts, asker)
         case = OpenCase(row.case_id, row.claimed_by, row.answered) if row.case_id is not None else None
         # A message past its attempts is given up without a turn: what failed may be its history itself.
         giving_up = inbound is not None and inbound.attempts > self.max_attempts
@@ -456,7 +459,7 @@ class Conversations:
             return self._set_aside(started, inbound)
         if inbound.kind == "staff":
             return self._staff_message(started, inbound)
-        user = Message("user", inbound.text, author=inbound.author)
+        user = inbound.message()
         if route == "human":
             case_id = started.case.id if started.case else None
             result = MessageResult(inbound.id, 0, ResultKind.HUMAN, None, started.agent, escalation_id=case_id)
@@ -470,7 +473,9 @@ class Conversations:
             return self._to_human(started, agent, context, reason, self.config.texts.paused)
         if (limit := self.limits.exceeded(started.counts)) is not None:
             return self._limited(started, limit, tell=not started.counts.told)
-        return TurnInput(started.lease.conversation_id, inbound.id, agent, context, (*started.history, user))
+        return TurnInput(
+            started.lease.conversation_id, inbound.id, agent, context, (*started.history, user), inbound.asker
+        )
 
     def _set_aside(self, started: _Started, inbound: _Inbound) -> _Commit:
         """A message that failed every way it can be handled: marked done as set aside, with nothing else written
@@ -492,7 +497,7 @@ class Conversations:
             turn.handoffs,
             escalation.reason if escalation else None,
         )
-        user = Message("user", started.inbound.text, author=started.inbound.author)
+        user = started.inbound.message()
         mode = self.takeover.after_turn(escalated=escalation is not None)
         return _Commit(result, mode, turn.agent, turn.context, (user, *turn.messages), turn, escalation)
 
@@ -500,7 +505,7 @@ class Conversations:
         """End the turn without an agent: the customer is told `text` and a human gets the case."""
         inbound = started.inbound
         assert inbound is not None
-        user = Message("user", inbound.text, author=inbound.author)
+        user = inbound.message()
         notice = Message("assistant", text, agent=agent)
         result = MessageResult(inbound.id, 0, ResultKind.ESCALATED, text, agent, (), reason.reason)
         mode = self.takeover.after_turn(escalated=True)
@@ -604,6 +609,12 @@ class _Inbound:
     author: str | None
     external_id: str | None
     attempts: int
+    asker: Author | None
+    """Its author as the edge verified and stored it."""
+
+    def message(self) -> Message:
+        """The customer's message in the transcript."""
+        return Message("user", self.text, author=self.author, author_name=self.asker.name if self.asker else None)
 
 
 @dataclass(frozen=True)
@@ -658,6 +669,7 @@ def _json_to_message(raw: dict[str, Any]) -> Message:
         tool_call_id=raw["tool_call_id"],
         name=raw["name"],
         author=raw["author"],
+        author_name=raw.get("author_name"),
     )
 
 
@@ -666,6 +678,7 @@ def _message_json(msg: Message) -> dict[str, Any]:
         "role": msg.role,
         "agent": msg.agent,
         "author": msg.author,
+        "author_name": msg.author_name,
         "content": msg.content,
         "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in msg.tool_calls] or None,
         "tool_call_id": msg.tool_call_id,
@@ -721,9 +734,9 @@ created AS (
 ),
 conversation AS (SELECT id FROM found UNION ALL SELECT id FROM created),
 stored AS (
-    INSERT INTO inbound (conversation_id, text, author, external_id, order_key, kind)
-    SELECT id, CAST(:text AS text), CAST(:author AS text), CAST(:external_id AS text), CAST(:order_key AS text),
-           CAST(:kind AS text)
+    INSERT INTO inbound (conversation_id, text, author, identity, external_id, order_key, kind)
+    SELECT id, CAST(:text AS text), CAST(:author AS text), CAST(:identity AS jsonb), CAST(:external_id AS text),
+           CAST(:order_key AS text), CAST(:kind AS text)
     FROM conversation WHERE {guard}
     ON CONFLICT (conversation_id, external_id) DO NOTHING
     RETURNING id, conversation_id
@@ -750,15 +763,15 @@ WITH lease AS (
         SELECT id FROM inbound WHERE conversation_id = :id AND processed_at IS NULL
         ORDER BY order_key ASC NULLS LAST, id LIMIT 1
     ) AND processed_at IS NULL AND EXISTS (SELECT FROM lease)
-    RETURNING id, kind, text, author, external_id, attempts
+    RETURNING id, kind, text, author, identity, external_id, attempts
 )
 SELECT l.lease_token, l.key, l.mode, l.active_agent, l.context,
-       n.id AS inbound_id, n.kind, n.text, n.author, n.external_id, n.attempts,
+       n.id AS inbound_id, n.kind, n.text, n.author, n.identity, n.external_id, n.attempts,
        EXISTS (SELECT FROM pauses p WHERE l.key LIKE p.scope) AS paused,
        c.id AS case_id, c.claimed_by, c.first_response_at IS NOT NULL AS answered,
        CASE WHEN n.id IS NOT NULL THEN (
            SELECT jsonb_agg(to_jsonb(h) ORDER BY h.id) FROM (
-               SELECT id, role, agent, author, content, tool_calls, tool_call_id, name FROM messages
+               SELECT id, role, agent, author, author_name, content, tool_calls, tool_call_id, name FROM messages
                WHERE conversation_id = :id AND id >= coalesce(l.history_from, 0)
                ORDER BY id DESC LIMIT :history
            ) h
@@ -810,12 +823,15 @@ WITH others AS (
                   ELSE CAST(:outcome AS jsonb) END
     WHERE id = :inbound_id AND EXISTS (SELECT FROM conv)
 ), transcript AS (
-    INSERT INTO messages (conversation_id, inbound_id, role, agent, author, content, tool_calls, tool_call_id, name)
+    INSERT INTO messages (
+        conversation_id, inbound_id, role, agent, author, author_name, content, tool_calls, tool_call_id, name
+    )
     SELECT CAST(:id AS bigint), CAST(:inbound_id AS bigint),
-           x.role, x.agent, x.author, x.content, x.tool_calls, x.tool_call_id, x.name
+           x.role, x.agent, x.author, x.author_name, x.content, x.tool_calls, x.tool_call_id, x.name
     FROM ROWS FROM (jsonb_to_recordset(CAST(:messages AS jsonb)) AS (
-        role text, agent text, author text, content text, tool_calls jsonb, tool_call_id text, name text
-    )) WITH ORDINALITY AS x(role, agent, author, content, tool_calls, tool_call_id, name, n), conv
+        role text, agent text, author text, author_name text, content text, tool_calls jsonb, tool_call_id text,
+        name text
+    )) WITH ORDINALITY AS x(role, agent, author, author_name, content, tool_calls, tool_call_id, name, n), conv
     ORDER BY x.n
 ), handoffs AS (
     INSERT INTO handoffs (conversation_id, inbound_id, from_agent, to_agent, reason)

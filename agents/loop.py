@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.agent import Agent, Roster
 from agents.errors import ProviderError
+from agents.identity import Author
 from agents.messages import Message, ToolCall
 from agents.model import Model, Usage
 from agents.tools import EscalateTo, HandoffTo, Tool, ToolArgumentsError, ToolContext
@@ -74,6 +75,8 @@ class TurnInput:
     context: Mapping[str, Any]
     history: tuple[Message, ...]
     """The transcript the model may see, ending with the customer's new message."""
+    asker: Author | None = None
+    """Who wrote that message, as the platform verified it: the tools' `ToolContext.asker`."""
 
 
 Trigger = Literal["agent", "budget", "ping_pong", "provider", "error", "paused"]
@@ -216,7 +219,7 @@ async def run_turn(
             new.append(Message("assistant", response.content, agent=agent.name, tool_calls=response.tool_calls))
 
         if response.tool_calls:
-            ctx = ToolContext(turn.conversation_id, turn.inbound_id, agent.name, context, db)
+            ctx = ToolContext(turn.conversation_id, turn.inbound_id, agent.name, context, db, turn.asker)
             runs = await asyncio.gather(
                 *(
                     _run_tool(call, agent.name, agent_tools, ctx, limit, emit, config.tool_timeout_s)

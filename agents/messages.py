@@ -28,10 +28,13 @@ class Message:
     name: str | None = None
     """The tool's name, on tool results."""
     author: str | None = None
-    """Who wrote a customer or staff message, when known."""
+    """Who wrote a customer or staff message (the platform's user id), when known."""
+    author_name: str | None = None
+    """Their display name when the message was written, for `labelled` rendering."""
 
-    def to_openai(self) -> dict[str, Any]:
-        """Chat Completions shape. Staff messages (issue: human takeover) read as attributed assistant text."""
+    def to_openai(self, *, labelled: bool = False) -> dict[str, Any]:
+        """Chat Completions shape. Staff messages (issue: human takeover) read as attributed assistant text;
+        `labelled` customer messages name their writer (a thread where several people write, see agents.window)."""
         if self.role == "staff":
             return {
                 "role": "assistant",
@@ -51,6 +54,11 @@ class Message:
                     for c in self.tool_calls
                 ]
             return out
+        if labelled:
+            return {
+                "role": "user",
+                "content": f"[{self.author_name or self.author or 'Customer'}]: {self.content or ''}",
+            }
         return {"role": "user", "content": self.content or ""}
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.errors import AgentsError, ConfigError
+from agents.identity import Author
 
 
 @dataclass
@@ -32,6 +33,10 @@ class ToolContext:
     db: async_sessionmaker[AsyncSession] | None = None
     """For tools with durable side effects; each opens its own short transaction and makes itself idempotent,
     because a turn that crashes after the tool ran is run again."""
+    asker: Author | None = None
+    """The verified author of the message being answered: whom the tool acts for. None when the host knows
+    nobody; a tool that needs an owner then refuses. Check ownership against this, never against an id, name or
+    email in the model's arguments (the model repeats whatever anyone in the thread wrote)."""
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,9 @@ The prefix (the agent's instructions, then the shared-context note) comes first 
 caching can hit; tool schemas travel in the request's `tools` field in a fixed order. History is cut into
 turns (a customer message and everything answered to it, so tool calls stay with their results) and the
 oldest turns are dropped first. The transcript in Postgres is never trimmed.
+
+Where more than one person has written in the conversation, every customer message is prefixed with its
+writer's name, so the model knows who asked what and whom it answers.
 """
 
 from __future__ import annotations
@@ -31,8 +34,19 @@ def _turns(history: Sequence[Message]) -> list[list[Message]]:
     return turns
 
 
-def _cost(unit: list[Message]) -> int:
-    return sum(estimate_tokens(json.dumps(m.to_openai())) for m in unit)
+def _cost(unit: list[Message], labelled: bool) -> int:
+    return sum(estimate_tokens(json.dumps(m.to_openai(labelled=labelled))) for m in unit)
+
+
+def shared(history: Sequence[Message]) -> bool:
+    """More than one person has written (in the history loaded, not only the part that fits the window).
+
+    Only then are messages labelled with names: a conversation with one customer, nearly all of them, keeps
+    exactly the prompt it had before, without a name per message to pay for. A thread turns shared once, when a
+    second person writes: its rendered history changes then (one prompt-cache miss) and stays labelled, each
+    message with the name stored with it, so it is not re-rendered later. The content prefix rather than the
+    API's `name` field: many compatible providers drop `name`, and OpenAI restricts its characters."""
+    return len({m.author for m in history if m.role == "user" and m.author is not None}) > 1
 
 
 def build_window(
@@ -42,13 +56,14 @@ def build_window(
     kept, even over budget: the model must see the message it is answering."""
     fixed = sum(estimate_tokens(s) for s in system) + estimate_tokens(json.dumps(list(tools)))
     remaining = budget - fixed
+    labelled = shared(history)
     kept: list[list[Message]] = []
     for unit in reversed(_turns(history)):
-        cost = _cost(unit)
+        cost = _cost(unit, labelled)
         if kept and cost > remaining:
             break
         kept.append(unit)
         remaining -= cost
     messages: list[dict[str, Any]] = [{"role": "system", "content": s} for s in system]
-    messages.extend(m.to_openai() for unit in reversed(kept) for m in unit)
+    messages.extend(m.to_openai(labelled=labelled) for unit in reversed(kept) for m in unit)
     return messages

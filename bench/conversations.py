@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from agents.identity import Author
+from agents.shop import ORDERS, Customer
 from fakes.openai_server import FakeReply, RecordedRequest, reply, tool_call, tools
 
 AgentName = Literal["triage", "sales", "support"]
@@ -43,6 +45,17 @@ class Script:
     name: str
     about: str
     messages: tuple[Say, ...]
+    customer: Customer | None = None
+    """Who writes: the owner of the orders the script names (the tools show a customer only their own)."""
+
+    @property
+    def author(self) -> Author | None:
+        return writer(self.name, self.customer)
+
+
+def writer(user: str, customer: Customer | None) -> Author | None:
+    """A benchmark customer as the edge would store them."""
+    return Author("bench", None, user, customer.name, customer.email) if customer else None
 
 
 SCRIPTS: tuple[Script, ...] = (
@@ -68,6 +81,7 @@ SCRIPTS: tuple[Script, ...] = (
             Say("OK. Also, do you sell propeller guards for the Harrier?", "sales"),
             Say("Thanks, bye.", "sales"),
         ),
+        ORDERS["DW-1002"].customer,
     ),
     Script(
         "refund",
@@ -79,6 +93,7 @@ SCRIPTS: tuple[Script, ...] = (
             Say("How long until I see the money?", "support"),
             Say("Thanks. Could you also recommend a beginner drone for my son?", "sales"),
         ),
+        ORDERS["DW-1004"].customer,
     ),
     Script(
         "sales-to-support",
@@ -90,6 +105,7 @@ SCRIPTS: tuple[Script, ...] = (
             Say("Can it be repaired under warranty?", "support"),
             Say("OK, please arrange the repair.", "support"),
         ),
+        ORDERS["DW-1001"].customer,
     ),
     Script(
         "topic-hopper",
@@ -102,6 +118,7 @@ SCRIPTS: tuple[Script, ...] = (
             Say("Can I still cancel it and get a refund?", "support"),
             Say("OK, then I'll wait. What are your opening hours?", "triage"),
         ),
+        ORDERS["DW-1003"].customer,
     ),
     Script(
         "escalation",
@@ -112,6 +129,7 @@ SCRIPTS: tuple[Script, ...] = (
             Say("This is ridiculous, I want to speak to a real person.", "support", "escalated"),
             Say("Hello? Is anyone there?", "support", "human"),
         ),
+        ORDERS["DW-1002"].customer,
     ),
     Script(
         "comparison-shopper",
@@ -136,6 +154,7 @@ SCRIPTS: tuple[Script, ...] = (
             Say("How much is the Osprey Pro, out of interest?", "sales"),
             Say("Thanks, that's everything. Can you tell me your opening hours?", "triage"),
         ),
+        ORDERS["DW-1005"].customer,
     ),
     Script(
         "wrong-number",
@@ -148,6 +167,7 @@ SCRIPTS: tuple[Script, ...] = (
             Say("One more thing: is your store open on Sundays?", "triage"),
             Say("Good to know. Have a nice day!", "triage"),
         ),
+        ORDERS["DW-1003"].customer,
     ),
 )
 
@@ -188,10 +208,13 @@ _QUESTIONS = (
 )
 
 
+GROWTH_CUSTOMER = ORDERS["DW-1004"].customer
+"""Writes the growth thread, about their order."""
+
+
 def growth_messages(count: int = 50) -> list[str]:
     """A long support thread about one faulty drone, 300-400 characters a message; every seventh message
-    names an order again, so support looks it up (the thread's occasional tool calls)."""
-    orders = ("DW-1004", "DW-1001", "DW-1002")
+    names the order again, so support looks it up (the thread's occasional tool calls)."""
     out = [
         "Hi, my Osprey Pro 8K from order DW-1004 has developed a fault: the gimbal drifts and the horizon "
         "tilts in every clip, and the app keeps warning about the compass. I only bought it in September "
@@ -201,7 +224,7 @@ def growth_messages(count: int = 50) -> list[str]:
         details = f"{_DETAILS[i % len(_DETAILS)]} {_DETAILS[(i + 3) % len(_DETAILS)]}"
         text = f"{_OPENERS[i % len(_OPENERS)]} {details} {_QUESTIONS[i % len(_QUESTIONS)]}"
         if i % 7 == 0:
-            text += f" The order is {orders[(i // 7) % len(orders)]}."
+            text += " The order is DW-1004."
         out.append(text)
     return out[:count]
 

@@ -37,10 +37,11 @@ from sqlalchemy import event, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations, MessageResult
+from agents.identity import Author
 from agents.loop import LoopConfig
 from agents.model import OpenAIChatModel
 from agents.roster import default_roster
-from bench.conversations import LOAD_CYCLE, SCRIPTS, growth_messages, policy
+from bench.conversations import GROWTH_CUSTOMER, LOAD_CYCLE, SCRIPTS, growth_messages, policy, writer
 from bench.setup import DATABASE, DATABASE_PREFIX, RESULTS, quiet, section, summary, table, write_report
 from bench.setup import machine as base_machine
 from db import models as m
@@ -190,10 +191,10 @@ class LLMUse:
     prompt_tokens: int
 
 
-async def timed(bench: Bench, key: str, message: str) -> Sample:
+async def timed(bench: Bench, key: str, message: str, author: Author | None = None) -> Sample:
     """Store the message, then run its turn, as a worker would."""
     started, before = time.perf_counter(), bench.counters.snapshot()
-    submitted = await bench.service.submit(key, message)
+    submitted = await bench.service.submit(key, message, author=author)
     stored, between = time.perf_counter(), bench.counters.snapshot()
     result = await bench.service.process_next(submitted.conversation_id)
     done, after = time.perf_counter(), bench.counters.snapshot()
@@ -311,7 +312,7 @@ async def cost(bench: Bench) -> dict[str, Any]:
     await reset(bench)
     conversations: list[dict[str, Any]] = []
     for script in SCRIPTS:
-        samples = [await timed(bench, f"cost:{script.name}", say.text) for say in script.messages]
+        samples = [await timed(bench, f"cost:{script.name}", say.text, script.author) for say in script.messages]
         use = await llm_use(bench.sessions, [s.inbound_id for s in samples])
         async with bench.sessions() as s:
             tool_calls = await s.scalar(
@@ -376,11 +377,12 @@ async def growth(bench: Bench, params: Params) -> dict[str, Any]:
     """Figure 4: one long conversation; the prompt of every call, and how much of the transcript it carried."""
     await reset(bench)
     texts = growth_messages(params.growth_messages)
+    author = writer("growth", GROWTH_CUSTOMER)
     rows: list[dict[str, Any]] = []
     stored = 0
     for n, message in enumerate(texts, 1):
         first_request = len(bench.fake.requests)
-        result = await bench.service.handle("growth", message)
+        result = await bench.service.handle("growth", message, author=author)
         requests = bench.fake.requests[first_request:]
         async with bench.sessions() as s:
             tokens = list(

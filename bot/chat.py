@@ -8,7 +8,9 @@ import sys
 import uuid
 
 from agents.conversations import Conversations, ResultKind
+from agents.identity import Author
 from agents.loop import Escalate, Event, HandoffRecord, Reply, ToolRecord, ToolStarted
+from agents.shop import DEMO_CUSTOMER, ORDERS
 from bot import runtime
 from bot.settings import Settings
 from escalation.machine import TAKEOVER
@@ -18,6 +20,9 @@ For the agents themselves, set one of:
   OPENAI_API_KEY=sk-...                      (OpenAI; optionally OPENAI_MODEL, default gpt-4o-mini)
   OPENAI_BASE_URL=http://localhost:11434/v1  (any OpenAI-compatible server: Ollama, vLLM, LiteLLM, Azure)
 in the environment or in .env (see .env.example)."""
+
+TERMINAL = Author("cli", None, "terminal", DEMO_CUSTOMER.name, DEMO_CUSTOMER.email)
+"""Whoever types in the terminal writes as the sample shop's customer, whose orders can be looked up and refunded."""
 
 
 def _style(code: str, text: str) -> str:
@@ -54,6 +59,8 @@ async def chat(settings: Settings, *, conversation: str | None) -> int:
             config=runtime.loop_config(settings, token_budget=brain.token_budget),
         )
         print(f"Conversation {key!r} (resume it with --conversation {key[4:]}). Ctrl-D to quit.")
+        orders = ", ".join(o.order_id for o in ORDERS.values() if o.customer == DEMO_CUSTOMER)
+        print(f"You write as {TERMINAL.name} <{TERMINAL.email}>, whose orders are {orders}.")
         state = await service.state(key)
         if state is not None:
             print(f"Resuming: {state.agent} is active, mode {state.mode}, context {json.dumps(state.context)}")
@@ -65,7 +72,7 @@ async def chat(settings: Settings, *, conversation: str | None) -> int:
                 break
             if not text.strip():
                 continue
-            result = await service.handle(key, text, author="terminal", on_event=_show)
+            result = await service.handle(key, text, author=TERMINAL, on_event=_show)
             if result.kind == ResultKind.HUMAN:
                 print(_style("35", "  (a human owns this conversation now; the bot stays quiet)"))
             elif result.reply:

@@ -3,17 +3,19 @@ acknowledgement; the work happens afterwards in the workers."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.conversations import STORE_MESSAGE, Conversations
+from agents.identity import Author
 from bot.metrics import Metrics
 from bot.outbox import ReplyStyle
 from bot.slack_events import (
@@ -36,6 +38,16 @@ from escalation.policy import EscalationPolicy
 
 log = logging.getLogger(__name__)
 
+IDENTIFY_WITHIN_S = 1.0
+"""How long the acknowledgement may wait for a profile not cached yet (Slack allows 3 s). Past it the message is
+stored with the signed ids alone: its tools find no orders for it, and the writer's next message tries again."""
+
+
+class People(Protocol):
+    async def identify(self, author: Author) -> Author:
+        """The author with the name and email the platform holds for them; as given when it cannot say."""
+        ...
+
 
 class Inbox:
     def __init__(
@@ -48,8 +60,10 @@ class Inbox:
         escalation: EscalationPolicy,
         metrics: Metrics,
         on_stored: Callable[[], None],
+        people: People,
     ) -> None:
         self.sessions = sessions
+        self.people = people
         self.conversations = conversations
         self.policy = policy
         self.style = style
@@ -64,21 +78,35 @@ class Inbox:
         delivery = delivery_of(envelope)
         policy = self.policy if bot_user_id is None else replace(self.policy, bot_user_id=bot_user_id)
         message = classify(envelope, policy)
-        async with self.sessions() as s, s.begin():
-            if isinstance(message, CustomerMessage):
+        if isinstance(message, CustomerMessage):
+            # Who wrote it is stored with it (tools act for that person), looked up before a connection is taken.
+            author = await self._identify(message.author)
+            async with self.sessions() as s, s.begin():
                 # The hot path (every customer message): one statement, so an ack costs one round trip.
-                disposition = await self._store_customer(s, delivery, message)
-            else:
+                disposition = await self._store_customer(s, delivery, message, author)
+        else:
+            async with self.sessions() as s, s.begin():
                 disposition = await self._store_other(s, delivery, message)
         self.metrics.events.labels(disposition.split(":")[0]).inc()
         if disposition == "stored":
             self.on_stored()
         return disposition
 
-    async def _store_customer(self, s: AsyncSession, delivery: Delivery, message: CustomerMessage) -> str:
+    async def _identify(self, author: Author) -> Author:
+        try:
+            async with asyncio.timeout(IDENTIFY_WITHIN_S):
+                return await self.people.identify(author)
+        except Exception as exc:  # a slow or failing Web API never costs a customer's message
+            reason = f"not within {IDENTIFY_WITHIN_S:g} s" if isinstance(exc, TimeoutError) else repr(exc)
+            log.warning("no profile for %s (%s): stored without name and email", author.user, reason)
+            return author
+
+    async def _store_customer(
+        self, s: AsyncSession, delivery: Delivery, message: CustomerMessage, author: Author
+    ) -> str:
         working = self.style.working_reaction
         params = self.conversations.store_params(
-            message.conversation_key, message.text, message.user, message.ts, message.ts
+            message.conversation_key, message.text, author, message.ts, message.ts
         ) | {
             "event_id": delivery.event_id,
             "team_id": delivery.team_id,
@@ -156,7 +184,7 @@ class Inbox:
                     s,
                     key,
                     message.text,
-                    author=message.user,
+                    author=message.author,
                     external_id=message.ts,
                     order_key=message.ts,
                     kind="staff",

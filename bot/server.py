@@ -138,9 +138,10 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             limits=runtime.limits(settings),
         )
         metrics = Metrics()
+        directory = SlackDirectory(client)  # reads only: the client that retries is safe here
         cases = CaseRenderer(
             sessions=db.sessions,
-            directory=SlackDirectory(client),  # reads only: the client that retries is safe here
+            directory=directory,
             summarize=llm_summarizer(runtime.chat_model(settings), settings.openai_model)
             if policy.llm_summary
             else None,
@@ -175,6 +176,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             escalation=policy,
             metrics=metrics,
             on_stored=workers.wake_all,
+            people=directory,
         )
         workers.housekeeping = [(inbox.prune, 600), (lambda: desk.remind(now=now()), 30)]
         app = build_app(

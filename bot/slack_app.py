@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from slack_bolt.app.async_app import AsyncApp
@@ -23,6 +25,7 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
+from agents.identity import Author
 from bot.inbox import Inbox
 from bot.slack_events import case_action_of
 from escalation.desk import Action, ActionResult, CaseDesk
@@ -52,23 +55,40 @@ def slack_client(*, token: str, base_url: str, timeout_s: int = 30, idempotent_o
 
 
 class SlackDirectory:
-    """People and links as Slack has them, for what escalation renders (`escalation.render.Directory`): reads
-    only, so the client may retry. Profiles are cached for the life of the process."""
+    """People and links as Slack has them, for what escalation renders (`escalation.render.Directory`) and for
+    the authors the inbox stores (`bot.inbox.People`): reads only, so the client may retry. Profiles are cached
+    for `ttl_s`, so a changed name or email is seen within that."""
 
-    def __init__(self, client: AsyncWebClient) -> None:
+    def __init__(self, client: AsyncWebClient, *, ttl_s: float = 900.0) -> None:
         self.client = client
-        self._people: dict[str, Person] = {}
+        self.ttl_s = ttl_s
+        self._profiles: dict[str, tuple[float, Mapping[str, Any]]] = {}
+
+    async def _profile(self, user: str) -> Mapping[str, Any] | None:
+        cached = self._profiles.get(user)
+        if cached is not None and time.monotonic() - cached[0] < self.ttl_s:
+            return cached[1]
+        try:
+            profile: Mapping[str, Any] = (await self.client.users_info(user=user))["user"]
+        except SlackApiError:
+            return None
+        self._profiles[user] = (time.monotonic(), profile)
+        return profile
 
     async def person(self, user: str) -> Person:
-        if user not in self._people:
-            try:
-                profile = (await self.client.users_info(user=user))["user"]
-            except SlackApiError:
-                return Person(user)
-            details = profile.get("profile") or {}
-            name = details.get("real_name") or profile.get("real_name") or details.get("display_name") or user
-            self._people[user] = Person(str(name), details.get("image_192") or details.get("image_72"))
-        return self._people[user]
+        profile = await self._profile(user)
+        if profile is None:
+            return Person(user)
+        details = profile.get("profile") or {}
+        return Person(_name_of(profile) or user, details.get("image_192") or details.get("image_72"))
+
+    async def identify(self, author: Author) -> Author:
+        profile = await self._profile(author.user)
+        if profile is None:
+            return author
+        # The email is in the profile only with the users:read.email scope, and not for every external user.
+        email = (profile.get("profile") or {}).get("email")
+        return replace(author, name=_name_of(profile), email=str(email) if email else None)
 
     async def permalink(self, channel: str, message: str) -> str | None:
         try:
@@ -76,6 +96,12 @@ class SlackDirectory:
         except SlackApiError:
             return None
         return str(found["permalink"])
+
+
+def _name_of(profile: Mapping[str, Any]) -> str | None:
+    details = profile.get("profile") or {}
+    name = details.get("real_name") or profile.get("real_name") or details.get("display_name")
+    return str(name) if name else None
 
 
 ACK_WITHIN_S = 2.0

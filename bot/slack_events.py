@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.address import DM, Address
+from agents.identity import Author
 
 # A file share still carries the customer's words; a broadcast thread reply is a thread reply.
 _DELIVERED_SUBTYPES = frozenset({None, "file_share", "thread_broadcast"})
@@ -24,6 +25,13 @@ class CustomerMessage:
     user: str
     text: str
     is_dm: bool
+    user_team: str
+    """The writer's own workspace: another company's in a Slack Connect channel."""
+
+    @property
+    def author(self) -> Author:
+        """Who wrote it, as far as the signed event says (the edge adds name and email from `users.info`)."""
+        return Author("slack", self.user_team, self.user)
 
     @property
     def address(self) -> Address:
@@ -43,6 +51,11 @@ class StaffReply:
     ts: str
     user: str
     text: str
+    team: str
+
+    @property
+    def author(self) -> Author:
+        return Author("slack", self.team, self.user)
 
 
 @dataclass(frozen=True)
@@ -126,7 +139,7 @@ def _strip_mention(text: str, bot_user_id: str | None) -> str:
     return text.strip()
 
 
-def _classify_staff(event: Mapping[str, Any], channel: str) -> Incoming:
+def _classify_staff(event: Mapping[str, Any], channel: str, team: str) -> Incoming:
     """Staff channel traffic: only colleagues' messages in case threads matter (bots never: no relay loops)."""
     subtype = event.get("subtype")
     inner = event.get("message") if subtype == "message_changed" else event.get("previous_message")
@@ -145,7 +158,7 @@ def _classify_staff(event: Mapping[str, Any], channel: str) -> Incoming:
             return StaffDelete(channel, thread, str(event.get("deleted_ts") or ts))
         case None | "file_share" | "thread_broadcast" if isinstance(message.get("user"), str):
             text = str(message.get("text") or "").strip()
-            return StaffReply(channel, thread, ts, str(message["user"]), text) if text else Ignored("no text")
+            return StaffReply(channel, thread, ts, str(message["user"]), text, team) if text else Ignored("no text")
     return Ignored(f"staff channel subtype {subtype}")
 
 
@@ -173,8 +186,9 @@ def classify(envelope: Mapping[str, Any], policy: Policy) -> Incoming:
     kind = event.get("type")
     if kind not in ("message", "app_mention"):
         return Ignored(f"event type {kind}")
+    team = str(envelope.get("team_id") or event.get("team") or "T?")
     if kind == "message" and policy.staff_channel and event.get("channel") == policy.staff_channel:
-        return _classify_staff(event, policy.staff_channel)
+        return _classify_staff(event, policy.staff_channel, team)
     if event.get("subtype") not in _DELIVERED_SUBTYPES:
         return Ignored(f"subtype {event.get('subtype')}")
     if event.get("hidden"):
@@ -196,6 +210,6 @@ def classify(envelope: Mapping[str, Any], policy: Policy) -> Incoming:
     text = _strip_mention(str(event.get("text") or ""), policy.bot_user_id)
     if not text:
         return Ignored("no text")
-    team = envelope.get("team_id") or event.get("team") or "T?"
     thread_ts = DM if is_dm else event.get("thread_ts") or ts
-    return CustomerMessage(str(team), channel, str(thread_ts), ts, user, text, is_dm)
+    user_team = str(event.get("user_team") or team)
+    return CustomerMessage(team, channel, str(thread_ts), ts, user, text, is_dm, user_team)

@@ -74,6 +74,9 @@ class Inbound(Base):
     conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))
     external_id: Mapped[str | None] = mapped_column(Text)
     author: Mapped[str | None] = mapped_column(Text)
+    """The author's platform user id (a Slack user id)."""
+    identity: Mapped[dict[str, Any] | None] = mapped_column()
+    """The author as the edge verified it (`agents.identity.Author`: platform, workspace, user, name, email)."""
     text: Mapped[str] = mapped_column(Text)
     order_key: Mapped[str | None] = mapped_column(Text)
     kind: Mapped[str] = mapped_column(Text, server_default="customer")
@@ -96,6 +99,8 @@ class Message(Base):
     role: Mapped[str] = mapped_column(Text)
     agent: Mapped[str | None] = mapped_column(Text)
     author: Mapped[str | None] = mapped_column(Text)
+    author_name: Mapped[str | None] = mapped_column(Text)
+    """The author's display name when they wrote it: what the model sees in a thread where several write."""
     content: Mapped[str | None] = mapped_column(Text)
     tool_calls: Mapped[list[Any] | None] = mapped_column()
     tool_call_id: Mapped[str | None] = mapped_column(Text)

@@ -54,10 +54,14 @@ class SlackUser:
     is_bot: bool = False
     is_admin: bool = False
     """A workspace admin (users.info's is_admin)."""
+    email: str | None = None
+    """profile.email, as Slack gives it to an app with users:read.email (bots have none)."""
 
     def to_api(self) -> dict[str, Any]:
         profile = {"real_name": self.real_name, "display_name": self.name}
         profile |= {"image_72": self.image_url, "image_192": self.image_url}
+        if self.email is not None:
+            profile["email"] = self.email
         user = {"id": self.id, "team_id": TEAM_ID, "name": self.name, "real_name": self.real_name}
         flags = {"is_bot": self.is_bot, "is_admin": self.is_admin, "is_owner": False}
         return user | flags | {"deleted": False, "profile": profile}
@@ -436,9 +440,13 @@ class SlackEmulator:
         *,
         is_bot: bool = False,
         is_admin: bool = False,
+        email: str | None = None,
     ) -> SlackUser:
+        """A member of the workspace; a person (not a bot) gets an email at the workspace's domain unless given."""
         image = image_url or f"https://avatars.{TEAM_DOMAIN}.test/{id}.png"
-        user = self.users[id] = SlackUser(id, name, real_name, image, is_bot, is_admin)
+        if email is None and not is_bot:
+            email = f"{name}@{TEAM_DOMAIN}.test"
+        user = self.users[id] = SlackUser(id, name, real_name, image, is_bot, is_admin, email)
         return user
 
     def add_channel(self, id: str, name: str, is_im: bool = False, **flags: bool) -> Channel:

@@ -57,11 +57,11 @@ async def test_chat_shows_agents_handoffs_and_tools(
 ) -> None:
     fake_llm.script(
         tools(
-            tool_call("record_customer_name", {"name": "Ada"}), tool_call("transfer_to_support", {"reason": "order"})
+            tool_call("record_customer_name", {"name": "Casey"}), tool_call("transfer_to_support", {"reason": "order"})
         ),
-        tools(tool_call("lookup_order", {"order_id": "DW-1002"})),
-        reply("Your Harrier X4 has shipped."),
-        reply("You're welcome, Ada."),
+        tools(tool_call("lookup_order", {"order_id": "DW-1007"})),
+        reply("Your Swift Racer has shipped."),
+        reply("You're welcome, Casey."),
     )
     env = {
         "DATABASE_URL": database_url,
@@ -70,20 +70,22 @@ async def test_chat_shows_agents_handoffs_and_tools(
         "EMBEDDINGS": "openai",
     }
     code, out, err = await run_bot(
-        "chat", "--conversation", "demo", env=env, cwd=tmp_path, stdin="I'm Ada, where is DW-1002?\nthanks\n"
+        "chat", "--conversation", "demo", env=env, cwd=tmp_path, stdin="I'm Casey, where is DW-1007?\nthanks\n"
     )
     assert code == 0, err
+    # The terminal writes as the sample shop's customer, so their orders can be looked up (and refunded).
+    assert "You write as Casey Customer <casey@example.com>, whose orders are DW-1006, DW-1007." in out
     assert "calls record_customer_name" in out
     assert "handoff triage -> support (order)" in out
-    assert "calls lookup_order" in out and "status shipped" in out
-    assert "Support> Your Harrier X4 has shipped." in out
-    assert "Support> You're welcome, Ada." in out
+    assert "calls lookup_order" in out and "Order DW-1007 for Casey Customer" in out and "status shipped" in out
+    assert "Support> Your Swift Racer has shipped." in out
+    assert "Support> You're welcome, Casey." in out
 
     # A second run resumes the same conversation with the agent that spoke last.
     fake_llm.script(reply("Still here."))
     code, out, _ = await run_bot("chat", "--conversation", "demo", env=env, cwd=tmp_path, stdin="hello again\n")
     assert code == 0
-    assert "Resuming: support is active" in out and '"customer_name": "Ada"' in out
+    assert "Resuming: support is active" in out and '"customer_name": "Casey"' in out
     assert "Support> Still here." in out
 
 

@@ -10,7 +10,9 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
+from agents.identity import Author
 from agents.roster import default_roster
+from agents.shop import ORDERS
 from agents.tools import HandoffTo
 from db import models as m
 from escalation.machine import TAKEOVER
@@ -390,14 +392,15 @@ async def test_refund_needs_confirmation_and_is_idempotent(
         tools(refund),
         reply("Shall I refund $349.00 for DW-1001?"),
     )
-    await service.handle("t:1", "refund DW-1001 please")
+    ada = Author("test", None, "U_ADA", "Ada Park", ORDERS["DW-1001"].customer.email)
+    await service.handle("t:1", "refund DW-1001 please", author=ada)
     assert await rows(sessions, m.Refund) == []
     assert "Not refunded yet" in tool_messages(fake_llm.requests[-1])[-1]["content"]
     fake_llm.script(tools(refund), reply("Done."))
-    await service.handle("t:1", "yes please")
+    await service.handle("t:1", "yes please", author=ada)
     assert "Refunded $349.00" in tool_messages(fake_llm.requests[-1])[-1]["content"]
     fake_llm.script(tools(refund), reply("Already done."))
-    await service.handle("t:1", "yes, refund it again")
+    await service.handle("t:1", "yes, refund it again", author=ada)
     assert "already refunded" in tool_messages(fake_llm.requests[-1])[-1]["content"]
     [row] = await rows(sessions, m.Refund)
     assert (row.order_id, row.amount_cents) == ("DW-1001", 34900)

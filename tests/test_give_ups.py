@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from agents.conversations import SET_ASIDE, Conversations, MessageResult, ResultKind, TurnCommit
+from agents.identity import Author
 from agents.roster import default_roster
 from db import models as m
 from db.deliveries import CasePost, Outcome
@@ -215,7 +216,9 @@ async def test_a_failing_staff_message_is_set_aside_without_an_apology_loop(
         retry_base_s=0.01,
     )
     async with sessions() as s, s.begin():
-        staff = await service.submit_in(s, "C1:1.0", "we are on it", author="U_STAFF", external_id="9.9", kind="staff")
+        staff = await service.submit_in(
+            s, "C1:1.0", "we are on it", author=Author("slack", "T1", "U_STAFF"), external_id="9.9", kind="staff"
+        )
         conversation = await s.get(m.Conversation, staff.conversation_id)
         assert conversation is not None
         conversation.mode = Mode.HUMAN

@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
+from agents.identity import Author
 from agents.limits import Limit, Limits
 from agents.loop import Texts
 from agents.model import OpenAIChatModel
@@ -68,21 +69,23 @@ async def test_a_person_over_the_per_minute_limit_gets_no_llm_call_and_one_notic
     service = limited_service(sessions, model, Limits(user_per_minute=2))
     await minute_to_spare()
     # Two threads of one person: the limit is the person's, not the conversation's.
-    assert (await service.handle("t:a", "one", author="U1")).reply == "echo one"
-    assert (await service.handle("t:b", "two", author="U1")).reply == "echo two"
+    assert (await service.handle("t:a", "one", author=Author("slack", "T1", "U1"))).reply == "echo one"
+    assert (await service.handle("t:b", "two", author=Author("slack", "T1", "U1"))).reply == "echo two"
     assert fake_llm.calls == 2
 
     # A flood over three conversations at once: no LLM call, and one notice between them.
-    flood = await asyncio.gather(*(service.handle(f"t:{k}", f"again {k}", author="U1") for k in "abd"))
+    flood = await asyncio.gather(
+        *(service.handle(f"t:{k}", f"again {k}", author=Author("slack", "T1", "U1")) for k in "abd")
+    )
     notice = Texts.limited.format(when="in a minute")
     assert {(r.kind, r.limited_by) for r in flood} == {("limited", Limit.USER)}
     assert sorted(r.reply or "" for r in flood) == ["", "", notice]
-    later = await service.handle("t:a", "still there?", author="U1")
+    later = await service.handle("t:a", "still there?", author=Author("slack", "T1", "U1"))
     assert (later.kind, later.reply) == ("limited", None)  # told already, in this minute
     assert fake_llm.calls == 2
 
     # Someone else is answered as usual.
-    assert (await service.handle("t:c", "hello", author="U2")).reply == "echo hello"
+    assert (await service.handle("t:c", "hello", author=Author("slack", "T1", "U2"))).reply == "echo hello"
     assert fake_llm.calls == 3
     assert await outcomes(sessions) == [("U1", "reply", None)] * 2 + [("U1", "limited", "user")] * 4 + [
         ("U2", "reply", None)
@@ -100,21 +103,21 @@ async def test_a_person_over_the_daily_token_budget_gets_no_more_llm_calls_today
 ) -> None:
     fake_llm.rule = echo
     service = limited_service(sessions, model, Limits(daily_tokens_per_user=50))
-    first = await service.handle("t:a", "what drones do you sell?", author="U1")
+    first = await service.handle("t:a", "what drones do you sell?", author=Author("slack", "T1", "U1"))
     assert first.reply == "echo what drones do you sell?" and fake_llm.calls == 1
     async with sessions() as s:  # what the fake server counted, as the audit trail recorded it
         spent = await s.scalar(select(func.sum(m.LLMCall.prompt_tokens + m.LLMCall.completion_tokens)))
         counter = await s.get(m.RateCounter, ("user", "U1"))
     assert spent is not None and spent > 50 and counter is not None and counter.tokens == spent
 
-    second = await service.handle("t:b", "and cameras?", author="U1")
+    second = await service.handle("t:b", "and cameras?", author=Author("slack", "T1", "U1"))
     assert (second.kind, second.limited_by) == ("limited", Limit.DAILY_TOKENS)
     assert second.reply == Texts.limited.format(when="tomorrow")
-    third = await service.handle("t:a", "hello?", author="U1")
+    third = await service.handle("t:a", "hello?", author=Author("slack", "T1", "U1"))
     assert (third.kind, third.reply) == ("limited", None)
     assert fake_llm.calls == 1
 
-    assert (await service.handle("t:c", "hi", author="U2")).reply == "echo hi"
+    assert (await service.handle("t:c", "hi", author=Author("slack", "T1", "U2"))).reply == "echo hi"
     assert fake_llm.calls == 2
 
 

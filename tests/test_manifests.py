@@ -85,7 +85,12 @@ EVENT_SCOPES: dict[str, str] = {
 }
 
 # Scopes that no method, event or slash command needs but are kept anyway, with the reason. Keep it small.
-OTHERWISE_JUSTIFIED: dict[str, str] = {}
+OTHERWISE_JUSTIFIED: dict[str, str] = {
+    # No method of its own: it adds profile.email to users.info's answer (https://api.slack.com/scopes/users:read.email),
+    # which the inbox stores with each customer message (bot/slack_app.py SlackDirectory.identify) and tools match
+    # a shop's customer records on.
+    "users:read.email": "the author's verified email, for tools that check identity",
+}
 
 # A floor for the scan, so that a scanner broken into finding nothing cannot pass.
 KNOWN_CALLS = {

@@ -1,0 +1,54 @@
+"""Who wrote a message, as the platform vouched for it: the one value tools check ownership against.
+
+The edge builds an `Author` from what the platform verified (Slack signs each event with the user's and the
+workspace's ids; `users.info` adds the profile's name and email), stores it with the message, and the engine
+hands the author of the message being answered to every tool as `ToolContext.asker`. Nothing the model writes
+ever becomes an `Author`: a tool that trusted a name or an email from its arguments would let anyone in a thread
+act for anyone else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Author:
+    platform: str
+    """"slack", or "cli" for the terminal chat (as `agents.address.Address.platform`)."""
+    workspace: str | None
+    """The author's own workspace (Slack team id), which in a Slack Connect channel may be another company's."""
+    user: str
+    """The platform's id for the person (a Slack user id): stable, unlike names."""
+    name: str | None = None
+    """The display name, for people reading (and the model, in a shared thread); never proof of anything."""
+    email: str | None = None
+    """The email the platform verified, when it gives one (Slack: the `users:read.email` scope, and not for
+    every external user); the usual key to a shop's customer record."""
+
+    @property
+    def key(self) -> str:
+        """One person, across conversations: what a tool compares to tell whether two messages came from the
+        same person."""
+        return f"{self.platform}:{self.workspace or '-'}:{self.user}"
+
+    @property
+    def label(self) -> str:
+        return self.name or self.user
+
+    def to_json(self) -> dict[str, str | None]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any] | None) -> Author | None:
+        if not raw or not raw.get("user"):
+            return None
+        return cls(
+            str(raw.get("platform") or ""),
+            raw.get("workspace"),
+            str(raw["user"]),
+            raw.get("name"),
+            raw.get("email"),
+        )
