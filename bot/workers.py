@@ -255,6 +255,7 @@ class Workers:
             self.wake_turns()  # a place is free
         for result in results:
             self.metrics.processed.labels(result.kind).inc()
+            self.metrics.count_llm_calls(result.llm_calls)
         if results:
             self.metrics.turn_seconds.observe((time.perf_counter() - started) / len(results))
             self.wake_sender()
