@@ -21,7 +21,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Literal, Protocol
 
@@ -34,7 +34,16 @@ from agents.identity import Author
 from agents.leases import Lease, LeaseLost, Leases, process_owner
 from agents.limits import NO_LIMITS, Counts, Limit, Limits
 from agents.logcontext import current_conversation
-from agents.loop import Escalate, EventSink, HandoffRecord, LoopConfig, TurnInput, TurnResult, run_turn
+from agents.loop import (
+    Escalate,
+    EventSink,
+    HandoffRecord,
+    LLMCallRecord,
+    LoopConfig,
+    TurnInput,
+    TurnResult,
+    run_turn,
+)
 from agents.messages import Message, ToolCall
 from agents.model import Model
 from db import models as m
@@ -122,6 +131,9 @@ class MessageResult:
     escalation_id: int | None = None
     """The escalation this message opened or belongs to."""
     limited_by: Limit | None = None
+    llm_calls: tuple[LLMCallRecord, ...] = field(default=(), compare=False)
+    """The model calls its turn committed, for the host's running totals; not stored with the result (they are
+    rows of `llm_calls`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -496,6 +508,7 @@ class Conversations:
             turn.agent,
             turn.handoffs,
             escalation.reason if escalation else None,
+            llm_calls=turn.llm_calls,
         )
         user = started.inbound.message()
         mode = self.takeover.after_turn(escalated=escalation is not None)

@@ -31,8 +31,9 @@ from bot.slack_events import (
     delivery_of,
     sanitised,
 )
+from bot.staff import REPLY_REFUSED, StaffGate, Standing, refusal
 from db import models as m
-from db.deliveries import AddReaction, RelayDelete, RelayEdit, enqueue
+from db.deliveries import AddReaction, RelayDelete, RelayEdit, StaffNotice, enqueue
 from escalation.machine import OPEN_CASE
 from escalation.policy import EscalationPolicy
 
@@ -41,6 +42,8 @@ log = logging.getLogger(__name__)
 IDENTIFY_WITHIN_S = 1.0
 """How long the acknowledgement may wait for a profile not cached yet (Slack allows 3 s). Past it the message is
 stored with the signed ids alone: its tools find no orders for it, and the writer's next message tries again."""
+STAFF_CHECK_S = 2.0
+"""How long a staff reply's ack may wait for Slack to say who wrote it; longer, and Slack gets a 503 and retries."""
 
 
 class People(Protocol):
@@ -61,6 +64,7 @@ class Inbox:
         metrics: Metrics,
         on_stored: Callable[[], None],
         people: People,
+        staff: StaffGate,
     ) -> None:
         self.sessions = sessions
         self.people = people
@@ -70,6 +74,7 @@ class Inbox:
         self.escalation = escalation
         self.metrics = metrics
         self.on_stored = on_stored
+        self.staff = staff
 
     async def accept(self, envelope: Mapping[str, Any], *, bot_user_id: str | None) -> str:
         """Store one event_callback in a single transaction; returns its disposition. Raises if the database
@@ -85,8 +90,14 @@ class Inbox:
                 # The hot path (every customer message): one statement, so an ack costs one round trip.
                 disposition = await self._store_customer(s, delivery, message, author)
         else:
+            standing = Standing.STAFF
+            if isinstance(message, StaffReply):  # asked before the transaction: no connection waits for Slack
+                async with asyncio.timeout(STAFF_CHECK_S):
+                    standing = await self.staff.standing(
+                        message.user, team=delivery.team_id, user_team=message.user_team
+                    )
             async with self.sessions() as s, s.begin():
-                disposition = await self._store_other(s, delivery, message)
+                disposition = await self._store_other(s, delivery, message, standing)
         self.metrics.events.labels(disposition.split(":")[0]).inc()
         if disposition == "stored":
             self.on_stored()
@@ -127,44 +138,40 @@ class Inbox:
             return "duplicate"
         return "stored"
 
-    async def _store_other(self, s: AsyncSession, delivery: Delivery, message: Incoming) -> str:
-        fresh = await s.scalar(
-            insert(m.SlackEvent)
-            .values(
-                event_id=delivery.event_id,
-                team_id=delivery.team_id,
-                event_type=delivery.event_type,
-                disposition="received",
-            )
-            .on_conflict_do_nothing()
-            .returning(m.SlackEvent.event_id)
-        )
-        if fresh is None:
+    async def _store_other(self, s: AsyncSession, delivery: Delivery, message: Incoming, standing: Standing) -> str:
+        if not await _first(s, delivery):
             return "duplicate"
-        disposition = await self._store(s, message)
+        disposition = await self._store(s, message, standing)
         await s.execute(
             update(m.SlackEvent).where(m.SlackEvent.event_id == delivery.event_id).values(disposition=disposition)
         )
         return disposition
 
+    async def first_request(self, request: Delivery) -> bool:
+        """Record a slash command or interaction (`slack_events.trigger_of`); False when it was seen before."""
+        async with self.sessions() as s, s.begin():
+            return await _first(s, request)
+
     async def prune(self, *, keep_hours: float = 72) -> int:
-        """Forget event ids older than Slack ever retries (hours), so the table stays small."""
+        """Forget event ids (and trigger ids) older than Slack ever retries (hours), so the table stays small."""
         async with self.sessions() as s, s.begin():
             result = await s.execute(
                 delete(m.SlackEvent).where(m.SlackEvent.received_at < func.now() - timedelta(hours=keep_hours))
             )
         return int(getattr(result, "rowcount", 0) or 0)
 
-    async def _store(self, s: AsyncSession, message: Incoming) -> str:
+    async def _store(self, s: AsyncSession, message: Incoming, standing: Standing) -> str:
         match message:
             case Ignored(reason=reason):
                 return f"ignored: {reason}"
             case StaffReply() | StaffEdit() | StaffDelete():
-                return await self._store_staff(s, message)
+                return await self._store_staff(s, message, standing)
             case CustomerMessage():
                 raise AssertionError("customer messages are stored by _store_customer")
 
-    async def _store_staff(self, s: AsyncSession, message: StaffReply | StaffEdit | StaffDelete) -> str:
+    async def _store_staff(
+        self, s: AsyncSession, message: StaffReply | StaffEdit | StaffDelete, standing: Standing
+    ) -> str:
         case = (
             await s.execute(
                 select(m.Escalation.id, m.Escalation.status, m.Conversation.id, m.Conversation.key)
@@ -176,6 +183,13 @@ class Inbox:
             return "ignored: not a case thread"
         escalation_id, status, conversation_id, key = case
         match message:
+            case StaffReply() if standing != Standing.STAFF:
+                # Neither relayed nor a claim: only its author learns why. (Their edits and deletions need no check:
+                # a message never relayed has no copy to change.)
+                log.warning("%s wrote in case #%s's thread, not staff: %s", message.user, escalation_id, standing)
+                notice = refusal(standing, doing=REPLY_REFUSED)
+                await enqueue(s, [StaffNotice(conversation_id, escalation_id, message.user, notice)])
+                return f"ignored: {standing}, not staff"
             case StaffReply() if self.escalation.is_note(message.text):
                 await enqueue(s, [AddReaction(conversation_id, message.channel, message.ts, "memo")])
                 return "note"
@@ -243,3 +257,19 @@ working AS (
 SELECT EXISTS (SELECT FROM event) AS fresh, (SELECT id FROM stored) AS inbound_id
 """
 )
+
+
+async def _first(s: AsyncSession, delivery: Delivery) -> bool:
+    """Record a delivery's id in the caller's transaction; False when it is there already (a retry, a replay)."""
+    fresh = await s.scalar(
+        insert(m.SlackEvent)
+        .values(
+            event_id=delivery.event_id,
+            team_id=delivery.team_id,
+            event_type=delivery.event_type,
+            disposition="received",
+        )
+        .on_conflict_do_nothing()
+        .returning(m.SlackEvent.event_id)
+    )
+    return fresh is not None

@@ -1,39 +1,96 @@
-"""Prometheus metrics: counters kept by this process, and gauges read from Postgres at scrape time (so every
-process reports the same backlog, whoever holds it)."""
+"""Prometheus metrics: counters kept by this process, and gauges of the shared queues read from Postgres.
+
+A scrape reads no table. Totals (LLM calls and tokens) are counters of this process, counted as its turns commit
+their calls: each process reports its own, Prometheus sums them across processes, and `rate()` and `increase()`
+absorb a restart's reset to zero (the full history stays in `llm_calls`, for `/support stats`). The gauges (inbox
+and outbox backlog, open cases) are the same for every process, whoever holds the work, so they come from the
+database: read at most once per `ttl_s` on a connection of their own, through the partial indexes of unsent and
+unprocessed rows, under a statement timeout; between reads, and when a read fails, the last values are served and
+`helpdesk_gauges_age_seconds` says how old they are.
+"""
 
 from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy import func, select, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agents.conversations import SET_ASIDE
+from agents.loop import LLMCallRecord
 from db import models as m
 from db.deliveries import GIVEN_UP
 from escalation.machine import OPEN_CASE
 
+log = logging.getLogger(__name__)
 
-class _DatabaseGauges(Collector):
-    def __init__(self) -> None:
+GAUGES_TTL_S = 10.0
+GAUGES_TIMEOUT_MS = 2000
+
+_GAUGES = {
+    "helpdesk_inbox_backlog": (
+        "customer messages stored and not yet processed",
+        select(func.count()).where(m.Inbound.processed_at.is_(None)),
+    ),
+    "helpdesk_outbox_backlog": (
+        "Slack calls owed and not yet sent",
+        select(func.count()).where(m.Outbox.done_at.is_(None)),
+    ),
+    "helpdesk_outbox_given_up": (
+        "Slack calls given up for good (failed: never counted as sent)",
+        select(func.count()).select_from(m.Outbox).where(GIVEN_UP),
+    ),
+    "helpdesk_messages_set_aside": (
+        "messages set aside after failing repeatedly (see /support status)",
+        select(func.count()).select_from(m.Inbound).where(SET_ASIDE),
+    ),
+    "helpdesk_open_escalations": (
+        "escalations waiting for or owned by a human",
+        select(func.count()).where(m.Escalation.status.in_(OPEN_CASE)),
+    ),
+}
+
+
+class DatabaseGauges(Collector):
+    def __init__(self, engine: AsyncEngine, *, ttl_s: float = GAUGES_TTL_S) -> None:
+        self.engine = engine
+        """A small engine of their own: a scrape never waits for the workers' connections, nor they for it."""
+        self.ttl_s = ttl_s
         self.values: dict[str, float] = {}
+        self.read_at: float | None = None
+        self._tried_at = float("-inf")
+        self._lock = asyncio.Lock()
+
+    async def refresh(self) -> None:
+        """Read the gauges again if they are older than `ttl_s`; concurrent scrapes share one read."""
+        async with self._lock:
+            if time.monotonic() - self._tried_at < self.ttl_s:
+                return
+            self._tried_at = time.monotonic()
+            try:
+                async with asyncio.timeout(GAUGES_TIMEOUT_MS / 1000 + 1), self.engine.connect() as conn:
+                    await conn.execute(text(f"SET LOCAL statement_timeout = {GAUGES_TIMEOUT_MS}"))
+                    row = (await conn.execute(select(*(q.scalar_subquery() for _, q in _GAUGES.values())))).one()
+            except Exception as exc:  # the last values stay, and their age shows it
+                log.warning("metrics: reading the gauges failed (%s)", type(exc).__name__)
+                return
+            self.values = dict(zip(_GAUGES, map(float, row), strict=True))
+            self.read_at = time.monotonic()
 
     def collect(self):  # type: ignore[no-untyped-def]
-        docs = {
-            "helpdesk_inbox_backlog": "customer messages stored and not yet processed",
-            "helpdesk_outbox_backlog": "Slack calls owed and not yet sent",
-            "helpdesk_outbox_given_up": "Slack calls given up for good (failed: never counted as sent)",
-            "helpdesk_messages_set_aside": "messages set aside after failing repeatedly (see /support status)",
-            "helpdesk_open_escalations": "escalations waiting for or owned by a human",
-            "helpdesk_llm_calls_total": "LLM calls recorded in the audit trail",
-            "helpdesk_llm_prompt_tokens_total": "prompt tokens recorded in the audit trail",
-            "helpdesk_llm_completion_tokens_total": "completion tokens recorded in the audit trail",
-        }
-        for name, doc in docs.items():
+        for name, (doc, _) in _GAUGES.items():
             gauge = GaugeMetricFamily(name, doc)
             gauge.add_metric([], self.values.get(name, 0.0))
             yield gauge
+        age = GaugeMetricFamily("helpdesk_gauges_age_seconds", "how old the database gauges are (-1: never read)")
+        age.add_metric([], -1.0 if self.read_at is None else time.monotonic() - self.read_at)
+        yield age
 
 
 class Metrics:
@@ -66,38 +123,29 @@ class Metrics:
         self.outbox_sent = Counter(
             "helpdesk_outbox_sent_total", "Slack calls sent (not those given up)", registry=self.registry
         )
-        self._db = _DatabaseGauges()
-        self.registry.register(self._db)
+        self.llm_calls = Counter(
+            "helpdesk_llm_calls_total", "LLM calls committed by this process's turns", registry=self.registry
+        )
+        self.prompt_tokens = Counter(
+            "helpdesk_llm_prompt_tokens_total", "prompt tokens of those calls", registry=self.registry
+        )
+        self.completion_tokens = Counter(
+            "helpdesk_llm_completion_tokens_total", "completion tokens of those calls", registry=self.registry
+        )
+        self.gauges: DatabaseGauges | None = None
+        """Set once the database is open (`watch`)."""
 
-    async def render(self, sessions: async_sessionmaker[AsyncSession]) -> bytes:
-        async with sessions() as s:
-            unprocessed = m.Inbound.processed_at.is_(None)
-            self._db.values = {
-                "helpdesk_inbox_backlog": await s.scalar(select(func.count()).where(unprocessed)) or 0,
-                "helpdesk_outbox_backlog": await s.scalar(select(func.count()).where(m.Outbox.done_at.is_(None))) or 0,
-                "helpdesk_outbox_given_up": await s.scalar(select(func.count()).select_from(m.Outbox).where(GIVEN_UP))
-                or 0,
-                "helpdesk_messages_set_aside": await s.scalar(
-                    select(func.count()).select_from(m.Inbound).where(SET_ASIDE)
-                )
-                or 0,
-                "helpdesk_open_escalations": await s.scalar(
-                    select(func.count()).where(m.Escalation.status.in_(OPEN_CASE))
-                )
-                or 0,
-            }
-            calls, prompt, completion = (
-                await s.execute(
-                    select(
-                        func.count(),
-                        func.coalesce(func.sum(m.LLMCall.prompt_tokens), 0),
-                        func.coalesce(func.sum(m.LLMCall.completion_tokens), 0),
-                    )
-                )
-            ).one()
-            self._db.values |= {
-                "helpdesk_llm_calls_total": calls,
-                "helpdesk_llm_prompt_tokens_total": prompt,
-                "helpdesk_llm_completion_tokens_total": completion,
-            }
+    def watch(self, engine: AsyncEngine, *, ttl_s: float = GAUGES_TTL_S) -> None:
+        self.gauges = DatabaseGauges(engine, ttl_s=ttl_s)
+        self.registry.register(self.gauges)
+
+    def count_llm_calls(self, calls: Iterable[LLMCallRecord]) -> None:
+        for call in calls:
+            self.llm_calls.inc()
+            self.prompt_tokens.inc(call.usage.prompt_tokens)
+            self.completion_tokens.inc(call.usage.completion_tokens)
+
+    async def render(self) -> bytes:
+        if self.gauges is not None:
+            await self.gauges.refresh()
         return generate_latest(self.registry)

@@ -48,6 +48,7 @@ from db.deliveries import (
     RelayToStaff,
     Reminder,
     RemoveReaction,
+    StaffNotice,
     delivery_of,
     enqueue,
 )
@@ -343,9 +344,9 @@ class OutboxSender:
                 return None
             if (error, type(delivery)) in (("already_reacted", AddReaction), ("no_reaction", RemoveReaction)):
                 return await self._done(row, Outcome.SENT, attempts=m.Outbox.attempts + 1)
-            if isinstance(delivery, AddReaction | RemoveReaction):
-                # A reaction is a courtesy (a deleted custom emoji, a restricted channel): it never holds the
-                # replies behind it.
+            if isinstance(delivery, AddReaction | RemoveReaction | StaffNotice):
+                # A reaction or a notice is a courtesy (a deleted custom emoji, a restricted channel, a person who
+                # left): it never holds the replies behind it.
                 return await self._give_up(row, error)
             if isinstance(delivery, CasePost):
                 return await self._case_failed(row, delivery, error, transient=error in TRANSIENT_ERRORS)
@@ -487,6 +488,10 @@ class OutboxSender:
                 copy = await self._relayed_copy(source)
                 if copy is not None:
                     await self.client.chat_delete(channel=copy[0], ts=copy[1])
+            case StaffNotice(escalation_id=escalation_id, author=user, text=notice):
+                where = await self._renderer().case_thread(escalation_id)
+                if where is not None:
+                    await self.client.chat_postEphemeral(channel=where[0], thread_ts=where[1], user=user, text=notice)
             case _:
                 assert_never(delivery)
 

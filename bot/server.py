@@ -9,14 +9,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hashlib
+import hmac
 import json
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 
@@ -25,7 +28,6 @@ from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.signature import SignatureVerifier
-from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import text
 
 from agents.conversations import Conversations
@@ -40,10 +42,11 @@ from bot.admin.queries import AdminQueries
 from bot.inbox import Inbox
 from bot.metrics import Metrics
 from bot.outbox import OutboxSender, ReplyStyle, turn_outbox
-from bot.preflight import staff_channel_problem
+from bot.preflight import staff_channel_problem, staff_channel_status
 from bot.settings import Settings
 from bot.slack_app import SlackDirectory, build_app, slack_client
 from bot.slack_events import Policy
+from bot.staff import StaffGate, StaffList
 from bot.workers import Workers
 from db.engine import make_engine, make_sessions
 from escalation.desk import CaseDesk
@@ -77,6 +80,8 @@ class Bot:
     knowledge: KnowledgeBase
     url: str = ""
     """Where the HTTP endpoints listen, once they do."""
+    monitoring_url: str = ""
+    """Where /healthz and /metrics are served: `url`, or METRICS_HOST:METRICS_PORT."""
 
 
 def escalation_policy(settings: Settings) -> EscalationPolicy:
@@ -121,8 +126,6 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
     policy = escalation_policy(settings)
     token, api = settings.slack_bot_token.get_secret_value(), settings.slack_api_url
     client = slack_client(token=token, base_url=api)
-    if (problem := await staff_channel_problem(client, settings.staff_channel_id)) is not None:
-        log.warning("STAFF CHANNEL: %s", problem)
     async with runtime.open_database(settings) as db:
         brain = await runtime.brain(settings, db)
         roster, model = brain.roster, brain.model
@@ -139,6 +142,11 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
         )
         metrics = Metrics()
         directory = SlackDirectory(client)  # reads only: the client that retries is safe here
+        listed = StaffList(settings.staff_ids, settings.staff_usergroup_id)
+        staff = StaffGate(members=directory, listed=listed)
+        problem = await staff_channel_problem(client, settings.staff_channel_id, allow_list=listed.restricts)
+        if problem is not None:
+            log.warning("\n%s\nSTAFF CHANNEL: %s\n%s", "!" * 80, problem, "!" * 80)
         cases = CaseRenderer(
             sessions=db.sessions,
             directory=directory,
@@ -165,9 +173,11 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
         desk = CaseDesk(sessions=db.sessions, policy=policy, on_change=workers.wake_sender, leases=leases)
         # The acknowledgement path gets its own small pool, so a burst of events never queues behind the
         # workers' short transactions for Slack's 3 seconds.
-        ack_engine = make_engine(
-            db.url, pool_size=settings.ack_pool_size, transaction_pooler=settings.database_pooler == "transaction"
-        )
+        pooler = settings.database_pooler == "transaction"
+        ack_engine = make_engine(db.url, pool_size=settings.ack_pool_size, transaction_pooler=pooler)
+        # And so does monitoring: a scrape never waits behind turns, nor a turn behind a scrape.
+        monitoring_engine = make_engine(db.url, pool_size=1, transaction_pooler=pooler)
+        metrics.watch(monitoring_engine)
         inbox = Inbox(
             sessions=make_sessions(ack_engine),
             conversations=conversations,
@@ -177,12 +187,14 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             metrics=metrics,
             on_stored=workers.wake_all,
             people=directory,
+            staff=staff,
         )
         workers.housekeeping = [(inbox.prune, 600), (lambda: desk.remind(now=now()), 30)]
-        app = build_app(
-            client=client, signing_secret=settings.slack_signing_secret.get_secret_value(), inbox=inbox, desk=desk
-        )
-        register_admin(app, admin_commands(settings, client, db, brain, desk), name=settings.admin_command)
+        secret = settings.slack_signing_secret.get_secret_value()
+        app = build_app(client=client, signing_secret=secret, inbox=inbox, desk=desk, staff=staff)
+        channel_check = partial(staff_channel_status, client, settings.staff_channel_id, allow_list=listed.restricts)
+        admin = admin_commands(settings, db, brain, desk, directory, channel_check)
+        register_admin(app, admin, name=settings.admin_command)
         await workers.start()
         try:
             yield Bot(settings, db, app, workers, metrics, conversations, desk, brain.knowledge)
@@ -190,14 +202,20 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             await workers.stop()
             await brain.close()
             await ack_engine.dispose()
+            await monitoring_engine.dispose()
 
 
 def admin_commands(
-    settings: Settings, client: AsyncWebClient, db: runtime.Database, brain: runtime.Brain, desk: CaseDesk
+    settings: Settings,
+    db: runtime.Database,
+    brain: runtime.Brain,
+    desk: CaseDesk,
+    directory: SlackDirectory,
+    staff_channel: Callable[[], Awaitable[str | None]],
 ) -> AdminCommands:
     queries = AdminQueries(sessions=db.sessions)
     return AdminCommands(
-        client=client,
+        members=directory,
         admin_ids=settings.admin_ids,
         workspace_admins=settings.admin_workspace_admins,
         queries=queries,
@@ -206,7 +224,7 @@ def admin_commands(
         knowledge=brain.knowledge,
         probe=provider_probe(brain.provider, model=settings.openai_model),
         version=_version(),
-        staff_channel=settings.staff_channel_id,
+        staff_channel=staff_channel,
     )
 
 
@@ -218,6 +236,8 @@ def _version() -> str:
 
 
 def web_app(bot: Bot) -> web.Application:
+    """The public listener: Slack's requests and `/livez`, and `/healthz` and `/metrics` unless they have a
+    listener of their own (METRICS_PORT)."""
     assert bot.settings.slack_signing_secret is not None
     verifier = SignatureVerifier(bot.settings.slack_signing_secret.get_secret_value())
 
@@ -235,6 +255,47 @@ def web_app(bot: Bot) -> web.Application:
         except (ValueError, RecursionError):  # not UTF-8, not JSON or form, or nested past the parser's depth
             return web.json_response({"error": "malformed body"}, status=400)
         return await to_aiohttp_response(await bot.app.async_dispatch(bolt_request))
+
+    async def livez(_: web.Request) -> web.Response:
+        # For a load balancer that can reach only this port: the process is up and its workers started. Nothing
+        # else (no database round trip, no details), since anyone can ask.
+        return web.json_response({"ready": bot.workers.ready}, status=200 if bot.workers.ready else 503)
+
+    application = web.Application()
+    if bot.settings.process_role != "worker":
+        application.router.add_post("/slack/events", events)
+    application.router.add_get("/livez", livez)
+    if bot.settings.metrics_port is None:
+        _add_monitoring(application, bot)
+    return application
+
+
+def monitoring_app(bot: Bot) -> web.Application:
+    """The listener on METRICS_HOST:METRICS_PORT: `/healthz` and `/metrics` only."""
+    application = web.Application()
+    _add_monitoring(application, bot)
+    return application
+
+
+Handler = Callable[[web.Request], Awaitable[web.Response]]
+
+
+def _add_monitoring(application: web.Application, bot: Bot) -> None:
+    token = bot.settings.metrics_token
+
+    def guarded(handler: Handler) -> Handler:
+        if token is None:
+            return handler
+        # Digests compared in constant time: neither the token's bytes nor its length can be timed out of us.
+        expected = hashlib.sha256(f"Bearer {token.get_secret_value()}".encode()).digest()
+
+        async def checked(request: web.Request) -> web.Response:
+            given = hashlib.sha256(request.headers.get("Authorization", "").encode()).digest()
+            if not hmac.compare_digest(given, expected):
+                return web.json_response({"error": "unauthorized"}, status=401, headers={"WWW-Authenticate": "Bearer"})
+            return await handler(request)
+
+        return checked
 
     async def healthz(_: web.Request) -> web.Response:
         try:
@@ -257,14 +318,33 @@ def web_app(bot: Bot) -> web.Application:
         return web.json_response(body, status=200 if ready else 503)
 
     async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=await bot.metrics.render(bot.db.sessions), content_type="text/plain")
+        return web.Response(body=await bot.metrics.render(), content_type="text/plain")
 
-    application = web.Application()
-    if bot.settings.process_role != "worker":
-        application.router.add_post("/slack/events", events)
-    application.router.add_get("/healthz", healthz)
-    application.router.add_get("/metrics", metrics)
-    return application
+    application.router.add_get("/healthz", guarded(healthz))
+    application.router.add_get("/metrics", guarded(metrics))
+
+
+@asynccontextmanager
+async def listening(bot: Bot, *, host: str, port: int) -> AsyncIterator[Bot]:
+    """The public listener on host:port (0: any free port), and the monitoring one when METRICS_PORT is set;
+    `bot.url` and `bot.monitoring_url` say where they are."""
+    listeners = [(web_app(bot), host, port)]
+    if bot.settings.metrics_port is not None:
+        listeners.append((monitoring_app(bot), bot.settings.metrics_host, bot.settings.metrics_port))
+    runners: list[web.AppRunner] = []
+    try:
+        urls = []
+        for application, where, number in listeners:
+            runner = web.AppRunner(application, access_log=None)
+            await runner.setup()
+            runners.append(runner)
+            await web.TCPSite(runner, where, number).start()
+            urls.append(f"http://{where}:{runner.addresses[0][1]}")
+        bot.url, bot.monitoring_url = urls[0], urls[-1]
+        yield bot
+    finally:
+        for runner in reversed(runners):
+            await runner.cleanup()
 
 
 async def until_signalled() -> None:
@@ -284,13 +364,10 @@ async def serve(settings: Settings, *, socket_mode: bool = False) -> int:
         # A worker's turns and sends can wait (their rows are stored); a web process's acks cannot. On a shared
         # host the kernel then gives acks the CPU first.
         os.nice(WORKER_NICENESS)
-    async with running_bot(settings) as bot:
-        runner = web.AppRunner(web_app(bot), access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, settings.host, settings.port).start()
-        log.info(
-            "listening on http://%s:%d (%s)", settings.host, settings.port, "socket mode" if socket_mode else "http"
-        )
+    async with running_bot(settings) as bot, listening(bot, host=settings.host, port=settings.port):
+        log.info("listening on %s (%s)", bot.url, "socket mode" if socket_mode else "http")
+        if bot.monitoring_url != bot.url:
+            log.info("/healthz and /metrics on %s", bot.monitoring_url)
         gc.freeze()  # start-up objects live forever: keep them out of full collections, which stall every ack
         print(
             json.dumps({"event": "ready", "port": settings.port, "mode": "socket" if socket_mode else "http"}),
@@ -308,5 +385,4 @@ async def serve(settings: Settings, *, socket_mode: bool = False) -> int:
         finally:
             if handler is not None:
                 await handler.close_async()  # type: ignore[no-untyped-call]
-            await runner.cleanup()
     return 0

@@ -69,11 +69,19 @@ class Settings(BaseSettings):
     slack_app_token: SecretStr | None = None
     slack_api_url: str = "https://slack.com/api/"
     staff_channel_id: str | None = None
+    staff_user_ids: str = ""
+    staff_usergroup_id: str | None = None
+    """With either set, only the people listed (or in the group) act as staff; guests and external members never."""
     admin_user_ids: str = ""
     admin_workspace_admins: bool = False
     admin_command: str = "/support"
     port: int = 3000
     host: str = "0.0.0.0"
+    metrics_port: int | None = None
+    """Set: /healthz and /metrics are served on METRICS_HOST:METRICS_PORT only, not on PORT."""
+    metrics_host: str = "127.0.0.1"
+    metrics_token: SecretStr | None = None
+    """Set: /healthz and /metrics want `Authorization: Bearer <token>`."""
     slack_channels: str = ""
     slack_answer_bots: bool = False
     handoff_notice: str = "_Connecting you with {agent}…_"
@@ -152,7 +160,15 @@ class Settings(BaseSettings):
 
     @property
     def admin_ids(self) -> frozenset[str]:
-        return frozenset(part.strip() for part in self.admin_user_ids.split(",") if part.strip())
+        return _ids(self.admin_user_ids)
+
+    @property
+    def staff_ids(self) -> frozenset[str]:
+        return _ids(self.staff_user_ids)
+
+
+def _ids(listed: str) -> frozenset[str]:
+    return frozenset(part.strip() for part in listed.split(",") if part.strip())
 
 
 @lru_cache(maxsize=1)

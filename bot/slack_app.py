@@ -27,7 +27,8 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from agents.identity import Author
 from bot.inbox import Inbox
-from bot.slack_events import case_action_of
+from bot.slack_events import CaseAction, case_action_of, trigger_of
+from bot.staff import ACTION_REFUSED, Member, StaffGate, Standing, refusal
 from escalation.desk import Action, ActionResult, CaseDesk
 from escalation.views import ACTION_CLAIM, ACTION_HAND_BACK, ACTION_RESOLVE, Person
 
@@ -55,40 +56,74 @@ def slack_client(*, token: str, base_url: str, timeout_s: int = 30, idempotent_o
 
 
 class SlackDirectory:
-    """People and links as Slack has them, for what escalation renders (`escalation.render.Directory`) and for
-    the authors the inbox stores (`bot.inbox.People`): reads only, so the client may retry. Profiles are cached
-    for `ttl_s`, so a changed name or email is seen within that."""
+    """People, user groups and links as Slack has them: for what escalation renders (`escalation.render.Directory`),
+    the authors the inbox stores (`bot.inbox.People`) and who counts as staff or admin (`bot.staff.Members`). Reads
+    only, so the client may retry. Answers are
+    cached briefly: a guest made a full member, or someone removed from the staff group, counts as such within
+    `cache_s`."""
 
-    def __init__(self, client: AsyncWebClient, *, ttl_s: float = 900.0) -> None:
+    def __init__(self, client: AsyncWebClient, *, cache_s: float = 300.0) -> None:
         self.client = client
-        self.ttl_s = ttl_s
-        self._profiles: dict[str, tuple[float, Mapping[str, Any]]] = {}
+        self.cache_s = cache_s
+        self._users: dict[str, tuple[float, Mapping[str, Any]]] = {}
+        self._groups: dict[str, tuple[float, frozenset[str]]] = {}
 
-    async def _profile(self, user: str) -> Mapping[str, Any] | None:
-        cached = self._profiles.get(user)
-        if cached is not None and time.monotonic() - cached[0] < self.ttl_s:
+    async def _user(self, user: str) -> Mapping[str, Any] | None:
+        """users.info's user, or None when Slack refuses (user_not_found); a failure to reach Slack raises."""
+        cached = self._users.get(user)
+        if cached is not None and time.monotonic() - cached[0] < self.cache_s:
             return cached[1]
         try:
-            profile: Mapping[str, Any] = (await self.client.users_info(user=user))["user"]
-        except SlackApiError:
+            found: Mapping[str, Any] = (await self.client.users_info(user=user))["user"]
+        except SlackApiError as exc:
+            log.warning("users.info %s: %s", user, exc.response.get("error"))
             return None
-        self._profiles[user] = (time.monotonic(), profile)
-        return profile
+        self._users[user] = (time.monotonic(), found)
+        return found
 
     async def person(self, user: str) -> Person:
-        profile = await self._profile(user)
+        profile = await self._user(user)
         if profile is None:
             return Person(user)
         details = profile.get("profile") or {}
         return Person(_name_of(profile) or user, details.get("image_192") or details.get("image_72"))
 
     async def identify(self, author: Author) -> Author:
-        profile = await self._profile(author.user)
+        try:
+            profile = await self._user(author.user)
+        except Exception:  # Slack unreachable: stored with the signed ids alone
+            return author
         if profile is None:
             return author
         # The email is in the profile only with the users:read.email scope, and not for every external user.
         email = (profile.get("profile") or {}).get("email")
         return replace(author, name=_name_of(profile), email=str(email) if email else None)
+
+    async def member(self, user: str) -> Member | None:
+        found = await self._user(user)
+        if found is None:
+            return None
+        flag = {key: bool(found.get(key)) for key in _MEMBER_FLAGS}
+        return Member(
+            user,
+            found.get("team_id"),
+            guest=flag["is_restricted"] or flag["is_ultra_restricted"],
+            stranger=flag["is_stranger"],
+            admin=flag["is_admin"] or flag["is_owner"] or flag["is_primary_owner"],
+        )
+
+    async def usergroup(self, group: str) -> frozenset[str]:
+        """The group's members; empty when Slack refuses (a wrong id, a missing scope), so nobody passes."""
+        cached = self._groups.get(group)
+        if cached is not None and time.monotonic() - cached[0] < USERGROUP_CACHE_S:
+            return cached[1]
+        try:
+            members = frozenset((await self.client.usergroups_users_list(usergroup=group))["users"] or ())
+        except SlackApiError as exc:
+            log.error("usergroups.users.list %s failed (%s): nobody counts as staff", group, exc.response.get("error"))
+            return frozenset()
+        self._groups[group] = (time.monotonic(), members)
+        return members
 
     async def permalink(self, channel: str, message: str) -> str | None:
         try:
@@ -104,12 +139,32 @@ def _name_of(profile: Mapping[str, Any]) -> str | None:
     return str(name) if name else None
 
 
+_MEMBER_FLAGS = ("is_restricted", "is_ultra_restricted", "is_stranger", "is_admin", "is_owner", "is_primary_owner")
+USERGROUP_CACHE_S = 60.0
 ACK_WITHIN_S = 2.0
 CASE_ACTIONS: dict[str, Action] = {ACTION_CLAIM: "claim", ACTION_RESOLVE: "resolve", ACTION_HAND_BACK: "hand_back"}
 
 
-def build_app(*, client: AsyncWebClient, signing_secret: str, inbox: Inbox, desk: CaseDesk) -> AsyncApp:
+def build_app(
+    *, client: AsyncWebClient, signing_secret: str, inbox: Inbox, desk: CaseDesk, staff: StaffGate
+) -> AsyncApp:
     app = AsyncApp(client=client, signing_secret=signing_secret)
+
+    async def act(action: CaseAction) -> ActionResult:
+        try:
+            standing = await staff.standing(action.user, team=action.team, user_team=action.user_team)
+        except Exception:
+            log.warning("could not check whether %s is staff", action.user, exc_info=True)
+            return ActionResult(False, "Slack did not say whether you are on the support team; please try again.")
+        if standing != Standing.STAFF:
+            log.warning("case action %s by %s refused: %s", action.action_id, action.user, standing)
+            return ActionResult(False, refusal(standing, doing=ACTION_REFUSED))
+        return await desk.act(
+            escalation_id=action.escalation_id,
+            action=CASE_ACTIONS[action.action_id],
+            user=action.user,
+            channel=action.channel,
+        )
 
     @app.action(re.compile("^case_"))
     async def case_button(ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond) -> None:
@@ -120,14 +175,7 @@ def build_app(*, client: AsyncWebClient, signing_secret: str, inbox: Inbox, desk
         # Usually the change is made before the ack, and Slack shows the button as handled. It waits for a running
         # turn of the conversation (its lease), which may take longer than Slack's 3 s: then the ack goes first
         # and the case message is updated through the outbox once the change is made.
-        change = asyncio.create_task(
-            desk.act(
-                escalation_id=action.escalation_id,
-                action=CASE_ACTIONS[action.action_id],
-                user=action.user,
-                channel=action.channel,
-            )
-        )
+        change = asyncio.create_task(act(action))
         done, _ = await asyncio.wait({change}, timeout=ACK_WITHIN_S)
         await ack()
         if not done:
@@ -143,6 +191,25 @@ def build_app(*, client: AsyncWebClient, signing_secret: str, inbox: Inbox, desk
             result = ActionResult(False, "That did not work (the conversation stayed busy); please try again.")
         if not result.ok:
             await respond(text=result.message, response_type="ephemeral", replace_original=False)
+
+    @app.middleware
+    async def once_per_trigger(
+        req: AsyncBoltRequest, resp: BoltResponse, next: Callable[[], Awaitable[BoltResponse]]
+    ) -> BoltResponse:
+        """A slash command or click is acted on once: the same request again (a replay within the signature's
+        5 minutes, or a retry) is acknowledged and dropped."""
+        trigger = trigger_of(req.body)
+        if trigger is None:
+            return await next()
+        try:
+            first = await inbox.first_request(trigger)
+        except Exception:
+            log.exception("could not record %s; answering 503", trigger.event_id)
+            return BoltResponse(status=503, body="unavailable")
+        if not first:
+            log.warning("%s %s seen before: acknowledged, not acted on", trigger.event_type, trigger.event_id)
+            return BoltResponse(status=200, body="")
+        return await next()
 
     @app.middleware
     async def durable_inbox(

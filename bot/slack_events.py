@@ -52,10 +52,12 @@ class StaffReply:
     user: str
     text: str
     team: str
+    user_team: str | None = None
+    """The author's organisation where the message says (Slack Connect), to compare with ours."""
 
     @property
     def author(self) -> Author:
-        return Author("slack", self.team, self.user)
+        return Author("slack", self.user_team or self.team, self.user)
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,10 @@ class CaseAction:
     escalation_id: int
     user: str
     channel: str | None
+    team: str | None = None
+    """Our workspace, where the button was pressed."""
+    user_team: str | None = None
+    """The presser's own workspace."""
 
 
 def case_action_of(body: Mapping[str, Any]) -> CaseAction | None:
@@ -99,9 +105,16 @@ def case_action_of(body: Mapping[str, Any]) -> CaseAction | None:
         escalation_id = int(actions[0].get("value") or "")
     except ValueError:
         return None
-    user = (body.get("user") or {}).get("id")
-    channel = (body.get("channel") or {}).get("id")
-    return CaseAction(str(actions[0].get("action_id")), escalation_id, str(user), channel)
+    user = body.get("user") or {}
+    action_id = str(actions[0].get("action_id"))
+    channel, team = _id_of(body.get("channel")), _id_of(body.get("team"))
+    return CaseAction(action_id, escalation_id, str(user.get("id")), channel, team, user.get("team_id"))
+
+
+def _id_of(value: Any) -> str | None:
+    """The id of a `{"id": ...}` object of a payload."""
+    found = value.get("id") if isinstance(value, Mapping) else None
+    return None if found is None else str(found)
 
 
 @dataclass(frozen=True)
@@ -122,6 +135,17 @@ class Delivery:
     event_id: str
     event_type: str
     team_id: str | None
+
+
+def trigger_of(body: Mapping[str, Any]) -> Delivery | None:
+    """A slash command or interaction, identified by its trigger_id (unique per user action), or None. Its key
+    shares the event ids' table, prefixed, so that the two never meet."""
+    trigger = body.get("trigger_id")
+    if not isinstance(trigger, str) or not trigger:
+        return None
+    kind = "slash_command" if "command" in body else str(body.get("type") or "interaction")
+    team = body.get("team_id") or _id_of(body.get("team"))
+    return Delivery(f"trigger:{trigger}", kind, None if team is None else str(team))
 
 
 def delivery_of(envelope: Mapping[str, Any]) -> Delivery:
@@ -158,7 +182,9 @@ def _classify_staff(event: Mapping[str, Any], channel: str, team: str) -> Incomi
             return StaffDelete(channel, thread, str(event.get("deleted_ts") or ts))
         case None | "file_share" | "thread_broadcast" if isinstance(message.get("user"), str):
             text = str(message.get("text") or "").strip()
-            return StaffReply(channel, thread, ts, str(message["user"]), text, team) if text else Ignored("no text")
+            own = message.get("user_team") or message.get("source_team") or message.get("team")
+            reply = StaffReply(channel, thread, ts, str(message["user"]), text, team, None if own is None else str(own))
+            return reply if text else Ignored("no text")
     return Ignored(f"staff channel subtype {subtype}")
 
 

@@ -257,6 +257,7 @@ class Workers:
             self.metrics.processed.labels(result.kind).inc()
             if result.limited_by is not None:
                 self.metrics.rate_limited.labels(result.limited_by).inc()
+            self.metrics.count_llm_calls(result.llm_calls)
         if results:
             self.metrics.turn_seconds.observe((time.perf_counter() - started) / len(results))
             self.wake_sender()

@@ -146,8 +146,18 @@ class Reminder(_OfCase):
     text: str
 
 
+@dataclass(frozen=True)
+class StaffNotice(_OfCase):
+    """A note only one person in the case's thread sees (ephemeral): why their message was not relayed."""
+
+    kind: ClassVar[str] = "staff_notice"
+    author: str
+    """Whom it is for (a platform user id)."""
+    text: str
+
+
 NewMessage = Post | CasePost | RelayToStaff | RelayToCustomer | Reminder
-Change = AddReaction | RemoveReaction | CaseUpdate | RelayEdit | RelayDelete
+Change = AddReaction | RemoveReaction | CaseUpdate | RelayEdit | RelayDelete | StaffNotice
 Delivery = NewMessage | Change
 
 KINDS: dict[str, type[Delivery]] = {
@@ -163,6 +173,7 @@ KINDS: dict[str, type[Delivery]] = {
         RelayEdit,
         RelayDelete,
         Reminder,
+        StaffNotice,
     )
 }
 

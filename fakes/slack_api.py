@@ -56,14 +56,26 @@ class SlackUser:
     """A workspace admin (users.info's is_admin)."""
     email: str | None = None
     """profile.email, as Slack gives it to an app with users:read.email (bots have none)."""
+    guest: str | None = None
+    """"multi" (a multi-channel guest: users.info's is_restricted) or "single" (is_ultra_restricted), or None."""
+    team_id: str = TEAM_ID
+    """Another team's id: a member of another organisation in a shared channel (Slack Connect), whom users.info
+    shows as is_stranger and whose messages carry their own team as user_team and source_team."""
+
+    @property
+    def external(self) -> bool:
+        return self.team_id != TEAM_ID
 
     def to_api(self) -> dict[str, Any]:
         profile = {"real_name": self.real_name, "display_name": self.name}
         profile |= {"image_72": self.image_url, "image_192": self.image_url}
         if self.email is not None:
             profile["email"] = self.email
-        user = {"id": self.id, "team_id": TEAM_ID, "name": self.name, "real_name": self.real_name}
+        user = {"id": self.id, "team_id": self.team_id, "name": self.name, "real_name": self.real_name}
         flags = {"is_bot": self.is_bot, "is_admin": self.is_admin, "is_owner": False}
+        flags |= {"is_restricted": self.guest is not None, "is_ultra_restricted": self.guest == "single"}
+        if self.external:
+            flags["is_stranger"] = True
         return user | flags | {"deleted": False, "profile": profile}
 
 
@@ -80,8 +92,9 @@ class Channel:
     is_archived: bool = False
 
     def to_api(self) -> dict[str, Any]:
-        kind = {"is_channel": not self.is_im and not self.is_private, "is_group": self.is_private, "is_im": self.is_im}
-        flags = {"is_member": self.is_member, "is_private": self.is_private, "is_ext_shared": self.is_ext_shared}
+        kind = {"is_channel": not self.is_im, "is_group": self.is_private, "is_im": self.is_im}
+        flags = {"is_member": self.is_member, "is_private": self.is_private or self.is_im}
+        flags |= {"is_ext_shared": self.is_ext_shared}
         return {"id": self.id, "name": self.name, "is_archived": self.is_archived} | kind | flags
 
 
@@ -168,6 +181,9 @@ class Delivery:
     payload: dict[str, Any]
     result: DeliveryResult | None
     error: str | None = None
+    body: bytes = b""
+    """The request's body as sent (``redeliver`` sends it again)."""
+    content_type: str = "application/json"
 
 
 @dataclass(frozen=True)
@@ -330,6 +346,7 @@ class SlackEmulator:
         self._response_urls: dict[str, tuple[str, str, str]] = {}  # id -> (user, channel, source)
         self.deliveries: list[Delivery] = []
         self.users: dict[str, SlackUser] = {}
+        self.usergroups: dict[str, tuple[str, ...]] = {}  # id -> its members' ids
         self.channels: dict[str, Channel] = {}
         self._messages: dict[str, dict[str, Msg]] = {}  # channel -> ts -> message, in ts order
         self._reply_index: dict[tuple[str, str], list[str]] = {}  # (channel, root ts) -> reply ts, in order
@@ -356,6 +373,7 @@ class SlackEmulator:
             "reactions.add": self._reactions_add,
             "reactions.remove": self._reactions_remove,
             "users.info": self._users_info,
+            "usergroups.users.list": self._usergroup_users,
             "conversations.info": self._conversations_info,
             "conversations.replies": self._replies,
             "conversations.history": self._history,
@@ -364,7 +382,7 @@ class SlackEmulator:
         self.add_user("U_CUSTOMER", "casey", "Casey Customer")
         self.add_user("U_STAFF", "sam", "Sam Staff")
         self.add_channel("C_SUPPORT", "#support")
-        self.add_channel("C_STAFF", "#staff")
+        self.add_channel("C_STAFF", "#staff", is_private=True)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -441,18 +459,23 @@ class SlackEmulator:
         is_bot: bool = False,
         is_admin: bool = False,
         email: str | None = None,
+        guest: str | None = None,
+        team_id: str = TEAM_ID,
     ) -> SlackUser:
         """A member of the workspace; a person (not a bot) gets an email at the workspace's domain unless given."""
         image = image_url or f"https://avatars.{TEAM_DOMAIN}.test/{id}.png"
         if email is None and not is_bot:
             email = f"{name}@{TEAM_DOMAIN}.test"
-        user = self.users[id] = SlackUser(id, name, real_name, image, is_bot, is_admin, email)
+        user = self.users[id] = SlackUser(id, name, real_name, image, is_bot, is_admin, email, guest, team_id)
         return user
 
     def add_channel(self, id: str, name: str, is_im: bool = False, **flags: bool) -> Channel:
         """A channel (again, replacing it: `add_channel("C_STAFF", "#staff", is_member=False)`)."""
         channel = self.channels[id] = Channel(id, name.lstrip("#"), is_im, **flags)
         return channel
+
+    def add_usergroup(self, id: str, members: list[str]) -> None:
+        self.usergroups[id] = tuple(members)
 
     def add_message(self, channel: str, text: str, *, user: str = "U_CUSTOMER", thread_ts: str | None = None) -> Msg:
         """Store a human message without delivering any event (to seed history)."""
@@ -691,6 +714,12 @@ class SlackEmulator:
             raise SlackApiFailure("user_not_found")
         return {"user": user.to_api()}
 
+    def _usergroup_users(self, params: dict[str, Any]) -> dict[str, Any]:
+        group = self.usergroups.get(_require(params, "usergroup", "no_such_subteam"))
+        if group is None:
+            raise SlackApiFailure("no_such_subteam")
+        return {"users": list(group)}
+
     def _conversations_info(self, params: dict[str, Any]) -> dict[str, Any]:
         return {"channel": self._channel_param(params).to_api()}
 
@@ -763,6 +792,9 @@ class SlackEmulator:
 
     def _render(self, msg: Msg, *, metadata: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "message", "ts": msg.ts, "user": msg.user, "text": msg.text, "team": TEAM_ID}
+        author = self.users.get(msg.user)
+        if author is not None and author.external:  # Slack Connect: the author's own organisation
+            out |= {"team": author.team_id, "user_team": author.team_id, "source_team": author.team_id}
         if msg.bot_id is not None:
             out |= {"bot_id": msg.bot_id, "app_id": APP_ID}
         replies = [] if msg.is_reply else self._live_replies(msg.channel, msg.ts)
@@ -857,8 +889,13 @@ class SlackEmulator:
         async with self._session.post(self.events_url, data=body, headers=headers) as response:
             text = await response.text()
             result = DeliveryResult(response.status, text, dict(response.headers), time.monotonic() - started)
-        self.deliveries.append(Delivery(payload, result))
+        self.deliveries.append(Delivery(payload, result, body=body, content_type=content_type))
         return result
+
+    async def redeliver(self, delivery: Delivery) -> DeliveryResult:
+        """The same request body again, freshly signed: a replay, as anyone who saw the request could send it
+        within the signature's 5 minutes."""
+        return await self.deliver(delivery.payload, raw_body=delivery.body, content_type=delivery.content_type)
 
     async def deliver_event(self, event: dict[str, Any], **kw: Any) -> DeliveryResult:
         return await self.deliver(self.event_envelope(event), **kw)
@@ -891,6 +928,10 @@ class SlackEmulator:
             mention_result = await self.deliver(mention_envelope)
             said = replace(said, mention_event_id=mention_envelope["event_id"], mention_result=mention_result)
         return said
+
+    def _team_of(self, user: str) -> str:
+        known = self.users.get(user)
+        return TEAM_ID if known is None else known.team_id
 
     def _new_response_url(self, user: str, channel: str, source: str) -> str:
         url_id = str(next(self._response_ids))
@@ -938,7 +979,7 @@ class SlackEmulator:
         action = {"type": "button", "action_id": action_id, "block_id": block_id, "value": value}
         payload: dict[str, Any] = {
             "type": "block_actions",
-            "user": {"id": user, "username": name, "name": name, "team_id": TEAM_ID},
+            "user": {"id": user, "username": name, "name": name, "team_id": self._team_of(user)},
             "api_app_id": APP_ID,
             "token": VERIFICATION_TOKEN,
             "container": {"type": "message", "message_ts": message_ts, "channel_id": chan.id, "is_ephemeral": False},

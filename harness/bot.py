@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
-from bot.server import Bot, running_bot, web_app
+from bot.server import Bot, listening, running_bot
 from bot.settings import Settings
 from fakes.openai_server import FakeOpenAI
 from fakes.slack_api import SlackEmulator
@@ -91,16 +90,9 @@ async def serving(
     settings: Settings, slack: SlackEmulator, *, clock: Callable[[], datetime] | None = None
 ) -> AsyncIterator[Bot]:
     """The bot in this process on a free port (`bot.url`), the emulator delivering to it."""
-    async with running_bot(settings, clock=clock) as bot:
-        runner = web.AppRunner(web_app(bot), access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        bot.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    async with running_bot(settings, clock=clock) as bot, listening(bot, host="127.0.0.1", port=0):
         slack.events_url = f"{bot.url}/slack/events"
-        try:
-            yield bot
-        finally:
-            await runner.cleanup()
+        yield bot
 
 
 @dataclass

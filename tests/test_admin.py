@@ -442,7 +442,7 @@ async def test_status_still_answers_when_the_database_is_down(sessions: Sessions
     from bot.admin.actions import AdminActions
     from bot.admin.command import AdminCommands, Invocation, provider_probe
     from bot.admin.queries import AdminQueries
-    from bot.slack_app import slack_client
+    from bot.slack_app import SlackDirectory, slack_client
     from db.engine import make_engine, make_sessions
     from escalation.desk import CaseDesk
     from escalation.policy import EscalationPolicy
@@ -451,7 +451,7 @@ async def test_status_still_answers_when_the_database_is_down(sessions: Sessions
     dead = AdminQueries(sessions=make_sessions(dead_engine))
     desk = CaseDesk(sessions=sessions, policy=EscalationPolicy(staff_channel=STAFF))
     commands = AdminCommands(
-        client=slack_client(token="xoxb-test", base_url=emulator.api_url),
+        members=SlackDirectory(slack_client(token="xoxb-test", base_url=emulator.api_url)),
         admin_ids=frozenset({ADMIN}),
         workspace_admins=False,
         queries=dead,

@@ -40,8 +40,10 @@ METHOD_SCOPES: dict[str, tuple[frozenset[str], ...]] = {
     "reactions.add": (frozenset({"reactions:write"}),),
     "reactions.remove": (frozenset({"reactions:write"}),),
     "users.info": (frozenset({"users:read"}),),
-    # The read scope of the conversation's type: the staff channel checked at start-up (public or private).
-    "conversations.info": (frozenset({"channels:read", "groups:read", "im:read", "mpim:read"}),),
+    "chat.postEphemeral": (frozenset({"chat:write"}),),
+    "usergroups.users.list": (frozenset({"usergroups:read"}),),
+    # The staff channel, public or private: the read scope of each.
+    "conversations.info": (frozenset({"channels:read"}), frozenset({"groups:read"})),
     # The history scope of the conversation's type (public, private, DM, group DM).
     "conversations.history": (HISTORY,),
     "conversations.replies": (HISTORY,),

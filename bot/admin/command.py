@@ -15,7 +15,6 @@ import openai
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.respond.async_respond import AsyncRespond
-from slack_sdk.web.async_client import AsyncWebClient
 
 from agents.agent import Roster
 from agents.knowledge.store import KnowledgeBase, KnowledgeStatus
@@ -24,12 +23,11 @@ from bot.admin import views
 from bot.admin.actions import AdminActions
 from bot.admin.queries import AdminQueries, Health
 from bot.admin.views import Reply
-from bot.preflight import RefusedToStart, staff_channel_problem
+from bot.staff import Members
 
 log = logging.getLogger(__name__)
 
 ProviderProbe = Callable[[], Awaitable[str]]
-ADMIN_CACHE_S = 300
 
 
 @dataclass(frozen=True)
@@ -73,7 +71,7 @@ class AdminCommands:
     def __init__(
         self,
         *,
-        client: AsyncWebClient,
+        members: Members,
         admin_ids: frozenset[str],
         workspace_admins: bool,
         queries: AdminQueries,
@@ -82,10 +80,13 @@ class AdminCommands:
         knowledge: KnowledgeBase,
         probe: ProviderProbe,
         version: str,
-        staff_channel: str | None = None,
+        staff_channel: Callable[[], Awaitable[str | None]] | None = None,
     ) -> None:
-        self.client = client
+        self.members = members
+        """Slack's directory, briefly cached: who is a workspace admin, and of which workspace."""
         self.staff_channel = staff_channel
+        """What is wrong with the staff channel (`bot.preflight`), checked again on each status, so that inviting
+        the bot shows as fixed at once."""
         self.admin_ids = admin_ids
         self.workspace_admins = workspace_admins
         self.queries = queries
@@ -96,29 +97,25 @@ class AdminCommands:
         self.version = version
         self.started = datetime.now(UTC)
         self._started_monotonic = time.monotonic()
-        self._workspace_admin: dict[str, tuple[bool, float]] = {}
 
-    async def is_admin(self, user: str) -> bool:
+    async def is_admin(self, user: str, *, team: str | None) -> bool:
+        """Listed in ADMIN_USER_IDS (the operator's word), or, when allowed, an admin of this workspace (`team`):
+        not an admin of another organisation seen through a shared channel, nor a guest."""
         if user in self.admin_ids:
             return True
         if not self.workspace_admins:
             return False
-        cached = self._workspace_admin.get(user)
-        if cached is not None and time.monotonic() - cached[1] < ADMIN_CACHE_S:
-            return cached[0]
         try:
-            info = (await self.client.users_info(user=user))["user"]
+            member = await self.members.member(user)
         except Exception:
             log.warning("could not check whether %s is a workspace admin (users.info failed)", user, exc_info=True)
             return False
-        admin = bool(info.get("is_admin") or info.get("is_owner") or info.get("is_primary_owner"))
-        self._workspace_admin[user] = (admin, time.monotonic())
-        return admin
+        return member is not None and member.admin and member.outsider(team) is None
 
     async def run(self, call: Invocation) -> Reply:
         words = call.text.split(maxsplit=1)
         name, arguments = (words[0].lower() if words else "help"), (words[1] if len(words) > 1 else "")
-        allowed = await self.is_admin(call.user)
+        allowed = await self.is_admin(call.user, team=call.team)
         record = await self.actions.record(
             user=call.user, channel=call.channel, command=name, arguments=arguments, allowed=allowed
         )
@@ -196,11 +193,7 @@ class AdminCommands:
             return f"unknown ({type(exc).__name__})"
 
     async def _staff_channel(self) -> str | None:
-        """Checked again on each status, so that inviting the bot shows as fixed at once."""
-        try:
-            return await staff_channel_problem(self.client, self.staff_channel)
-        except RefusedToStart as exc:
-            return str(exc)
+        return None if self.staff_channel is None else await self.staff_channel()
 
     async def _health(self) -> Health | str:
         """The database's view, or why there is none: when the database is down, status must still answer."""

@@ -1,0 +1,104 @@
+"""Who speaks for the company in a case: whose replies in a case thread reach the customer, and whose Claim,
+Resolve and Hand back clicks count.
+
+Being in the staff channel is not enough: a public staff channel lets any customer who joins it in, and guests
+and people of other organisations (Slack Connect) can be invited to any channel. So guests and external members
+never count, and with an allow-list (STAFF_USER_IDS, STAFF_USERGROUP_ID) only the people on it do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+
+class Standing(StrEnum):
+    STAFF = "staff"
+    GUEST = "guest"
+    EXTERNAL = "external"
+    """A member of another organisation (Slack Connect) or another workspace."""
+    UNLISTED = "unlisted"
+    """Not on the staff allow-list."""
+    UNKNOWN = "unknown"
+    """Slack does not know the user."""
+
+
+_WHY = {
+    Standing.GUEST: "guest accounts cannot",
+    Standing.EXTERNAL: "people from outside this workspace cannot",
+    Standing.UNLISTED: "you are not on the support team's list",
+    Standing.UNKNOWN: "Slack could not tell who you are",
+}
+
+
+def refusal(standing: Standing, *, doing: str) -> str:
+    """What a person who is not staff is told, ephemerally."""
+    return f"Only the support team can {doing} ({_WHY[standing]})."
+
+
+REPLY_REFUSED = "reply to customers in case threads; your message was not passed on"
+ACTION_REFUSED = "claim, resolve or hand back cases"
+
+
+@dataclass(frozen=True)
+class Member:
+    """A Slack user as far as standing goes (users.info)."""
+
+    id: str
+    team: str | None
+    guest: bool
+    """is_restricted (multi-channel guest) or is_ultra_restricted (single-channel guest)."""
+    stranger: bool
+    """is_stranger: shown to us through a shared channel, of another organisation."""
+    admin: bool
+    """A workspace admin or owner."""
+
+    def outsider(self, team: str | None) -> Standing | None:
+        """Why this person cannot act for workspace `team` (ours), or None."""
+        if self.stranger or (team is not None and self.team is not None and self.team != team):
+            return Standing.EXTERNAL
+        return Standing.GUEST if self.guest else None
+
+
+class Members(Protocol):
+    """Slack's directory (`bot.slack_app.SlackDirectory`), briefly cached."""
+
+    async def member(self, user: str) -> Member | None: ...
+
+    async def usergroup(self, group: str) -> frozenset[str]: ...
+
+
+@dataclass(frozen=True)
+class StaffList:
+    """The allow-list; empty: everyone in the staff channel who is neither a guest nor external."""
+
+    users: frozenset[str] = frozenset()
+    usergroup: str | None = None
+
+    @property
+    def restricts(self) -> bool:
+        return bool(self.users) or self.usergroup is not None
+
+
+class StaffGate:
+    def __init__(self, *, members: Members, listed: StaffList) -> None:
+        self.members = members
+        self.listed = listed
+
+    async def standing(self, user: str, *, team: str | None, user_team: str | None = None) -> Standing:
+        """`team`: our workspace (the request's); `user_team`: the author's, when the payload says (Slack Connect
+        messages carry it). Raises when Slack cannot be asked (the caller refuses, or has Slack retry)."""
+        if team is not None and user_team is not None and user_team != team:
+            return Standing.EXTERNAL
+        if self.listed.restricts and not await self._listed(user):
+            return Standing.UNLISTED
+        member = await self.members.member(user)
+        if member is None:
+            return Standing.UNKNOWN
+        return member.outsider(team) or Standing.STAFF
+
+    async def _listed(self, user: str) -> bool:
+        if user in self.listed.users:
+            return True
+        return self.listed.usergroup is not None and user in await self.members.usergroup(self.listed.usergroup)
