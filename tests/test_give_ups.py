@@ -157,6 +157,20 @@ async def work_through(service: Conversations, *, until: int) -> list[MessageRes
     return results
 
 
+def failing_host(sessions: Sessions, model: Any, host: Any) -> Conversations:
+    """The engine with a host hook that fails where the test says, retrying after a hundredth of a second."""
+    roster = default_roster()
+    return Conversations(
+        takeover=TAKEOVER,
+        sessions=sessions,
+        roster=roster,
+        model=model,
+        config=CONFIG,
+        after_turn=host,
+        retry_base_s=0.01,
+    )
+
+
 async def test_a_poison_message_is_set_aside_and_other_conversations_are_answered(
     sessions: Sessions, model: Any, fake_llm: FakeOpenAI
 ) -> None:
@@ -169,15 +183,7 @@ async def test_a_poison_message_is_set_aside_and_other_conversations_are_answere
             raise RuntimeError("the host cannot write this message's rows")
 
     fake_llm.rule = lambda _: reply("Happy to help.")
-    service = Conversations(
-        takeover=TAKEOVER,
-        sessions=sessions,
-        roster=default_roster(),
-        model=model,
-        config=CONFIG,
-        after_turn=host,
-        retry_base_s=0.01,
-    )
+    service = failing_host(sessions, model, host)
     poison = await service.submit("poison", "the first message")
     await service.submit("poison", "a second message")
     healthy = await service.submit("healthy", "hello")
@@ -205,15 +211,7 @@ async def test_a_failing_staff_message_is_set_aside_without_an_apology_loop(
         if commit.result.kind == ResultKind.STAFF:
             raise RuntimeError("cannot relay")
 
-    service = Conversations(
-        takeover=TAKEOVER,
-        sessions=sessions,
-        roster=default_roster(),
-        model=model,
-        config=CONFIG,
-        after_turn=host,
-        retry_base_s=0.01,
-    )
+    service = failing_host(sessions, model, host)
     async with sessions() as s, s.begin():
         staff = await service.submit_in(
             s, "C1:1.0", "we are on it", author=Author("slack", "T1", "U_STAFF"), external_id="9.9", kind="staff"
