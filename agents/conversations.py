@@ -428,7 +428,9 @@ class Conversations:
         inbound = None
         if row.inbound_id is not None:
             asker = Author.from_json(row.identity)
-            inbound = _Inbound(row.inbound_id, row.kind, row.text, row.author, row.external_id, row.attempts, asker)
+            inbound = _Inbound(
+                row.inbound_id, row.kind, row.text, row.author, row.external_id, row.attempts, asker, row.deleted
+            )
         case = OpenCase(row.case_id, row.claimed_by, row.answered) if row.case_id is not None else None
         # A message past its attempts is given up without a turn: what failed may be its history itself.
         giving_up = inbound is not None and inbound.attempts > self.max_attempts
@@ -529,7 +531,7 @@ class Conversations:
         customer is told if `tell` (once per window of the limit: a flood gets one notice)."""
         inbound = started.inbound
         assert inbound is not None
-        user = Message("user", inbound.text, author=inbound.author)
+        user = inbound.message()
         notice = self.config.texts.limited.format(when=limit.when) if tell else None
         said = (Message("assistant", notice, agent=started.agent),) if notice else ()
         result = MessageResult(inbound.id, 0, ResultKind.LIMITED, notice, started.agent, limited_by=limit)
@@ -549,8 +551,8 @@ class Conversations:
     def _staff_message(self, started: _Started, inbound: _Inbound) -> _Commit:
         """A colleague's reply: kept in the transcript (so agents know what was said after a hand back) and
         relayed, as human takeover decides (it may claim the case for its author)."""
-        step = self.takeover.staff_reply(started.mode, started.case, inbound.author)
-        if step is None or started.case is None:  # handed back or closed meanwhile: nothing to relay any more
+        step = None if inbound.deleted else self.takeover.staff_reply(started.mode, started.case, inbound.author)
+        if step is None or started.case is None:  # deleted, handed back or closed meanwhile: nothing to relay
             result = MessageResult(inbound.id, 0, ResultKind.HUMAN, None, started.agent)
             return _Commit(result, started.mode, started.agent, started.context, ())
         mode, change = step
@@ -624,6 +626,8 @@ class _Inbound:
     attempts: int
     asker: Author | None
     """Its author as the edge verified and stored it."""
+    deleted: bool = False
+    """A colleague's message deleted (or edited into a note) before it was processed."""
 
     def message(self) -> Message:
         """The customer's message in the transcript."""
@@ -776,10 +780,10 @@ WITH lease AS (
         SELECT id FROM inbound WHERE conversation_id = :id AND processed_at IS NULL
         ORDER BY order_key ASC NULLS LAST, id LIMIT 1
     ) AND processed_at IS NULL AND EXISTS (SELECT FROM lease)
-    RETURNING id, kind, text, author, identity, external_id, attempts
+    RETURNING id, kind, text, author, identity, external_id, attempts, deleted_at IS NOT NULL AS deleted
 )
 SELECT l.lease_token, l.key, l.mode, l.active_agent, l.context,
-       n.id AS inbound_id, n.kind, n.text, n.author, n.identity, n.external_id, n.attempts,
+       n.id AS inbound_id, n.kind, n.text, n.author, n.identity, n.external_id, n.attempts, n.deleted,
        EXISTS (SELECT FROM pauses p WHERE l.key LIKE p.scope) AS paused,
        c.id AS case_id, c.claimed_by, c.first_response_at IS NOT NULL AS answered,
        CASE WHEN n.id IS NOT NULL THEN (
@@ -840,11 +844,15 @@ WITH others AS (
         conversation_id, inbound_id, role, agent, author, author_name, content, tool_calls, tool_call_id, name
     )
     SELECT CAST(:id AS bigint), CAST(:inbound_id AS bigint),
-           x.role, x.agent, x.author, x.author_name, x.content, x.tool_calls, x.tool_call_id, x.name
+           x.role, x.agent, x.author, x.author_name,
+           CASE WHEN x.role = 'staff' THEN i.text ELSE x.content END, x.tool_calls, x.tool_call_id, x.name
     FROM ROWS FROM (jsonb_to_recordset(CAST(:messages AS jsonb)) AS (
         role text, agent text, author text, author_name text, content text, tool_calls jsonb, tool_call_id text,
         name text
-    )) WITH ORDINALITY AS x(role, agent, author, author_name, content, tool_calls, tool_call_id, name, n), conv
+    )) WITH ORDINALITY AS x(role, agent, author, author_name, content, tool_calls, tool_call_id, name, n), conv,
+    inbound i
+    -- A colleague's words as they are now: edited, or deleted (left out), after the turn read them.
+    WHERE i.id = :inbound_id AND NOT (x.role = 'staff' AND i.deleted_at IS NOT NULL)
     ORDER BY x.n
 ), handoffs AS (
     INSERT INTO handoffs (conversation_id, inbound_id, from_agent, to_agent, reason)

@@ -207,37 +207,42 @@ class Inbox:
             case StaffReply():
                 return f"ignored: case {status}"
             case StaffEdit() if not self.escalation.is_note(message.text):
-                await s.execute(_EDIT_STAFF, {"c": conversation_id, "ts": message.ts, "text": message.text})
+                for statement in _EDIT_STAFF:
+                    await s.execute(statement, {"c": conversation_id, "ts": message.ts, "text": message.text})
                 await enqueue(s, [RelayEdit(conversation_id, escalation_id, message.ts, message.text)])
                 return "stored"
             case StaffEdit() | StaffDelete():  # deleted, or made internal by editing it into a note
-                await s.execute(_DELETE_STAFF, {"c": conversation_id, "ts": message.ts})
+                for statement in _DELETE_STAFF:
+                    await s.execute(statement, {"c": conversation_id, "ts": message.ts})
                 await enqueue(s, [RelayDelete(conversation_id, escalation_id, message.ts)])
                 return "stored"
         return "ignored"
 
 
-# A colleague's message changes where it is kept (the stored message, the transcript), whether or not it has been
-# relayed yet: the relay reads it when it goes out, so an edit or a deletion that overtakes it still wins.
-_EDIT_STAFF = text(
-    """
-WITH changed AS (
-    UPDATE inbound SET text = :text
-    WHERE conversation_id = :c AND external_id = :ts AND kind = 'staff' AND deleted_at IS NULL
-    RETURNING id
+# A colleague's message changes where it is kept (the stored message, then the transcript), whether or not it has
+# been relayed yet: the relay reads it when it goes out, and a turn writing it to the transcript reads it again in
+# its commit, so an edit or a deletion that overtakes either still wins. Two statements, so that the second sees
+# a transcript line committed while the first ran.
+_EDIT_STAFF = (
+    text(
+        "UPDATE inbound SET text = :text WHERE conversation_id = :c AND external_id = :ts AND kind = 'staff' "
+        "AND deleted_at IS NULL"
+    ),
+    text(
+        "UPDATE messages SET content = :text WHERE role = 'staff' AND inbound_id = ("
+        "SELECT id FROM inbound WHERE conversation_id = :c AND external_id = :ts AND kind = 'staff' "
+        "AND deleted_at IS NULL)"
+    ),
 )
-UPDATE messages SET content = :text WHERE inbound_id IN (SELECT id FROM changed) AND role = 'staff'
-"""
-)
-_DELETE_STAFF = text(
-    """
-WITH deleted AS (
-    UPDATE inbound SET deleted_at = now()
-    WHERE conversation_id = :c AND external_id = :ts AND kind = 'staff' AND deleted_at IS NULL
-    RETURNING id
-)
-DELETE FROM messages WHERE inbound_id IN (SELECT id FROM deleted) AND role = 'staff'
-"""
+_DELETE_STAFF = (
+    text(
+        "UPDATE inbound SET deleted_at = now() WHERE conversation_id = :c AND external_id = :ts AND kind = 'staff' "
+        "AND deleted_at IS NULL"
+    ),
+    text(
+        "DELETE FROM messages WHERE role = 'staff' AND inbound_id = ("
+        "SELECT id FROM inbound WHERE conversation_id = :c AND external_id = :ts AND kind = 'staff')"
+    ),
 )
 
 _STORE_CUSTOMER = text(

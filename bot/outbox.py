@@ -16,6 +16,7 @@ another sender has looked and posted; Slack offers no idempotency key to close t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ from escalation.policy import EscalationPolicy
 from escalation.render import CaseRenderer
 from escalation.views import Message, case_given_up, case_problem, relay_text
 from slacktext.limits import MESSAGE_TEXT, clip, split_text
-from slacktext.text import from_markdown
+from slacktext.text import escape, from_markdown
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,7 @@ class OutboxSender:
         case_patience: timedelta = timedelta(minutes=10),
         admins: frozenset[str] = frozenset(),
         unreachable_notice: str = "",
+        hand_back: Callable[[int], Awaitable[object]] | None = None,
         owner: str = "",
         lease_s: float = 30.0,
     ) -> None:
@@ -215,6 +217,8 @@ class OutboxSender:
         """Told by direct message when a case cannot be posted."""
         self.unreachable_notice = unreachable_notice
         """Posted to the customer when their case could not be posted at all."""
+        self.hand_back = hand_back
+        """Hands the conversation of a case that could not be posted back to the bot (the desk's transition)."""
 
     async def send_pending(self, *, concurrency: int = 8, pace: Callable[[], Awaitable[None]] | None = None) -> int:
         """Send every due row of every conversation not being sent by someone else; returns rows sent. `pace`
@@ -390,21 +394,44 @@ class OutboxSender:
 
     async def _case_failed(self, row: Row[Any], case: CasePost, error: str, *, transient: bool) -> Outcome | None:
         """A case the staff channel would not take. The admins hear at once (most such failures are theirs to
-        fix: invite the bot, correct STAFF_CHANNEL_ID); it is tried again while that can help; given up, the
-        admins get the case itself and the customer is told that nobody could be reached yet."""
+        fix: invite the bot, correct STAFF_CHANNEL_ID); it is tried again while that can help (at least
+        DETERMINISTIC_TRIES times, and for `case_patience`); given up, the admins get the case itself, the customer
+        is told that nobody could be reached yet, and the conversation goes back to the bot."""
         tries = row.attempts + 1
-        hopeless = not transient and error not in FIXABLE_BY_ADMINS and tries >= DETERMINISTIC_TRIES
-        if not (hopeless or datetime.now(UTC) - row.created_at > self.case_patience):
-            await self._backoff(row, error, posting=True)
-            if tries == 1:
-                await self._alert_admins(case_problem(case.escalation_id, case.channel, error))
+        patient = datetime.now(UTC) - row.created_at <= self.case_patience
+        hopeless = not transient and error not in FIXABLE_BY_ADMINS
+        if tries < DETERMINISTIC_TRIES or (patient and not hopeless):
+            # Counted here too: a failure before the attempt was recorded (rendering the case) must not retry
+            # every two seconds for ever.
+            await self._mark(
+                row.id,
+                last_error=error,
+                next_attempt_at=func.now() + timedelta(seconds=min(2**tries, 300)),
+                attempts=func.greatest(m.Outbox.attempts, tries),
+            )
+            if row.last_error is None:  # its first failure
+                await self._alert_admins(case_problem(case.escalation_id, case.channel, escape(error)))
             return None
-        rendered = await self._renderer().case(case.escalation_id)
-        await self._alert_admins(case_given_up(case.escalation_id, error, rendered.text))
+        if row.attempts > 0:  # the last answer may have been lost: the case may be there after all
+            with contextlib.suppress(Exception):
+                where = Where(case.channel, None)
+                if (ts := await self._already_posted(row, where)) is not None:
+                    await self._renderer().case_posted(case.escalation_id, channel=case.channel, ts=ts)
+                    return await self._done(row, Outcome.SENT, result_ts=ts)
+        try:
+            text = (await self._renderer().case(case.escalation_id)).text
+        except Exception:  # what failed may be the rendering itself
+            text = f"Case #{case.escalation_id}"
+        await self._alert_admins(case_given_up(case.escalation_id, escape(error), text))
         notice: list[Delivery] = []
         if self.unreachable_notice and (place := await self._customer_place(case.conversation_id)) is not None:
             notice = [*posts(conversation_id=case.conversation_id, **place, body=self.unreachable_notice)]
-        return await self._give_up(row, error, then=notice)
+        outcome = await self._give_up(row, error, then=notice)
+        if self.hand_back is not None:
+            # Still with "a person", the customer's next messages would be relayed to a case thread that does
+            # not exist: the bot answers them instead.
+            await self.hand_back(case.escalation_id)
+        return outcome
 
     async def _customer_place(self, conversation_id: int) -> dict[str, Any] | None:
         async with self.engine.connect() as conn:

@@ -55,6 +55,8 @@ from escalation.policy import BusinessHours, EscalationPolicy
 from escalation.render import CaseRenderer, Summarizer
 
 log = logging.getLogger(__name__)
+BOT_ACTOR = "helpdesk-bot"
+"""Who the audit names when the bot itself acts on a case (hands back one that could not be posted)."""
 WORKER_NICENESS = 10
 """How much lower than a web process a worker process (PROCESS_ROLE=worker) runs: a web process keeps the CPU it
 needs for its acks while workers use the rest."""
@@ -160,6 +162,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             cases=cases,
             admins=settings.admin_ids,
             unreachable_notice=settings.case_unreachable_message,
+            hand_back=lambda escalation_id: desk.apply(escalation_id=escalation_id, action="hand_back", user=BOT_ACTOR),
             lease_s=settings.lease_seconds,
         )
         workers = Workers(

@@ -105,8 +105,8 @@ class Settings(BaseSettings):
     )
     handed_back_message: str = "You're back with our assistant; ask away. A colleague is one message away if needed."
     case_unreachable_message: str = (
-        "I'm sorry: I could not reach a colleague just now. Your message is saved and our team will see it; "
-        "you can also write here again later."
+        "I'm sorry: I could not reach a colleague just now. Our team has been told about your request and will "
+        "follow up here."
     )
     note_marker: str = "note:"
     case_reminder_minutes: float = 15

@@ -348,6 +348,9 @@ async def test_edits_and_deletions_that_arrive_before_the_relay_still_win(
     posted = [c.params.get("text") for c in emulator.calls_to("chat.postMessage") if c.params.get("channel") == SUPPORT]
     assert not any("4242" in str(t) or "refund" in str(t) for t in posted)
     assert relays_to_customer(emulator, thread) == ["The price is $120"]
+    async with sessions() as s:  # what the agents will read after a hand back: the same
+        staff_lines = (await s.scalars(select(m.Message.content).where(m.Message.role == "staff"))).all()
+    assert staff_lines == ["The price is $120"]
 
 
 HOSTILE = "<!here> <!channel> <@U0ADMIN> <https://evil.example|driftwing.com>"
