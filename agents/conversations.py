@@ -113,7 +113,7 @@ class ResultKind(StrEnum):
     conversation moved on."""
 
 
-SET_ASIDE = text("inbound.outcome->>'kind' = 'set_aside'")
+SET_ASIDE = text(f"inbound.outcome->>'kind' = '{ResultKind.SET_ASIDE}'")
 """Messages set aside, as the partial index `ix_inbound_set_aside` is written (so that counting them uses it)."""
 
 

@@ -332,7 +332,6 @@ class OutboxSender:
             delivery = delivery_of(row._mapping)
         except ValueError as exc:
             return await self._give_up(row, str(exc))
-        posting = isinstance(delivery, NewMessage)
         try:
             if isinstance(delivery, NewMessage):
                 return await self._post_once(row, key, delivery)
@@ -344,7 +343,7 @@ class OutboxSender:
             error = str(exc.response.get("error") or exc)
             if error == "ratelimited":  # waited out here, not in the client: no call outlives its lease unseen
                 retry_after = float(exc.response.headers.get("Retry-After", 1) or 1)
-                await self._backoff(row, error, posting=posting, delay=timedelta(seconds=retry_after))
+                await self._backoff(row, error, delay=timedelta(seconds=retry_after))
                 return None
             if (error, type(delivery)) in (("already_reacted", AddReaction), ("no_reaction", RemoveReaction)):
                 return await self._done(row, Outcome.SENT, attempts=m.Outbox.attempts + 1)
@@ -361,12 +360,12 @@ class OutboxSender:
                 or datetime.now(UTC) - row.created_at > self.give_up_after
             ):
                 return await self._give_up(row, error)
-            await self._backoff(row, error, posting=posting)
+            await self._backoff(row, error)
             return None
         except Exception as exc:  # connection failures, lost answers and timeouts: tried again after a backoff
             if isinstance(delivery, CasePost):
                 return await self._case_failed(row, delivery, repr(exc), transient=True)
-            await self._backoff(row, repr(exc), posting=posting)
+            await self._backoff(row, repr(exc))
             return None
 
     async def _post_once(self, row: Row[Any], key: int, delivery: NewMessage) -> Outcome | None:
@@ -401,14 +400,7 @@ class OutboxSender:
         patient = datetime.now(UTC) - row.created_at <= self.case_patience
         hopeless = not transient and error not in FIXABLE_BY_ADMINS
         if tries < DETERMINISTIC_TRIES or (patient and not hopeless):
-            # Counted here too: a failure before the attempt was recorded (rendering the case) must not retry
-            # every two seconds for ever.
-            await self._mark(
-                row.id,
-                last_error=error,
-                next_attempt_at=func.now() + timedelta(seconds=min(2**tries, 300)),
-                attempts=func.greatest(m.Outbox.attempts, tries),
-            )
+            await self._backoff(row, error)
             if row.last_error is None:  # its first failure
                 await self._alert_admins(case_problem(case.escalation_id, case.channel, escape(error)))
             return None
@@ -551,11 +543,13 @@ class OutboxSender:
             )
             return done.first() is not None
 
-    async def _backoff(self, row: Row[Any], error: str, *, posting: bool, delay: timedelta | None = None) -> None:
+    async def _backoff(self, row: Row[Any], error: str, *, delay: timedelta | None = None) -> None:
+        """Try again later, this try counted once: a post's attempt is recorded before it is sent, anything else
+        (a change, or a post that failed before its attempt, such as rendering it) is counted here."""
         delay = delay or timedelta(seconds=min(2 ** (row.attempts + 1), 300))
         log.warning("outbox row %s failed (%s); next try in %s", row.id, error, delay)
-        counted = {} if posting else {"attempts": m.Outbox.attempts + 1}  # a post's attempt is already counted
-        await self._mark(row.id, last_error=error, next_attempt_at=func.now() + delay, **counted)
+        tried = func.greatest(m.Outbox.attempts, row.attempts + 1)
+        await self._mark(row.id, last_error=error, next_attempt_at=func.now() + delay, attempts=tried)
 
     async def _give_up(self, row: Row[Any], error: str, *, then: Sequence[Delivery] = ()) -> Outcome:
         """The row failed for good: its own state (never counted as sent), with `then` queued in the same

@@ -33,7 +33,7 @@ class Outcome(StrEnum):
     """Failed for good: shown in /metrics and `/support status`, never counted as sent."""
 
 
-GIVEN_UP = text("outbox.outcome = 'given_up'")
+GIVEN_UP = text(f"outbox.outcome = '{Outcome.GIVEN_UP}'")
 """Rows given up, as the partial index `ix_outbox_given_up` is written (so that counting them uses it)."""
 
 
