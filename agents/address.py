@@ -1,15 +1,33 @@
 """Where a conversation lives, as one typed value: the one place that builds and reads a conversation's key.
 
-A conversation is a thread of a channel of a workspace on a platform (Slack today), or a whole direct-message
-channel, which is answered without threads. The database stores the key string (`platform:workspace:channel:
-thread`, `dm` for a direct message); every edge builds it with `Address` and reads it back with `parse`.
+A conversation is a thread of a channel of a workspace on a platform (a Slack thread, a Teams reply chain), or a
+whole direct-message channel (a Slack DM, a Teams personal or group chat), which is answered without threads. The
+database stores the key string (`platform:workspace:channel:thread`, `dm` for a direct message); every edge builds
+it with `Address` and reads it back with `parse`. Parts are stored with `%` and `:` percent-encoded, since Teams ids
+contain colons (`19:abc@thread.tacv2`, `a:1x2`); Slack's ids have neither, so their keys read as they always did.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 DM = "dm"
+
+
+class Platform(StrEnum):
+    """Where people write: each value has an edge (bot/slack_*, bot/teams_*) and a sender."""
+
+    SLACK = "slack"
+    TEAMS = "teams"
+
+
+def _encode(part: str) -> str:
+    return part.replace("%", "%25").replace(":", "%3A")
+
+
+def _decode(part: str) -> str:
+    return part.replace("%3A", ":").replace("%25", "%")
 
 
 def _like_literal(text: str) -> str:
@@ -19,7 +37,7 @@ def _like_literal(text: str) -> str:
 @dataclass(frozen=True)
 class Address:
     platform: str
-    """"slack" (a second platform is a new value here and a new edge, not edits across the code)."""
+    """A `Platform` value (or another word for keys that are no platform's, such as the terminal chat's)."""
     workspace: str
     channel: str
     thread: str | None
@@ -27,7 +45,8 @@ class Address:
 
     @property
     def key(self) -> str:
-        return f"{self.platform}:{self.workspace}:{self.channel}:{self.thread or DM}"
+        parts = (self.platform, self.workspace, self.channel, self.thread or DM)
+        return ":".join(_encode(part) for part in parts)
 
     @property
     def is_dm(self) -> bool:
@@ -39,7 +58,7 @@ class Address:
         parts = key.split(":")
         if len(parts) != 4 or not all(parts):
             return None
-        platform, workspace, channel, thread = parts
+        platform, workspace, channel, thread = (_decode(part) for part in parts)
         return cls(platform, workspace, channel, None if thread == DM else thread)
 
     @staticmethod
@@ -54,4 +73,4 @@ class Address:
     ) -> str:
         """A SQL LIKE pattern over keys: any workspace, channel or thread unless given (`thread=DM` for DMs)."""
         parts = [platform, workspace, channel, thread]
-        return ":".join("%" if part is None else _like_literal(part) for part in parts)
+        return ":".join("%" if part is None else _like_literal(_encode(part)) for part in parts)

@@ -14,6 +14,7 @@ from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.address import Platform
 from agents.conversations import STORE_MESSAGE, Conversations
 from agents.identity import Author
 from bot.metrics import Metrics
@@ -33,7 +34,7 @@ from bot.slack_events import (
 )
 from bot.staff import REPLY_REFUSED, StaffGate, Standing, refusal
 from db import models as m
-from db.deliveries import AddReaction, RelayDelete, RelayEdit, StaffNotice, enqueue
+from db.deliveries import AddReaction, RelayDelete, RelayEdit, StaffNotice, Typing, enqueue
 from escalation.machine import OPEN_CASE
 from escalation.policy import EscalationPolicy
 
@@ -83,21 +84,37 @@ class Inbox:
         delivery = delivery_of(envelope)
         policy = self.policy if bot_user_id is None else replace(self.policy, bot_user_id=bot_user_id)
         message = classify(envelope, policy)
+        author = standing = None
         if isinstance(message, CustomerMessage):
             # Who wrote it is stored with it (tools act for that person), looked up before a connection is taken.
             author = await self._identify(message.author)
+        elif isinstance(message, StaffReply):  # asked before the transaction: no connection waits for Slack
+            async with asyncio.timeout(STAFF_CHECK_S):
+                standing = await self.staff.standing(message.user, team=delivery.team_id, user_team=message.user_team)
+        return await self.take(delivery, message, author=author, standing=standing)
+
+    async def take(
+        self,
+        delivery: Delivery,
+        message: Incoming,
+        *,
+        author: Author | None = None,
+        standing: Standing | None = None,
+        continues_only: bool = False,
+    ) -> str:
+        """Store what an edge made of one delivery (Slack's event, Teams' activity), in one transaction: `author`
+        is the customer as the edge identified them, `standing` a colleague's as the edge checked it.
+        `continues_only`: store a customer's message only in a conversation that exists (a Teams reply that does
+        not mention the bot, in a chain the bot was never asked into)."""
+        if isinstance(message, CustomerMessage):
             async with self.sessions() as s, s.begin():
                 # The hot path (every customer message): one statement, so an ack costs one round trip.
-                disposition = await self._store_customer(s, delivery, message, author)
+                disposition = await self._store_customer(
+                    s, delivery, message, author or message.author, continues_only=continues_only
+                )
         else:
-            standing = Standing.STAFF
-            if isinstance(message, StaffReply):  # asked before the transaction: no connection waits for Slack
-                async with asyncio.timeout(STAFF_CHECK_S):
-                    standing = await self.staff.standing(
-                        message.user, team=delivery.team_id, user_team=message.user_team
-                    )
             async with self.sessions() as s, s.begin():
-                disposition = await self._store_other(s, delivery, message, standing)
+                disposition = await self._store_other(s, delivery, message, standing or Standing.STAFF)
         self.metrics.events.labels(disposition.split(":")[0]).inc()
         if disposition == "stored":
             self.on_stored()
@@ -113,29 +130,35 @@ class Inbox:
             return author
 
     async def _store_customer(
-        self, s: AsyncSession, delivery: Delivery, message: CustomerMessage, author: Author
+        self, s: AsyncSession, delivery: Delivery, message: CustomerMessage, author: Author, *, continues_only: bool
     ) -> str:
-        working = self.style.working_reaction
+        # The "being handled" signal, queued with the message: Slack's working reaction on it, Teams' typing.
+        teams = message.platform == Platform.TEAMS
+        working = None if teams else self.style.working_reaction or None
         params = self.conversations.store_params(
             message.conversation_key, message.text, author, message.ts, message.ts
         ) | {
             "event_id": delivery.event_id,
             "team_id": delivery.team_id,
             "event_type": delivery.event_type,
-            "reaction": working or None,
-            "reaction_kind": AddReaction.kind,
+            "reaction": working,
+            "working_kind": Typing.kind if teams else AddReaction.kind if working else None,
             "channel": message.channel,
-            "ts": message.ts,
+            "ts": None if teams else message.ts,
+            "thread": message.address.thread if teams else None,
+            "continues_only": continues_only,
         }
         row = (await s.execute(_STORE_CUSTOMER, params)).one()
         if not row.fresh:
             return "duplicate"
         if row.inbound_id is None:
-            # The same message again: an app_mention's twin message event, or a redelivery under a new event_id.
+            # The same message again (an app_mention's twin message event, a redelivery under a new event_id), or
+            # a reply in a conversation that does not exist.
+            disposition = "ignored: not a conversation" if continues_only else "duplicate"
             await s.execute(
-                update(m.SlackEvent).where(m.SlackEvent.event_id == delivery.event_id).values(disposition="duplicate")
+                update(m.SlackEvent).where(m.SlackEvent.event_id == delivery.event_id).values(disposition=disposition)
             )
-            return "duplicate"
+            return disposition
         return "stored"
 
     async def _store_other(self, s: AsyncSession, delivery: Delivery, message: Incoming, standing: Standing) -> str:
@@ -245,6 +268,7 @@ _DELETE_STAFF = (
     ),
 )
 
+_CONTINUES = "EXISTS (SELECT FROM event) AND (NOT CAST(:continues_only AS boolean) OR EXISTS (SELECT FROM found))"
 _STORE_CUSTOMER = text(
     f"""
 WITH event AS (
@@ -252,12 +276,12 @@ WITH event AS (
     VALUES (:event_id, :team_id, :event_type, 'stored')
     ON CONFLICT DO NOTHING
     RETURNING event_id
-), {STORE_MESSAGE.format(guard="EXISTS (SELECT FROM event)")},
+), {STORE_MESSAGE.format(guard=_CONTINUES)},
 working AS (
-    INSERT INTO outbox (conversation_id, kind, channel, target_ts, reaction)
-    SELECT conversation_id, CAST(:reaction_kind AS text), CAST(:channel AS text), CAST(:ts AS text),
-           CAST(:reaction AS text)
-    FROM stored WHERE CAST(:reaction AS text) IS NOT NULL
+    INSERT INTO outbox (conversation_id, kind, channel, thread_ts, target_ts, reaction)
+    SELECT conversation_id, CAST(:working_kind AS text), CAST(:channel AS text), CAST(:thread AS text),
+           CAST(:ts AS text), CAST(:reaction AS text)
+    FROM stored WHERE CAST(:working_kind AS text) IS NOT NULL
 )
 SELECT EXISTS (SELECT FROM event) AS fresh, (SELECT id FROM stored) AS inbound_id
 """

@@ -1,6 +1,8 @@
-"""The outbox: what Slack is owed (typed deliveries, `db.deliveries`), written in the transaction that caused it,
-and the one sender that sends it, exactly once. This is the only code that posts, edits, deletes or reacts in Slack
-for the bot's conversations and cases; escalation renders what its messages show and posts nothing itself.
+"""The outbox: what the chat platforms are owed (typed deliveries, `db.deliveries`), written in the transaction that
+caused it, and the one sender that sends it. This is the only code that posts, edits, deletes or reacts, in Slack or
+in Teams, for the bot's conversations and cases; escalation renders what its messages show and posts nothing itself.
+The platforms' calls are a `bot.messenger.Messenger` each: a customer's rows go to the conversation's platform, a
+case's rows to the staff channel's, so one conversation can be answered in Slack and handled by staff in Teams.
 
 Per conversation, rows go out in id order under a send lease (`send_leases`: owner and expiry, claimed and
 renewed in short statements), so several bot processes never send one conversation's rows concurrently, no
@@ -11,6 +13,10 @@ Slack's answer, the answer was lost, or the sender stalled past its lease) is lo
 id, and only posted if it is not there. What this cannot cover: a process frozen (SIGSTOP, a paused VM) between
 recording its attempt and writing the request, for longer than its lease, whose request then goes out after
 another sender has looked and posted; Slack offers no idempotency key to close that gap.
+
+Teams cannot be looked in (the Bot Connector API reads no messages back), so there a post whose outcome is unknown
+is never posted again: it is given up, counted and shown to the admins (at most once). A post Teams refused
+(429, or 503 with Retry-After) was not made, and is tried again after the wait (exactly once).
 """
 
 from __future__ import annotations
@@ -21,18 +27,19 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple, assert_never
+from typing import Any, assert_never
 
-from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import func, select, text, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from agents.address import Address
+from agents.address import Address, Platform
 from agents.agent import Roster
 from agents.conversations import ResultKind, TurnCommit
 from agents.leases import keep_renewed, process_owner
+from bot.messenger import Messenger, Refused, Where
+from bot.slack_messenger import SlackMessenger
 from db import models as m
 from db.deliveries import (
     AddReaction,
@@ -50,6 +57,7 @@ from db.deliveries import (
     Reminder,
     RemoveReaction,
     StaffNotice,
+    Typing,
     delivery_of,
     enqueue,
 )
@@ -58,10 +66,11 @@ from escalation.render import CaseRenderer
 from escalation.views import Message, case_given_up, case_problem, relay_text
 from slacktext.limits import MESSAGE_TEXT, clip, split_text
 from slacktext.text import escape, from_markdown
+from teamstext import from_markdown as teams_markdown
+from teamstext import split_text as teams_split
 
 log = logging.getLogger(__name__)
 
-METADATA_TYPE = "helpdesk_outbox"
 FETCH_AHEAD = 20
 """Rows of one conversation read at once (in order; only this sender, holding the lease, sends them)."""
 HOLDING_SEND_LEASE = "EXISTS (SELECT FROM send_leases WHERE conversation_id = :k AND owner = :o AND until > now())"
@@ -97,10 +106,12 @@ class ReplyStyle:
     done_reaction: str = "white_check_mark"
 
 
-def posts(*, conversation_id: int, channel: str, thread: str | None, body: str) -> list[Post]:
-    """An answer as Slack shows it (mrkdwn, nothing in it a mention or a disguised link), in as many posts as its
-    length needs."""
-    return [Post(conversation_id, channel, thread, part) for part in split_text(from_markdown(body))]
+def posts(*, conversation_id: int, address: Address, body: str) -> list[Post]:
+    """An answer as the conversation's platform shows it (Slack mrkdwn or Teams markdown, nothing in it a mention
+    or a disguised link), in as many posts as its length needs."""
+    teams = address.platform == Platform.TEAMS
+    parts = teams_split(teams_markdown(body)) if teams else split_text(from_markdown(body))
+    return [Post(conversation_id, address.channel, address.thread, part) for part in parts]
 
 
 def turn_outbox(
@@ -122,22 +133,24 @@ def turn_outbox(
         if style.handoff_notice:
             for handoff in result.handoffs:
                 notice = style.handoff_notice.format(agent=roster.get(handoff.to_agent).title)
-                owed += posts(conversation_id=cid, channel=channel, thread=thread, body=notice)
+                owed += posts(conversation_id=cid, address=address, body=notice)
         if result.kind == ResultKind.STAFF:
             if escalation_id is not None:
                 source = commit.external_id
                 owed.append(RelayToCustomer(cid, escalation_id, channel, thread, commit.author, commit.text, source))
                 owed.append(CaseUpdate(cid, escalation_id))
         elif result.reply:
-            owed += posts(conversation_id=cid, channel=channel, thread=thread, body=result.reply)
+            owed += posts(conversation_id=cid, address=address, body=result.reply)
         if result.kind == ResultKind.ESCALATED and escalation_id is not None and policy.staff_channel:
             if policy.hours is not None and not policy.hours.is_open(clock()):
                 notice = policy.off_hours_message.format(hours=policy.hours.label)
-                owed += posts(conversation_id=cid, channel=channel, thread=thread, body=notice)
+                owed += posts(conversation_id=cid, address=address, body=notice)
             owed.append(CasePost(cid, escalation_id, policy.staff_channel))
         if result.kind == ResultKind.HUMAN and escalation_id is not None and policy.staff_channel:
             owed.append(RelayToStaff(cid, escalation_id, commit.author, commit.text))
-        if commit.external_id and result.kind != ResultKind.STAFF:
+        # Teams has no reactions a bot can add: its "being handled" signal is the typing indicator, sent when the
+        # message is stored, and the reply itself ends it.
+        if commit.external_id and result.kind != ResultKind.STAFF and address.platform != Platform.TEAMS:
             message = commit.external_id
             if style.working_reaction:
                 owed.append(RemoveReaction(cid, channel, message, style.working_reaction))
@@ -180,17 +193,14 @@ class Undeliverable(Exception):
     """A row that cannot be sent however often it is tried (an unknown kind, a case thread that was never posted)."""
 
 
-class Where(NamedTuple):
-    channel: str
-    thread: str | None
-
-
 class OutboxSender:
     def __init__(
         self,
         *,
         engine: AsyncEngine,
-        client: AsyncWebClient,
+        client: AsyncWebClient | None = None,
+        messengers: Sequence[Messenger] = (),
+        staff_platform: Platform = Platform.SLACK,
         cases: CaseRenderer | None = None,
         give_up_after: timedelta = timedelta(hours=24),
         case_patience: timedelta = timedelta(minutes=10),
@@ -206,10 +216,12 @@ class OutboxSender:
         """How long a send lease lasts unrenewed: a crashed sender's conversations wait this long."""
         self.cases = cases
         """Renders the staff side's messages; None where no escalation deliveries are sent (they are given up)."""
-        self.client = client
-        """Must retry nothing by itself (`slack_client(idempotent_only=True)`): a post retried after a lost answer
-        inside the SDK could land twice, while one retried here is first looked for; and a 429 waited out inside
-        the client could outlive the send lease."""
+        self.messengers: dict[str, Messenger] = {one.platform: one for one in messengers}
+        """Each platform's calls; `client` (Slack's, which retries nothing by itself) is the Slack one."""
+        if client is not None:
+            self.messengers[Platform.SLACK] = SlackMessenger(client)
+        self.staff_platform = staff_platform
+        """Where the staff channel is: cases, their updates, relays to staff, reminders and notices go there."""
         self.give_up_after = give_up_after
         self.case_patience = case_patience
         """How long a case the staff channel refuses is tried again before the customer is told."""
@@ -242,6 +254,7 @@ class OutboxSender:
         key = conversation_id or 0
         if not await self._lease(key):
             return 0
+        platform = await self._platform_of(conversation_id)
         sent = 0
         # Renewed in the background while rows go out, however long one takes (a case summary, a slow Slack):
         # only a sender that is dead or frozen loses the lease.
@@ -273,7 +286,7 @@ class OutboxSender:
                         break
                     if pace is not None:
                         await pace()
-                    outcome = await self._deliver(row, key)
+                    outcome = await self._deliver(row, key, platform)
                     if outcome is None:
                         progressed = False
                         break
@@ -325,7 +338,25 @@ class OutboxSender:
             )
         return got is not None
 
-    async def _deliver(self, row: Row[Any], key: int) -> Outcome | None:
+    async def _platform_of(self, conversation_id: int | None) -> str:
+        """The customer's platform: where the conversation's own rows go (Slack for keys that are no platform's)."""
+        if conversation_id is None:
+            return Platform.SLACK
+        async with self.engine.connect() as conn:
+            key = await conn.scalar(select(m.Conversation.key).where(m.Conversation.id == conversation_id))
+        address = Address.parse(key) if key else None
+        return address.platform if address is not None else Platform.SLACK
+
+    def _messenger(self, delivery: Delivery, customer_platform: str) -> Messenger:
+        """The customer's platform for what the customer sees, the staff channel's for the case's side."""
+        staff_side = isinstance(delivery, CasePost | CaseUpdate | RelayToStaff | Reminder | StaffNotice)
+        platform = self.staff_platform if staff_side else customer_platform
+        messenger = self.messengers.get(platform)
+        if messenger is None:
+            raise Undeliverable(f"{platform} is not configured")
+        return messenger
+
+    async def _deliver(self, row: Row[Any], key: int, platform: str = Platform.SLACK) -> Outcome | None:
         """Send one row; None when it must wait (a transient failure, a lost lease), so later rows keep their
         order."""
         try:
@@ -333,21 +364,23 @@ class OutboxSender:
         except ValueError as exc:
             return await self._give_up(row, str(exc))
         try:
+            messenger = self._messenger(delivery, platform)
             if isinstance(delivery, NewMessage):
-                return await self._post_once(row, key, delivery)
-            await self._change(delivery)
+                return await self._post_once(row, key, delivery, messenger)
+            await self._change(delivery, messenger)
             return await self._done(row, Outcome.SENT, attempts=m.Outbox.attempts + 1)
         except Undeliverable as exc:
             return await self._give_up(row, str(exc))
-        except SlackApiError as exc:
-            error = str(exc.response.get("error") or exc)
+        except Refused as exc:
+            error = exc.error
+            if isinstance(delivery, NewMessage) and exc.certain:  # not posted: the next try need not look
+                await self._mark(row.id, attempted_at=None)
             if error == "ratelimited":  # waited out here, not in the client: no call outlives its lease unseen
-                retry_after = float(exc.response.headers.get("Retry-After", 1) or 1)
-                await self._backoff(row, error, delay=timedelta(seconds=retry_after))
+                await self._backoff(row, error, delay=timedelta(seconds=exc.retry_after or 1))
                 return None
             if (error, type(delivery)) in (("already_reacted", AddReaction), ("no_reaction", RemoveReaction)):
                 return await self._done(row, Outcome.SENT, attempts=m.Outbox.attempts + 1)
-            if isinstance(delivery, AddReaction | RemoveReaction | StaffNotice):
+            if isinstance(delivery, AddReaction | RemoveReaction | StaffNotice | Typing):
                 # A reaction or a notice is a courtesy (a deleted custom emoji, a restricted channel, a person who
                 # left): it never holds the replies behind it.
                 return await self._give_up(row, error)
@@ -368,11 +401,14 @@ class OutboxSender:
             await self._backoff(row, repr(exc))
             return None
 
-    async def _post_once(self, row: Row[Any], key: int, delivery: NewMessage) -> Outcome | None:
+    async def _post_once(self, row: Row[Any], key: int, delivery: NewMessage, messenger: Messenger) -> Outcome | None:
         """Post a new message, unless an earlier attempt at this row is found where it would be; None when the
         attempt could not be recorded (the lease went to another sender, who goes on from this row)."""
         where = await self._where(delivery)
-        ts = await self._already_posted(row, where) if row.attempts > 0 else None
+        in_doubt = row.attempted_at is not None  # an attempt whose answer never came
+        if in_doubt and not messenger.can_look:
+            return await self._unknowable(row, delivery)
+        ts = await self._already_posted(row, where, messenger) if in_doubt else None
         if ts is None:
             message = await self._render(delivery)
             if message is None:
@@ -380,16 +416,30 @@ class OutboxSender:
             if not await self._attempt(row, key):
                 return None
             try:
-                ts = await self._post(where, message, outbox_id=row.id)
-            except SlackApiError as exc:
-                if not (message.blocks and exc.response.get("error") in LAYOUT_ERRORS):
+                ts = await messenger.post(where, message, outbox_id=row.id)
+            except Refused as exc:
+                if not (message.blocks and exc.error in LAYOUT_ERRORS):
                     raise
-                # Slack refused the layout, so nothing was posted: the same attempt posts the words alone.
-                log.warning("outbox row %s: Slack refused its blocks (%s); posting it as text", row.id, exc)
-                ts = await self._post(where, Message(clip(message.text, MESSAGE_TEXT)), outbox_id=row.id)
+                # The platform refused the layout, so nothing was posted: the same attempt posts the words alone.
+                log.warning("outbox row %s: its layout was refused (%s); posting it as text", row.id, exc)
+                ts = await messenger.post(where, Message(clip(message.text, MESSAGE_TEXT)), outbox_id=row.id)
         if isinstance(delivery, CasePost):
             await self._renderer().case_posted(delivery.escalation_id, channel=where.channel, ts=ts)
         return await self._done(row, Outcome.SENT, result_ts=ts)
+
+    async def _unknowable(self, row: Row[Any], delivery: NewMessage) -> Outcome:
+        """A post whose outcome is unknown on a platform that cannot be looked in: posting it again could show it
+        twice, so it is given up, counted, and the admins are told what may be missing."""
+        error = f"outcome unknown ({row.last_error or 'no answer'}); not posted again"
+        await self._alert_admins(
+            f":warning: A message of conversation {row.conversation_id} ({delivery.kind}, outbox row {row.id}) may "
+            f"not have reached {self._platform_name(delivery)}: {escape(error)}. Look there and repeat it if missing."
+        )
+        return await self._give_up(row, error)
+
+    def _platform_name(self, delivery: NewMessage) -> str:
+        staff_side = isinstance(delivery, CasePost | RelayToStaff | Reminder)
+        return "the staff channel" if staff_side else "the customer"
 
     async def _case_failed(self, row: Row[Any], case: CasePost, error: str, *, transient: bool) -> Outcome | None:
         """A case the staff channel would not take. The admins hear at once (most such failures are theirs to
@@ -404,10 +454,12 @@ class OutboxSender:
             if row.last_error is None:  # its first failure
                 await self._alert_admins(case_problem(case.escalation_id, case.channel, escape(error)))
             return None
-        if row.attempts > 0:  # the last answer may have been lost: the case may be there after all
+        messenger = self.messengers.get(self.staff_platform)
+        if (transient or row.attempted_at is not None) and messenger is not None and messenger.can_look:
+            # The last answer may have been lost: the case may be there after all.
             with contextlib.suppress(Exception):
                 where = Where(case.channel, None)
-                if (ts := await self._already_posted(row, where)) is not None:
+                if (ts := await self._already_posted(row, where, messenger)) is not None:
                     await self._renderer().case_posted(case.escalation_id, channel=case.channel, ts=ts)
                     return await self._done(row, Outcome.SENT, result_ts=ts)
         try:
@@ -416,8 +468,8 @@ class OutboxSender:
             text = f"Case #{case.escalation_id}"
         await self._alert_admins(case_given_up(case.escalation_id, escape(error), text))
         notice: list[Delivery] = []
-        if self.unreachable_notice and (place := await self._customer_place(case.conversation_id)) is not None:
-            notice = [*posts(conversation_id=case.conversation_id, **place, body=self.unreachable_notice)]
+        if self.unreachable_notice and (address := await self._customer_address(case.conversation_id)) is not None:
+            notice = [*posts(conversation_id=case.conversation_id, address=address, body=self.unreachable_notice)]
         outcome = await self._give_up(row, error, then=notice)
         if self.hand_back is not None:
             # Still with "a person", the customer's next messages would be relayed to a case thread that does
@@ -425,17 +477,20 @@ class OutboxSender:
             await self.hand_back(case.escalation_id)
         return outcome
 
-    async def _customer_place(self, conversation_id: int) -> dict[str, Any] | None:
+    async def _customer_address(self, conversation_id: int) -> Address | None:
         async with self.engine.connect() as conn:
             key = await conn.scalar(select(m.Conversation.key).where(m.Conversation.id == conversation_id))
-        address = Address.parse(key) if key else None
-        return None if address is None else {"channel": address.channel, "thread": address.thread}
+        return Address.parse(key) if key else None
 
     async def _alert_admins(self, text: str) -> None:
-        """A direct message to each admin; best effort (each failure is logged), as it reports a failure."""
+        """A direct message to each admin (in Slack: ADMIN_USER_IDS); best effort (each failure is logged), as it
+        reports a failure."""
+        messenger = self.messengers.get(Platform.SLACK)
         for admin in sorted(self.admins):
             try:
-                await self.client.chat_postMessage(channel=admin, text=clip(text, MESSAGE_TEXT))
+                if messenger is None:
+                    raise Undeliverable("Slack is not configured")
+                await messenger.direct(admin, text)
             except Exception as exc:
                 log.error("could not tell admin %s about a failed delivery: %r", admin, exc)
 
@@ -456,7 +511,7 @@ class OutboxSender:
     async def _render(self, delivery: NewMessage) -> Message | None:
         match delivery:
             case Post(text=text):
-                return Message(text)
+                return Message(text, native=True)
             case CasePost(escalation_id=escalation_id):
                 return await self._renderer().case(escalation_id)
             case RelayToStaff():
@@ -471,46 +526,33 @@ class OutboxSender:
             raise Undeliverable("no case renderer configured")
         return self.cases
 
-    async def _post(self, where: Where, message: Message, *, outbox_id: int) -> str:
-        shown_as = message.shown_as
-        response = await self.client.chat_postMessage(
-            channel=where.channel,
-            thread_ts=where.thread,
-            text=message.text,
-            blocks=message.blocks,
-            username=shown_as.name if shown_as else None,
-            icon_url=shown_as.avatar if shown_as else None,
-            reply_broadcast=message.broadcast or None,
-            metadata={"event_type": METADATA_TYPE, "event_payload": {"outbox_id": outbox_id}},
-        )
-        return str(response["ts"])
-
-    async def _change(self, delivery: Change) -> None:
+    async def _change(self, delivery: Change, messenger: Messenger) -> None:
         """Act on a message that exists; safe to repeat, so no attempt is recorded first."""
         match delivery:
             case AddReaction(channel=channel, message=ts, name=name):
-                await self.client.reactions_add(channel=channel, timestamp=ts, name=name)
+                await messenger.react(channel, ts, name, add=True)
             case RemoveReaction(channel=channel, message=ts, name=name):
-                await self.client.reactions_remove(channel=channel, timestamp=ts, name=name)
+                await messenger.react(channel, ts, name, add=False)
+            case Typing(channel=channel, thread=thread):
+                await messenger.typing(Where(channel, thread))
             case CaseUpdate(escalation_id=escalation_id):
                 where = await self._renderer().case_thread(escalation_id)
                 if where is not None:
-                    case = await self._renderer().case(escalation_id)
-                    await self.client.chat_update(channel=where[0], ts=where[1], text=case.text, blocks=case.blocks)
+                    await messenger.update(where[0], where[1], await self._renderer().case(escalation_id))
             case RelayEdit(conversation_id=conversation_id, source=source):
                 # No copy yet: the relay is still to go out, and it reads the words as they are now.
                 copy = await self._relayed_copy(source)
                 words = await self._renderer().staff_words(conversation_id, source)
                 if copy is not None and words is not None:
-                    await self.client.chat_update(channel=copy[0], ts=copy[1], text=relay_text(words))
+                    await messenger.update(copy[0], copy[1], Message(relay_text(words)))
             case RelayDelete(source=source):
                 copy = await self._relayed_copy(source)
                 if copy is not None:
-                    await self.client.chat_delete(channel=copy[0], ts=copy[1])
+                    await messenger.delete(copy[0], copy[1])
             case StaffNotice(escalation_id=escalation_id, author=user, text=notice):
                 where = await self._renderer().case_thread(escalation_id)
                 if where is not None:
-                    await self.client.chat_postEphemeral(channel=where[0], thread_ts=where[1], user=user, text=notice)
+                    await messenger.notice(Where(*where), user, notice)
             case _:
                 assert_never(delivery)
 
@@ -568,24 +610,9 @@ class OutboxSender:
             await enqueue(s, then)
         return outcome
 
-    async def _already_posted(self, row: Row[Any], where: Where) -> str | None:
-        """The ts of this row's post if Slack has it: searched from a minute before the row was written, so
-        long threads are not read from their start."""
-        oldest = f"{row.created_at.timestamp() - 60:.6f}"
-        if where.thread:
-            response = await self.client.conversations_replies(
-                channel=where.channel, ts=where.thread, oldest=oldest, include_all_metadata=True, limit=200
-            )
-        else:
-            response = await self.client.conversations_history(
-                channel=where.channel, oldest=oldest, include_all_metadata=True, limit=200
-            )
-        for message in response.get("messages") or []:
-            metadata = message.get("metadata") or {}
-            payload = metadata.get("event_payload") or {}
-            if metadata.get("event_type") == METADATA_TYPE and payload.get("outbox_id") == row.id:
-                return str(message["ts"])
-        return None
+    async def _already_posted(self, row: Row[Any], where: Where, messenger: Messenger) -> str | None:
+        """The id of this row's post if the platform has it."""
+        return await messenger.find(where, outbox_id=row.id, since=row.created_at)
 
     async def _mark(self, row_id: int, **values: Any) -> None:
         async with self.engine.begin() as conn:

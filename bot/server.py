@@ -16,7 +16,7 @@ import logging
 import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -24,13 +24,17 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 
 from aiohttp import web
+from microsoft_agents.authentication.msal import MsalAuth
+from microsoft_agents.hosting.core.authorization import AgentAuthConfiguration
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.signature import SignatureVerifier
 from sqlalchemy import text
 
+from agents.address import Platform
 from agents.conversations import Conversations
+from agents.identity import Author
 from agents.knowledge.store import KnowledgeBase
 from agents.leases import Leases, process_owner
 from agents.model import Model
@@ -46,7 +50,10 @@ from bot.preflight import staff_channel_problem, staff_channel_status
 from bot.settings import Settings
 from bot.slack_app import SlackDirectory, build_app, slack_client
 from bot.slack_events import Policy
-from bot.staff import StaffGate, StaffList
+from bot.staff import Member, Members, StaffGate, StaffList
+from bot.teams_app import EitherDirectory, TeamsAuth, TeamsDirectory, TeamsEdge, TeamsPeople
+from bot.teams_events import TeamsPolicy
+from bot.teams_messenger import ServiceUrls, TeamsMessenger
 from bot.workers import Workers
 from db.engine import make_engine, make_sessions
 from escalation.desk import CaseDesk
@@ -74,12 +81,15 @@ Meanwhile `python -m bot playground` runs the whole bot against a local Slack in
 class Bot:
     settings: Settings
     db: runtime.Database
-    app: AsyncApp
+    app: AsyncApp | None
+    """The Slack app; None when only Teams is configured."""
     workers: Workers
     metrics: Metrics
     conversations: Conversations
     desk: CaseDesk
     knowledge: KnowledgeBase
+    teams: TeamsEdge | None = None
+    """`POST /api/messages`, when Teams is configured."""
     url: str = ""
     """Where the HTTP endpoints listen, once they do."""
     monitoring_url: str = ""
@@ -88,7 +98,7 @@ class Bot:
 
 def escalation_policy(settings: Settings) -> EscalationPolicy:
     return EscalationPolicy(
-        staff_channel=settings.staff_channel_id,
+        staff_channel=settings.staff_channel,
         note_marker=settings.note_marker,
         hours=BusinessHours.parse(settings.business_hours, settings.business_timezone),
         off_hours_message=settings.off_hours_message,
@@ -119,16 +129,19 @@ def llm_summarizer(model: Model, model_name: str) -> Summarizer:
 
 @asynccontextmanager
 async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | None = None) -> AsyncIterator[Bot]:
-    """Database migrated, workers running, Bolt app ready; everything stopped on exit."""
-    assert settings.slack_bot_token is not None and settings.slack_signing_secret is not None
+    """Database migrated, workers running, the Slack app and the Teams edge ready (whichever are configured);
+    everything stopped on exit."""
+    assert settings.slack_configured or settings.teams_configured
     if not settings.llm_configured:
         log.warning("no LLM provider configured: answering from the knowledge base (offline mode)")
     now = clock or (lambda: datetime.now(UTC))
     style = ReplyStyle(settings.handoff_notice, settings.working_reaction, settings.done_reaction)
     policy = escalation_policy(settings)
-    token, api = settings.slack_bot_token.get_secret_value(), settings.slack_api_url
-    client = slack_client(token=token, base_url=api)
-    async with runtime.open_database(settings) as db:
+    slack = settings.slack_configured
+    token = settings.slack_bot_token.get_secret_value() if settings.slack_bot_token else ""
+    api = settings.slack_api_url
+    client = slack_client(token=token, base_url=api) if slack else None
+    async with runtime.open_database(settings) as db, AsyncExitStack() as closing:
         brain = await runtime.brain(settings, db)
         roster, model = brain.roster, brain.model
         leases = Leases(db.sessions, owner=process_owner(), ttl_s=settings.lease_seconds)
@@ -143,22 +156,37 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             limits=runtime.limits(settings),
         )
         metrics = Metrics()
-        directory = SlackDirectory(client)  # reads only: the client that retries is safe here
+        # Reads only: the Slack client that retries is safe here.
+        directory = SlackDirectory(client) if client is not None else None
         listed = StaffList(settings.staff_ids, settings.staff_usergroup_id)
-        staff = StaffGate(members=directory, listed=listed)
-        problem = await staff_channel_problem(client, settings.staff_channel_id, allow_list=listed.restricts)
-        if problem is not None:
-            log.warning("\n%s\nSTAFF CHANNEL: %s\n%s", "!" * 80, problem, "!" * 80)
+        teams = teams_parts(settings, db) if settings.teams_configured else None
+        if teams is not None:
+            closing.push_async_callback(teams.messenger.close)
+        if settings.staff_platform == Platform.TEAMS:
+            assert teams is not None and settings.teams_staff_channel_id is not None
+            staff = StaffGate(members=teams.people.in_conversation(settings.teams_staff_channel_id), listed=listed)
+        else:
+            staff = StaffGate(members=directory or NoMembers(), listed=listed)
+        channel_check: Callable[[], Awaitable[str | None]] | None = None
+        if client is not None and settings.staff_platform == Platform.SLACK:
+            channel_check = partial(
+                staff_channel_status, client, settings.staff_channel_id, allow_list=listed.restricts
+            )
+            problem = await staff_channel_problem(client, settings.staff_channel_id, allow_list=listed.restricts)
+            if problem is not None:
+                log.warning("\n%s\nSTAFF CHANNEL: %s\n%s", "!" * 80, problem, "!" * 80)
         cases = CaseRenderer(
             sessions=db.sessions,
-            directory=directory,
+            directory=EitherDirectory(slack=directory, teams=TeamsDirectory(db.sessions) if teams else None),
             summarize=llm_summarizer(runtime.chat_model(settings), settings.openai_model)
             if policy.llm_summary
             else None,
         )
         sender = OutboxSender(
             engine=db.engine,
-            client=slack_client(token=token, base_url=api, idempotent_only=True),
+            client=slack_client(token=token, base_url=api, idempotent_only=True) if slack else None,
+            messengers=[teams.messenger] if teams is not None else [],
+            staff_platform=settings.staff_platform,
             cases=cases,
             admins=settings.admin_ids,
             unreachable_notice=settings.case_unreachable_message,
@@ -189,18 +217,35 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             escalation=policy,
             metrics=metrics,
             on_stored=workers.wake_all,
-            people=directory,
+            people=directory or NoMembers(),
             staff=staff,
         )
         workers.housekeeping = [(inbox.prune, 600), (lambda: desk.remind(now=now()), 30)]
-        secret = settings.slack_signing_secret.get_secret_value()
-        app = build_app(client=client, signing_secret=secret, inbox=inbox, desk=desk, staff=staff)
-        channel_check = partial(staff_channel_status, client, settings.staff_channel_id, allow_list=listed.restricts)
-        admin = admin_commands(settings, db, brain, desk, directory, channel_check)
-        register_admin(app, admin, name=settings.admin_command)
+        app = None
+        if client is not None and directory is not None and settings.slack_signing_secret is not None:
+            secret = settings.slack_signing_secret.get_secret_value()
+            app = build_app(client=client, signing_secret=secret, inbox=inbox, desk=desk, staff=staff)
+            admin = admin_commands(settings, db, brain, desk, directory, channel_check)
+            register_admin(app, admin, name=settings.admin_command)
+        edge = None
+        if teams is not None:
+            teams_admin = admin_commands(
+                settings, db, brain, desk, NoMembers(), channel_check, admin_ids=settings.teams_admins
+            )
+            edge = TeamsEdge(
+                policy=teams.policy,
+                auth=TeamsAuth(app_id=teams.policy.app_id, tenant=teams.policy.tenant),
+                inbox=inbox,
+                urls=teams.urls,
+                messenger=teams.messenger,
+                people=teams.people,
+                staff=staff,
+                desk=desk,
+                admin=teams_admin,
+            )
         await workers.start()
         try:
-            yield Bot(settings, db, app, workers, metrics, conversations, desk, brain.knowledge)
+            yield Bot(settings, db, app, workers, metrics, conversations, desk, brain.knowledge, teams=edge)
         finally:
             await workers.stop()
             await brain.close()
@@ -208,19 +253,68 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             await monitoring_engine.dispose()
 
 
+@dataclass(frozen=True)
+class TeamsParts:
+    policy: TeamsPolicy
+    urls: ServiceUrls
+    messenger: TeamsMessenger
+    people: TeamsPeople
+
+
+def teams_parts(settings: Settings, db: runtime.Database) -> TeamsParts:
+    """Teams' side: the SDK's client credentials for outbound calls, where each conversation's service is."""
+    assert settings.teams_app_id and settings.teams_tenant_id and settings.teams_app_password
+    policy = TeamsPolicy(
+        app_id=settings.teams_app_id,
+        tenant=settings.teams_tenant_id,
+        bot_name=settings.teams_bot_name,
+        staff_channel=settings.teams_staff_channel_id,
+        admins=settings.teams_admins,
+    )
+    credentials = MsalAuth(
+        AgentAuthConfiguration(
+            client_id=settings.teams_app_id,
+            tenant_id=settings.teams_tenant_id,
+            client_secret=settings.teams_app_password.get_secret_value(),
+        )
+    )
+    urls = ServiceUrls(db.engine, default=settings.teams_service_url)
+    messenger = TeamsMessenger(
+        credentials=credentials, urls=urls, tenant=policy.tenant, bot_id=policy.bot_id, bot_name=policy.bot_name
+    )
+    return TeamsParts(policy, urls, messenger, TeamsPeople(messenger))
+
+
+class NoMembers:
+    """Where a platform's directory is not there (no Slack): nobody is found, nobody is a workspace admin."""
+
+    async def member(self, user: str) -> Member | None:
+        return None
+
+    async def usergroup(self, group: str) -> frozenset[str]:
+        return frozenset()
+
+    async def identify(self, author: Author) -> Author:
+        return author
+
+
 def admin_commands(
     settings: Settings,
     db: runtime.Database,
     brain: runtime.Brain,
     desk: CaseDesk,
-    directory: SlackDirectory,
-    staff_channel: Callable[[], Awaitable[str | None]],
+    directory: Members,
+    staff_channel: Callable[[], Awaitable[str | None]] | None,
+    *,
+    admin_ids: frozenset[str] | None = None,
 ) -> AdminCommands:
+    """The /support commands: Slack's (ADMIN_USER_IDS, workspace admins when allowed) or, with `admin_ids`,
+    Teams' (TEAMS_ADMIN_IDS: Entra object ids, nobody else)."""
     queries = AdminQueries(sessions=db.sessions)
     return AdminCommands(
         members=directory,
-        admin_ids=settings.admin_ids,
-        workspace_admins=settings.admin_workspace_admins,
+        admin_ids=settings.admin_ids if admin_ids is None else admin_ids,
+        workspace_admins=settings.admin_workspace_admins and admin_ids is None,
         queries=queries,
         actions=AdminActions(sessions=db.sessions, queries=queries, desk=desk, entry_agent=brain.roster.entry),
         roster=brain.roster,
@@ -239,12 +333,13 @@ def _version() -> str:
 
 
 def web_app(bot: Bot) -> web.Application:
-    """The public listener: Slack's requests and `/livez`, and `/healthz` and `/metrics` unless they have a
-    listener of their own (METRICS_PORT)."""
-    assert bot.settings.slack_signing_secret is not None
-    verifier = SignatureVerifier(bot.settings.slack_signing_secret.get_secret_value())
+    """The public listener: Slack's requests, Teams' activities and `/livez`, and `/healthz` and `/metrics` unless
+    they have a listener of their own (METRICS_PORT)."""
+    secret = bot.settings.slack_signing_secret
+    verifier = SignatureVerifier(secret.get_secret_value() if secret else "")
 
     async def events(request: web.Request) -> web.Response:
+        assert bot.app is not None
         try:
             body = (await request.read()).decode()
         except UnicodeDecodeError:  # Slack sends UTF-8; the signature cannot even be checked on anything else
@@ -264,9 +359,12 @@ def web_app(bot: Bot) -> web.Application:
         # else (no database round trip, no details), since anyone can ask.
         return web.json_response({"ready": bot.workers.ready}, status=200 if bot.workers.ready else 503)
 
-    application = web.Application()
+    application = web.Application(client_max_size=1024**2)
     if bot.settings.process_role != "worker":
-        application.router.add_post("/slack/events", events)
+        if bot.app is not None:
+            application.router.add_post("/slack/events", events)
+        if bot.teams is not None:
+            application.router.add_post("/api/messages", bot.teams.handle)
     application.router.add_get("/livez", livez)
     if bot.settings.metrics_port is None:
         _add_monitoring(application, bot)
@@ -360,7 +458,8 @@ async def until_signalled() -> None:
 
 
 async def serve(settings: Settings, *, socket_mode: bool = False) -> int:
-    if not settings.slack_configured or (socket_mode and settings.slack_app_token is None):
+    nothing = not settings.slack_configured and not settings.teams_configured
+    if nothing or (socket_mode and settings.slack_app_token is None):
         print(NO_SLACK)
         return 2
     if settings.process_role == "worker":
@@ -377,7 +476,7 @@ async def serve(settings: Settings, *, socket_mode: bool = False) -> int:
             flush=True,
         )
         handler = None
-        if socket_mode and settings.process_role != "worker":
+        if socket_mode and settings.process_role != "worker" and bot.app is not None:
             from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 
             assert settings.slack_app_token is not None

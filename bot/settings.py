@@ -5,15 +5,19 @@ Every variable is listed with a comment in `.env.example`; the README's configur
 
 from __future__ import annotations
 
+import re
 import string
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agents.address import Platform
 from agents.loop import Texts
+
+_GUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 TEMPLATES = {
     "handoff_notice": frozenset({"agent"}),
@@ -94,6 +98,28 @@ class Settings(BaseSettings):
     """0: this process stores events and sends replies, and runs no turns (others do)."""
     lease_seconds: float = Field(default=30.0, gt=0)
 
+    # Microsoft Teams: the 365 Agents SDK's own variables for the bot's Entra app registration
+    teams_app_id: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("teams_app_id", "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__CLIENTID"),
+    )
+    teams_app_password: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("teams_app_password", "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__CLIENTSECRET"),
+    )
+    teams_tenant_id: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("teams_tenant_id", "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__TENANTID"),
+    )
+    teams_bot_name: str = "Helpdesk"
+    """The bot's name in Teams (the manifest's): how its @mention reads in a channel post."""
+    teams_staff_channel_id: str | None = None
+    """Set: cases go to this Teams channel (`19:...@thread.tacv2`) instead of STAFF_CHANNEL_ID in Slack."""
+    teams_admin_ids: str = ""
+    """Entra object ids of the people who may use the /support commands in a personal chat with the bot."""
+    teams_service_url: str = "https://smba.trafficmanager.net/teams/"
+    """Where the bot posts in a tenant before anyone there has written to it (the staff channel's first case)."""
+
     # Human takeover
     escalation_message: str = "I've asked a colleague to join. A person will reply here shortly."
     business_hours: str = ""
@@ -159,6 +185,54 @@ class Settings(BaseSettings):
         return self.slack_bot_token is not None and self.slack_signing_secret is not None
 
     @property
+    def teams_configured(self) -> bool:
+        return self.teams_app_id is not None
+
+    @property
+    def staff_platform(self) -> Platform:
+        return Platform.TEAMS if self.teams_staff_channel_id else Platform.SLACK
+
+    @property
+    def staff_channel(self) -> str | None:
+        """The staff channel, on `staff_platform`."""
+        return self.teams_staff_channel_id or self.staff_channel_id
+
+    @property
+    def teams_admins(self) -> frozenset[str]:
+        return _ids(self.teams_admin_ids)
+
+    @model_validator(mode="after")
+    def _teams(self) -> Settings:
+        """Checked at start-up, with the variable to set: a half-configured Teams would refuse every activity."""
+        teams = {
+            "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__CLIENTID": self.teams_app_id,
+            "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__CLIENTSECRET": self.teams_app_password,
+            "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__TENANTID": self.teams_tenant_id,
+        }
+        missing = [name for name, value in teams.items() if value is None]
+        if missing and len(missing) < len(teams):
+            raise ValueError(
+                f"Teams is half configured: also set {', '.join(missing)} (README, Microsoft Teams set-up)"
+            )
+        for name, value in (("TENANTID", self.teams_tenant_id), ("CLIENTID", self.teams_app_id)):
+            if value is not None and not _GUID.fullmatch(value):
+                raise ValueError(f"CONNECTIONS__SERVICE_CONNECTION__SETTINGS__{name} must be a GUID, not {value!r}")
+        if self.teams_staff_channel_id:
+            if missing:
+                raise ValueError(
+                    "TEAMS_STAFF_CHANNEL_ID is set but Teams is not configured (the three CONNECTIONS__ variables)"
+                )
+            if self.staff_channel_id:
+                raise ValueError(
+                    "set one staff channel: STAFF_CHANNEL_ID (Slack) or TEAMS_STAFF_CHANNEL_ID (Teams), not both"
+                )
+            if not self.teams_staff_channel_id.startswith("19:"):
+                raise ValueError(
+                    'TEAMS_STAFF_CHANNEL_ID is a channel id such as 19:abc...@thread.tacv2 (from "Get link to channel")'
+                )
+        return self
+
+    @property
     def admin_ids(self) -> frozenset[str]:
         return _ids(self.admin_user_ids)
 
@@ -169,6 +243,13 @@ class Settings(BaseSettings):
 
 def _ids(listed: str) -> frozenset[str]:
     return frozenset(part.strip() for part in listed.split(",") if part.strip())
+
+
+def env_name(field: str) -> str:
+    """The variable a setting is documented under: its name, or the SDK's own spelling where it has one."""
+    alias = Settings.model_fields[field].validation_alias
+    choices = alias.choices if isinstance(alias, AliasChoices) else []
+    return next((str(c) for c in choices if isinstance(c, str) and c.isupper()), field.upper())
 
 
 @lru_cache(maxsize=1)

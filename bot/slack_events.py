@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agents.address import DM, Address
+from agents.address import DM, Address, Platform
 from agents.identity import Author
 
 # A file share still carries the customer's words; a broadcast thread reply is a thread reply.
@@ -27,15 +27,18 @@ class CustomerMessage:
     is_dm: bool
     user_team: str
     """The writer's own workspace: another company's in a Slack Connect channel."""
+    platform: Platform = Platform.SLACK
+    name: str | None = None
+    """The writer's name where the delivery carries it (Teams does; Slack's edge asks `users.info`)."""
 
     @property
     def author(self) -> Author:
-        """Who wrote it, as far as the signed event says (the edge adds name and email from `users.info`)."""
-        return Author("slack", self.user_team, self.user)
+        """Who wrote it, as far as the signed delivery says (the edge may add name and email)."""
+        return Author(self.platform, self.user_team, self.user, self.name)
 
     @property
     def address(self) -> Address:
-        return Address("slack", self.team, self.channel, None if self.thread_ts == DM else self.thread_ts)
+        return Address(self.platform, self.team, self.channel, None if self.thread_ts == DM else self.thread_ts)
 
     @property
     def conversation_key(self) -> str:
@@ -54,10 +57,12 @@ class StaffReply:
     team: str
     user_team: str | None = None
     """The author's organisation where the message says (Slack Connect), to compare with ours."""
+    platform: Platform = Platform.SLACK
+    name: str | None = None
 
     @property
     def author(self) -> Author:
-        return Author("slack", self.user_team or self.team, self.user)
+        return Author(self.platform, self.user_team or self.team, self.user, self.name)
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ class Post:
     thread: str | None
     """The thread's root; None: in the channel itself (a direct message)."""
     text: str
-    """As the platform shows it (Slack mrkdwn), short enough for one message."""
+    """As the conversation's platform shows it (Slack mrkdwn, Teams markdown), short enough for one message."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,16 @@ class RemoveReaction(_Reaction):
     """The bot's reaction taken off a message again."""
 
     kind: ClassVar[str] = "react_remove"
+
+
+@dataclass(frozen=True)
+class Typing:
+    """The bot is working on a customer's message (Teams' typing indicator: a few seconds, or until the reply)."""
+
+    kind: ClassVar[str] = "typing"
+    conversation_id: int
+    channel: str
+    thread: str | None
 
 
 @dataclass(frozen=True)
@@ -157,7 +167,7 @@ class StaffNotice(_OfCase):
 
 
 NewMessage = Post | CasePost | RelayToStaff | RelayToCustomer | Reminder
-Change = AddReaction | RemoveReaction | CaseUpdate | RelayEdit | RelayDelete | StaffNotice
+Change = AddReaction | RemoveReaction | Typing | CaseUpdate | RelayEdit | RelayDelete | StaffNotice
 Delivery = NewMessage | Change
 
 KINDS: dict[str, type[Delivery]] = {
@@ -166,6 +176,7 @@ KINDS: dict[str, type[Delivery]] = {
         Post,
         AddReaction,
         RemoveReaction,
+        Typing,
         CasePost,
         CaseUpdate,
         RelayToStaff,

@@ -361,3 +361,14 @@ class RateCounter(Base):
     """Prompt and completion tokens of the LLM calls of `day` (UTC)."""
     told_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     """The customer was told of a limit; no second notice before then (the end of that limit's window)."""
+
+
+class TeamsServiceUrl(Base):
+    """Where a Teams conversation's Bot Connector service is: its id without `;messageid=` (a channel, a chat), or
+    `tenant:<id>` for any conversation of a tenant that has not written yet (the staff channel's first case)."""
+
+    __tablename__ = "teams_service_urls"
+
+    conversation: Mapped[str] = mapped_column(Text, primary_key=True)
+    service_url: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=sql("now()"))

@@ -41,6 +41,9 @@ class Message:
     """Posted under this name and avatar instead of the bot's own."""
     broadcast: bool = False
     """A thread reply that is shown in the channel too."""
+    native: bool = False
+    """`text` is already in the destination platform's markup (an answer rendered when it was queued); otherwise
+    it is Slack mrkdwn, which a Teams sender converts."""
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ def examples(conversation_id: int = 1, escalation_id: int = 1) -> list[Delivery]
         d.Post(c, "D_DIRECT", None, "a direct message"),
         d.AddReaction(c, "C_SUPPORT", "1.000002", "eyes"),
         d.RemoveReaction(c, "C_SUPPORT", "1.000003", "white_check_mark"),
+        d.Typing(c, "19:chat@thread.tacv2", "1700000000005"),
         d.CasePost(c, e, "C_STAFF"),
         d.CaseUpdate(c, e),
         d.RelayToStaff(c, e, "U_CUSTOMER", "hello? anyone?"),
@@ -102,6 +103,7 @@ def test_escalation_renders_and_never_imports_the_bot_or_a_slack_client() -> Non
 
 
 def test_only_the_sender_posts_edits_deletes_or_reacts() -> None:
+    """Through its Slack messenger, which makes the calls the sender decides on (and nothing else makes them)."""
     changing = {"chat.postMessage", "chat.update", "chat.delete", "reactions.add", "reactions.remove"}
     callers = {call.where.split(":")[0] for call in calls() if call.method in changing}
-    assert callers == {"bot/outbox.py"}
+    assert callers == {"bot/slack_messenger.py"}

@@ -6,14 +6,14 @@ import pytest
 from pydantic import ValidationError
 
 from bot.cli import main
-from bot.settings import Settings, get_settings
+from bot.settings import Settings, env_name, get_settings
 from tests import ROOT as PROJECT_ROOT
 
 
 def test_blank_values_mean_unset(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)
     for name in Settings.model_fields:
-        monkeypatch.delenv(name.upper(), raising=False)
+        monkeypatch.delenv(env_name(name), raising=False)
     (tmp_path / ".env").write_text((PROJECT_ROOT / ".env.example").read_text())
     settings = Settings()
     assert settings.database_url is None
@@ -25,7 +25,7 @@ def test_blank_values_mean_unset(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 def test_env_example_lists_every_setting() -> None:
     example = (PROJECT_ROOT / ".env.example").read_text()
     for name in Settings.model_fields:
-        assert f"\n{name.upper()}=" in example, name
+        assert f"\n{env_name(name)}=" in example, name
 
 
 def test_admin_ids_and_provider(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -1,0 +1,68 @@
+"""What the outbox's sender needs of a chat platform: a few calls, and one way of saying "refused".
+
+The sender (`bot.outbox.OutboxSender`) owns the policy (order, leases, attempts, backoff, give-ups, exactly-once);
+a `Messenger` only makes a platform's API calls: `bot.slack_messenger` for Slack's Web API, `bot.teams_messenger`
+for the Bot Connector. A messenger raises `Refused` when the platform answered that it did not do the call (so
+trying again can post nothing twice); any other exception means the outcome is unknown.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import NamedTuple, Protocol
+
+from agents.address import Platform
+from escalation.views import Message
+
+
+class Where(NamedTuple):
+    channel: str
+    thread: str | None
+    """The thread's root (Slack ts, Teams reply chain's root id); None: the channel or chat itself."""
+
+
+class Refused(Exception):
+    """The platform answered, and did not do the call. `error` is in Slack's vocabulary (`ratelimited`,
+    `channel_not_found`, `invalid_blocks`, ...), which every messenger maps its answers to, so that one policy
+    decides for both platforms."""
+
+    def __init__(self, error: str, *, retry_after: float | None = None, certain: bool = True) -> None:
+        super().__init__(error)
+        self.error = error
+        self.retry_after = retry_after
+        self.certain = certain
+        """False for an answer that does not rule out that the call was done (Slack's `internal_error`): a post
+        refused so stays in doubt, and is looked for before it is tried again."""
+
+
+class Messenger(Protocol):
+    platform: Platform
+    can_look: bool
+    """Whether `find` can tell if a post went out: Slack can (message metadata); Teams cannot (the Bot Connector
+    API reads no messages back), so a Teams post whose outcome is unknown is never posted again."""
+
+    async def post(self, where: Where, message: Message, *, outbox_id: int) -> str:
+        """Post; returns the new message's id."""
+        ...
+
+    async def find(self, where: Where, *, outbox_id: int, since: datetime) -> str | None:
+        """The id of the post carrying `outbox_id`, if the platform has it (only called where `can_look`)."""
+        ...
+
+    async def update(self, channel: str, message_id: str, message: Message) -> None: ...
+
+    async def delete(self, channel: str, message_id: str) -> None: ...
+
+    async def react(self, channel: str, message_id: str, name: str, *, add: bool) -> None: ...
+
+    async def typing(self, where: Where) -> None:
+        """Show that the bot is working on an answer (Teams' typing indicator; nothing on Slack, which reacts)."""
+        ...
+
+    async def notice(self, where: Where, user: str, text: str) -> None:
+        """A message only `user` sees, where the platform has them (else a short one in the thread)."""
+        ...
+
+    async def direct(self, user: str, text: str) -> None:
+        """A direct message to a person (the admins' alerts)."""
+        ...

@@ -1,0 +1,105 @@
+"""The outbox's calls in Slack's Web API (`bot.messenger.Messenger`).
+
+Every post carries its outbox id in Slack's message metadata, which is how `find` tells, after an unknown outcome,
+whether the post is already in its thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from datetime import datetime
+
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.async_slack_response import AsyncSlackResponse
+
+from agents.address import Platform
+from bot.messenger import Refused, Where
+from escalation.views import Message
+from slacktext.limits import MESSAGE_TEXT, clip
+
+METADATA_TYPE = "helpdesk_outbox"
+MAYBE_DONE = frozenset({"internal_error", "fatal_error", "request_timeout", "service_unavailable"})
+"""Slack's errors that do not say the call was not done."""
+
+
+class SlackMessenger:
+    platform = Platform.SLACK
+    can_look = True
+
+    def __init__(self, client: AsyncWebClient) -> None:
+        self.client = client
+        """Must retry nothing by itself (`slack_client(idempotent_only=True)`): a post retried after a lost answer
+        inside the SDK could land twice, while one retried by the sender is first looked for; and a 429 waited out
+        inside the client could outlive the send lease."""
+
+    async def post(self, where: Where, message: Message, *, outbox_id: int) -> str:
+        shown_as = message.shown_as
+        response = await self._call(
+            self.client.chat_postMessage(
+                channel=where.channel,
+                thread_ts=where.thread,
+                text=message.text,
+                blocks=message.blocks,
+                username=shown_as.name if shown_as else None,
+                icon_url=shown_as.avatar if shown_as else None,
+                reply_broadcast=message.broadcast or None,
+                metadata={"event_type": METADATA_TYPE, "event_payload": {"outbox_id": outbox_id}},
+            )
+        )
+        return str(response["ts"])
+
+    async def find(self, where: Where, *, outbox_id: int, since: datetime) -> str | None:
+        """Searched from a minute before the row was written, so long threads are not read from their start."""
+        oldest = f"{since.timestamp() - 60:.6f}"
+        if where.thread:
+            call = self.client.conversations_replies(
+                channel=where.channel, ts=where.thread, oldest=oldest, include_all_metadata=True, limit=200
+            )
+        else:
+            call = self.client.conversations_history(
+                channel=where.channel, oldest=oldest, include_all_metadata=True, limit=200
+            )
+        response = await self._call(call)
+        for message in response.get("messages") or []:
+            metadata = message.get("metadata") or {}
+            payload = metadata.get("event_payload") or {}
+            if metadata.get("event_type") == METADATA_TYPE and payload.get("outbox_id") == outbox_id:
+                return str(message["ts"])
+        return None
+
+    async def update(self, channel: str, message_id: str, message: Message) -> None:
+        await self._call(
+            self.client.chat_update(channel=channel, ts=message_id, text=message.text, blocks=message.blocks)
+        )
+
+    async def delete(self, channel: str, message_id: str) -> None:
+        await self._call(self.client.chat_delete(channel=channel, ts=message_id))
+
+    async def react(self, channel: str, message_id: str, name: str, *, add: bool) -> None:
+        if add:
+            await self._call(self.client.reactions_add(channel=channel, timestamp=message_id, name=name))
+        else:
+            await self._call(self.client.reactions_remove(channel=channel, timestamp=message_id, name=name))
+
+    async def typing(self, where: Where) -> None:
+        """Slack shows the working reaction instead."""
+
+    async def notice(self, where: Where, user: str, text: str) -> None:
+        await self._call(
+            self.client.chat_postEphemeral(channel=where.channel, thread_ts=where.thread, user=user, text=text)
+        )
+
+    async def direct(self, user: str, text: str) -> None:
+        await self._call(self.client.chat_postMessage(channel=user, text=clip(text, MESSAGE_TEXT)))
+
+    @staticmethod
+    async def _call(call: Awaitable[AsyncSlackResponse]) -> AsyncSlackResponse:
+        try:
+            return await call
+        except SlackApiError as exc:
+            error = str(exc.response.get("error") or exc)
+            retry_after = None
+            if error == "ratelimited":
+                retry_after = float(exc.response.headers.get("Retry-After", 1) or 1)
+            raise Refused(error, retry_after=retry_after, certain=error not in MAYBE_DONE) from exc

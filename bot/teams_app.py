@@ -1,0 +1,311 @@
+"""`POST /api/messages`: Teams' activities, authenticated as the Microsoft 365 Agents SDK does it, stored (or
+recognised as a redelivery) before Teams gets its answer, and acted on afterwards by the same workers, desk and
+admin commands as Slack's events.
+
+Authentication: the SDK's `JwtTokenValidator` checks the token's signature against the issuer's published keys,
+its expiry and its audience (our app id); on top of it, as the Bot Framework's rules require and the SDK does not,
+the issuer must be one of the SDK's and a Bot Framework token's `serviceurl` claim must be the activity's
+`serviceUrl`, since that is where the bot will send its own credentials when it answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from microsoft_agents.activity import Activity
+from microsoft_agents.hosting.core.authorization import AgentAuthConfiguration, JwtTokenValidator
+from pydantic import ValidationError
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from agents.identity import Author
+from bot.admin.command import AdminCommands, Invocation
+from bot.inbox import IDENTIFY_WITHIN_S, STAFF_CHECK_S, Inbox
+from bot.messenger import Where
+from bot.slack_app import CASE_ACTIONS
+from bot.slack_events import CaseAction, CustomerMessage, StaffReply, sanitised
+from bot.staff import ACTION_REFUSED, Member, StaffGate, Standing, refusal
+from bot.teams_events import AdminMessage, Parsed, TeamsPolicy, parse
+from bot.teams_messenger import BOT_FRAMEWORK, ServiceUrls, TeamsMessenger
+from escalation.desk import CaseDesk
+from escalation.views import Message, Person
+from teamstext import from_mrkdwn
+
+log = logging.getLogger(__name__)
+MAX_BODY = 256 * 1024
+"""Teams' activities are far smaller (a message is at most about 28 KB); anything bigger is refused unread."""
+
+
+class Unauthorized(Exception):
+    pass
+
+
+class TeamsAuth:
+    def __init__(self, *, app_id: str, tenant: str) -> None:
+        self.config = AgentAuthConfiguration(client_id=app_id, tenant_id=tenant)
+        self.validator = JwtTokenValidator(self.config)
+
+    async def check(self, header: str | None, service_url: Any) -> Mapping[str, Any]:
+        """The token's claims; Unauthorized (with why) for a missing, forged, expired or misaddressed token."""
+        scheme, _, token = (header or "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthorized("no bearer token")
+        try:
+            identity = await self.validator.validate_token(token.strip())
+        except Exception as exc:  # PyJWT's errors, the SDK's ValueError, a key set that cannot be read
+            raise Unauthorized(f"{type(exc).__name__}: {exc}") from None
+        claims: Mapping[str, Any] = identity.claims
+        if claims.get("iss") not in self.config.ISSUERS:
+            raise Unauthorized(f"issuer {claims.get('iss')!r} is not Microsoft's")
+        if claims.get("iss") == BOT_FRAMEWORK and claims.get("serviceurl") != service_url:
+            raise Unauthorized("the activity's serviceUrl is not the token's")
+        return claims
+
+
+class TeamsPeople:
+    """Teams' directory for the inbox and the staff gate: a conversation's member (name, email, tenant, whether a
+    guest), briefly cached. Reads only."""
+
+    def __init__(self, messenger: TeamsMessenger, *, cache_s: float = 300.0) -> None:
+        self.messenger = messenger
+        self.cache_s = cache_s
+        self._members: dict[tuple[str, str], tuple[float, Mapping[str, Any] | None]] = {}
+
+    async def lookup(self, conversation: str, user: str) -> Mapping[str, Any] | None:
+        cached = self._members.get((conversation, user))
+        if cached is not None and time.monotonic() - cached[0] < self.cache_s:
+            return cached[1]
+        client = await self.messenger._client(conversation)
+        try:
+            found = await client.conversations.get_conversation_member(conversation, user)
+            member: Mapping[str, Any] | None = found.model_dump(by_alias=True, exclude_none=True)
+        except Exception as exc:
+            if getattr(exc, "status", None) != 404:
+                raise
+            member = None
+        self._members[(conversation, user)] = (time.monotonic(), member)
+        return member
+
+    def in_conversation(self, conversation: str) -> TeamsMembers:
+        return TeamsMembers(self, conversation)
+
+
+@dataclass
+class TeamsMembers:
+    """`bot.staff.Members` for one conversation (the staff channel, where colleagues write)."""
+
+    people: TeamsPeople
+    conversation: str
+
+    async def member(self, user: str) -> Member | None:
+        found = await self.people.lookup(self.conversation, user)
+        if found is None:
+            return None
+        guest = str(found.get("userRole") or "").lower() in ("guest", "anonymous")
+        return Member(user, found.get("tenantId"), guest=guest, stranger=False, admin=False)
+
+    async def usergroup(self, group: str) -> frozenset[str]:
+        return frozenset()  # Teams has no Slack user groups: STAFF_USER_IDS lists Teams colleagues
+
+
+class TeamsDirectory:
+    """Names and links for what escalation renders about Teams people: the name their last message carried
+    (Teams sends it with each activity, and the inbox stores it), and Teams' deep link to a channel message."""
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self.sessions = sessions
+
+    async def person(self, user: str) -> Person:
+        async with self.sessions() as s:
+            name = await s.scalar(
+                text(
+                    "SELECT identity->>'name' FROM inbound WHERE author = :u AND identity->>'name' IS NOT NULL "
+                    "ORDER BY id DESC LIMIT 1"
+                ),
+                {"u": user},
+            )
+        return Person(str(name) if name else user)
+
+    async def permalink(self, channel: str, message: str) -> str | None:
+        if not channel.startswith("19:") or not message:
+            return None
+        return f"https://teams.microsoft.com/l/message/{channel}/{message}"
+
+
+def is_teams_id(value: str) -> bool:
+    """Teams' user (`29:`, `8:orgid:`) and conversation (`19:`, `a:`) ids, as opposed to Slack's."""
+    return value.startswith(("29:", "8:", "19:", "a:"))
+
+
+class EitherDirectory:
+    """`escalation.render.Directory` over both platforms: a case can show a Teams customer to Slack staff."""
+
+    def __init__(self, *, slack: Any, teams: TeamsDirectory | None) -> None:
+        self.slack, self.teams = slack, teams
+
+    def _for(self, value: str) -> Any:
+        return self.teams if self.teams is not None and (is_teams_id(value) or self.slack is None) else self.slack
+
+    async def person(self, user: str) -> Person:
+        directory = self._for(user)
+        return Person(user) if directory is None else await directory.person(user)
+
+    async def permalink(self, channel: str, message: str) -> str | None:
+        directory = self._for(channel)
+        return None if directory is None else await directory.permalink(channel, message)
+
+
+class TeamsEdge:
+    def __init__(
+        self,
+        *,
+        policy: TeamsPolicy,
+        auth: TeamsAuth,
+        inbox: Inbox,
+        urls: ServiceUrls,
+        messenger: TeamsMessenger,
+        people: TeamsPeople,
+        staff: StaffGate,
+        desk: CaseDesk,
+        admin: AdminCommands | None,
+    ) -> None:
+        self.policy = policy
+        self.auth = auth
+        self.inbox = inbox
+        self.urls = urls
+        self.messenger = messenger
+        self.people = people
+        self.staff = staff
+        self.desk = desk
+        self.admin = admin
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        header = request.headers.get("Authorization")
+        if not header:
+            return web.json_response({"error": "Authorization header not found"}, status=401)
+        if (request.content_length or 0) > MAX_BODY:
+            return web.json_response({"error": "too large"}, status=413)
+        try:
+            body = sanitised(json.loads(await request.read()))
+        except (ValueError, UnicodeDecodeError):
+            body = None
+        if not isinstance(body, dict):
+            # Checked before parsing would be nicer, but the token's serviceurl is compared with the body's.
+            return web.json_response({"error": "malformed body"}, status=400)
+        try:
+            await self.auth.check(header, body.get("serviceUrl"))
+        except Unauthorized as exc:
+            log.warning("Teams activity refused: %s", exc)
+            return web.json_response({"error": "unauthorized"}, status=401)
+        try:
+            Activity.model_validate(body)
+        except ValidationError as exc:
+            return web.json_response({"error": f"not an activity: {exc.error_count()} problems"}, status=400)
+        parsed = parse(body, self.policy)
+        try:
+            disposition = await self._store(parsed)
+        except Exception:
+            log.exception("could not store Teams activity %s; answering 503", parsed.delivery.event_id)
+            return web.json_response({"error": "unavailable"}, status=503)
+        log.debug("Teams activity %s: %s", parsed.delivery.event_id, disposition)
+        return web.json_response({}, status=200)
+
+    async def _store(self, parsed: Parsed) -> str:
+        if parsed.service_url:
+            await self.urls.remember(parsed.conversation, parsed.tenant, parsed.service_url)
+        incoming, delivery = parsed.incoming, parsed.delivery
+        match incoming:
+            case CustomerMessage():
+                author = await self._identify(parsed.conversation, incoming)
+                return await self.inbox.take(delivery, incoming, author=author, continues_only=parsed.continues_only)
+            case StaffReply():
+                async with asyncio.timeout(STAFF_CHECK_S):
+                    standing = await self.staff.standing(
+                        incoming.user, team=self.policy.tenant, user_team=incoming.user_team
+                    )
+                return await self.inbox.take(delivery, incoming, standing=standing)
+            case CaseAction():
+                if await self.inbox.first_request(delivery):
+                    self._later(self._act(incoming))
+                return "case action"
+            case AdminMessage():
+                if await self.inbox.first_request(delivery):
+                    self._later(self._admin(incoming, parsed))
+                return "admin command"
+            case _:
+                return await self.inbox.take(delivery, incoming)
+
+    def _later(self, work: Awaitable[None]) -> None:
+        """Acted on after Teams' answer, as Slack's buttons and commands are; kept referenced until done."""
+
+        async def run() -> None:
+            try:
+                await work
+            except Exception:
+                log.exception("a Teams action failed")
+
+        task = asyncio.create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _identify(self, conversation: str, message: CustomerMessage) -> Author:
+        author = message.author
+        try:
+            async with asyncio.timeout(IDENTIFY_WITHIN_S):
+                member = await self.people.lookup(conversation, message.user)
+        except Exception as exc:  # a slow or failing Bot Connector never costs a customer's message
+            log.warning("no profile for %s (%r): stored with the name the activity carried", message.user, exc)
+            return author
+        if member is None:
+            return author
+        email = member.get("email") or member.get("userPrincipalName")
+        return Author(author.platform, author.workspace, author.user, member.get("name") or author.name, email)
+
+    async def _act(self, action: CaseAction) -> None:
+        kind = CASE_ACTIONS.get(action.action_id)
+        if kind is None:
+            return
+        try:
+            standing = await self.staff.standing(action.user, team=self.policy.tenant, user_team=action.user_team)
+        except Exception:
+            log.warning("could not check whether %s is staff", action.user, exc_info=True)
+            standing = Standing.UNKNOWN
+        if standing != Standing.STAFF:
+            log.warning("case action %s by %s refused: %s", action.action_id, action.user, standing)
+            await self._tell(action.user, refusal(standing, doing=ACTION_REFUSED))
+            return
+        result = await self.desk.act(
+            escalation_id=action.escalation_id, action=kind, user=action.user, channel=action.channel
+        )
+        if not result.ok:
+            await self._tell(action.user, result.message)
+
+    async def _admin(self, message: AdminMessage, parsed: Parsed) -> None:
+        if self.admin is None:
+            return
+        who = message.aad_object_id or message.user
+        call = Invocation(who, message.conversation, self.policy.tenant, None, message.text)
+        reply = await self.admin.run(call)
+        answer = Message(reply.text, blocks=reply.blocks)
+        await self.messenger.post(Where(message.conversation, None), answer, outbox_id=0)
+
+    async def _tell(self, user: str, words: str) -> None:
+        try:
+            await self.messenger.direct(user, words)
+        except Exception:
+            log.warning("could not tell %s: %s", user, words, exc_info=True)
+
+
+def route(edge: TeamsEdge) -> Callable[[web.Request], Awaitable[web.Response]]:
+    return edge.handle
+
+
+__all__ = ["TeamsAuth", "TeamsEdge", "from_mrkdwn"]

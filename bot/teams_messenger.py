@@ -1,0 +1,259 @@
+"""The outbox's calls in Microsoft Teams (`bot.messenger.Messenger`), through the Bot Connector API with the
+Microsoft 365 Agents SDK's client (`ConnectorClient`) and its client credentials (`MsalAuth`).
+
+What Teams allows, and so what this promises: a post is answered with its id, or refused (429, 4xx), or its
+outcome is unknown (5xx other than 503, a lost answer). The Bot Connector API reads no messages back, so an unknown
+outcome cannot be looked up (`can_look` is False): the sender never posts it again (see `bot.outbox`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime
+from typing import Any
+
+from aiohttp import ClientResponseError, ClientSession, ClientTimeout
+from microsoft_agents.activity import Activity, ChannelAccount, ConversationParameters
+from microsoft_agents.hosting.core.authorization import AccessTokenProviderBase
+from microsoft_agents.hosting.core.connector.client import ConnectorClient
+from sqlalchemy import select, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from agents.address import Platform
+from bot.messenger import Refused, Where
+from db import models as m
+from escalation.views import Message
+from teamstext import adaptive_card, from_mrkdwn
+
+log = logging.getLogger(__name__)
+
+BOT_FRAMEWORK = "https://api.botframework.com"
+SCOPES = [f"{BOT_FRAMEWORK}/.default"]
+CHAIN = ";messageid="
+"""A channel's conversation id with this and a post's id addresses the post's reply chain."""
+
+
+def is_channel(conversation: str) -> bool:
+    """A team channel (posts with reply chains), not a personal or group chat."""
+    base = conversation.split(CHAIN, 1)[0]
+    return base.endswith("@thread.tacv2") or base.endswith("@thread.skype")
+
+
+def in_chain(channel: str, root: str | None) -> str:
+    return f"{channel}{CHAIN}{root}" if root else channel
+
+
+class ServiceUrls:
+    """Where each conversation's Bot Connector service is. Learned from authenticated activities (stored, so other
+    processes and later restarts know it too); `default` for a tenant that has not written yet."""
+
+    def __init__(self, engine: AsyncEngine, *, default: str) -> None:
+        self.engine = engine
+        self.default = default
+        self._known: dict[str, str] = {}
+
+    async def remember(self, conversation: str, tenant: str | None, service_url: str) -> None:
+        keys = [conversation.split(CHAIN, 1)[0], *([f"tenant:{tenant}"] if tenant else [])]
+        fresh = [key for key in keys if self._known.get(key) != service_url]
+        if not fresh:
+            return
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO teams_service_urls (conversation, service_url) VALUES (:c, :u) "
+                    "ON CONFLICT (conversation) DO UPDATE SET service_url = :u, updated_at = now() "
+                    "WHERE teams_service_urls.service_url <> :u"
+                ),
+                [{"c": key, "u": service_url} for key in fresh],
+            )
+        self._known.update(dict.fromkeys(fresh, service_url))
+
+    async def of(self, conversation: str, tenant: str | None) -> str:
+        keys = [conversation.split(CHAIN, 1)[0], *([f"tenant:{tenant}"] if tenant else [])]
+        for key in keys:
+            if key in self._known:
+                return self._known[key]
+        async with self.engine.connect() as conn:
+            rows = dict(
+                (
+                    await conn.execute(
+                        select(m.TeamsServiceUrl.conversation, m.TeamsServiceUrl.service_url).where(
+                            m.TeamsServiceUrl.conversation.in_(keys)
+                        )
+                    )
+                ).all()
+            )
+        for key in keys:
+            if key in rows:
+                self._known[key] = rows[key]
+                return rows[key]
+        return self.default
+
+
+class TeamsMessenger:
+    platform = Platform.TEAMS
+    can_look = False
+
+    def __init__(
+        self, *, credentials: AccessTokenProviderBase, urls: ServiceUrls, tenant: str, bot_id: str, bot_name: str
+    ) -> None:
+        self.credentials = credentials
+        self.urls = urls
+        self.tenant = tenant
+        self.bot = ChannelAccount(id=bot_id, name=bot_name)
+        self._sessions: dict[str, ClientSession] = {}
+        self._warm = asyncio.Lock()
+        self._warmed = False
+
+    async def close(self) -> None:
+        await asyncio.gather(*(session.close() for session in self._sessions.values()))
+        self._sessions.clear()
+
+    async def _client(self, conversation: str) -> ConnectorClient:
+        url = await self.urls.of(conversation, self.tenant)
+        token = await self._token()
+        session = self._sessions.get(url)
+        if session is None or session.closed:
+            base = url if url.endswith("/") else url + "/"
+            # A call that hangs must not outlive the send lease unseen: it ends as an unknown outcome instead.
+            session = ClientSession(
+                base_url=base,
+                headers={"Accept": "application/json", "Content-Type": "application/json"},
+                timeout=ClientTimeout(total=20),
+            )
+            self._sessions[url] = session
+        return ConnectorClient(url, token, session=session)
+
+    async def _token(self) -> str:
+        """The SDK's client credentials (MSAL caches the token until it nears expiry). MSAL's client is built at
+        the first call, and building it reads Entra's configuration synchronously: that first call runs on a
+        thread of its own, so the event loop (and every acknowledgement) never waits for Entra."""
+        if not self._warmed:
+            async with self._warm:
+                if not self._warmed:
+                    await asyncio.to_thread(
+                        lambda: asyncio.run(self.credentials.get_access_token(BOT_FRAMEWORK, SCOPES))
+                    )
+                    self._warmed = True
+        return str(await self.credentials.get_access_token(BOT_FRAMEWORK, SCOPES))
+
+    def activity(self, message: Message) -> Activity:
+        """A message as Teams shows it: our views' Slack mrkdwn turned into Teams markdown, blocks into an Adaptive
+        Card; a relay shows whose words they are in its text (a bot cannot post under another name in Teams)."""
+        words = message.text if message.native else from_mrkdwn(message.text)
+        if message.shown_as is not None:
+            words = f"**{from_mrkdwn(message.shown_as.name)}**: {words}"
+        if message.blocks:
+            card = adaptive_card(message.blocks, fallback=message.text)
+            return Activity(type="message", summary=words[:200], attachments=[card])
+        return Activity(type="message", text=words, text_format="markdown")
+
+    async def post(self, where: Where, message: Message, *, outbox_id: int) -> str:
+        activity = self.activity(message)
+        client = await self._client(where.channel)
+        if where.thread is None and is_channel(where.channel):
+            # A new post in a channel (a case): Teams makes it the root of a reply chain, which is the case's thread.
+            created = await _refusing(
+                client.conversations.create_conversation(
+                    ConversationParameters(
+                        is_group=True,
+                        bot=self.bot,
+                        tenant_id=self.tenant,
+                        channel_data={"channel": {"id": where.channel}, "tenant": {"id": self.tenant}},
+                        activity=activity,
+                    )
+                ),
+                has_card=bool(message.blocks),
+            )
+            posted = created.activity_id or str(created.id).split(CHAIN, 1)[-1]
+        else:
+            sent = await _refusing(
+                client.conversations.send_to_conversation(in_chain(where.channel, where.thread), activity),
+                has_card=bool(message.blocks),
+            )
+            posted = sent.id
+        if not posted:
+            raise RuntimeError("Teams answered without the new message's id")
+        return str(posted)
+
+    async def find(self, where: Where, *, outbox_id: int, since: datetime) -> str | None:
+        raise NotImplementedError("the Bot Connector API reads no messages back")
+
+    async def update(self, channel: str, message_id: str, message: Message) -> None:
+        activity = self.activity(message)
+        activity.id = message_id
+        client = await self._client(channel)
+        conversation = in_chain(channel, message_id) if is_channel(channel) else channel
+        update = client.conversations.update_activity(conversation, message_id, activity)
+        await _refusing(update, has_card=bool(message.blocks), missing="message_not_found")
+
+    async def delete(self, channel: str, message_id: str) -> None:
+        client = await self._client(channel)
+        conversation = in_chain(channel, message_id) if is_channel(channel) else channel
+        await _refusing(client.conversations.delete_activity(conversation, message_id), missing="message_not_found")
+
+    async def react(self, channel: str, message_id: str, name: str, *, add: bool) -> None:
+        """A bot cannot react to a message in Teams: nothing to do (reactions are never queued for Teams
+        customers; a colleague's note in a Teams staff channel simply gets none)."""
+
+    async def typing(self, where: Where) -> None:
+        client = await self._client(where.channel)
+        await _refusing(
+            client.conversations.send_to_conversation(in_chain(where.channel, where.thread), Activity(type="typing"))
+        )
+
+    async def notice(self, where: Where, user: str, text: str) -> None:
+        """Teams has no message only one person sees in a channel: it goes to the person's chat with the bot."""
+        await self.direct(user, text)
+
+    async def direct(self, user: str, text: str) -> None:
+        client = await self._client(f"tenant:{self.tenant}")  # a new chat: its tenant's service
+        created = await _refusing(
+            client.conversations.create_conversation(
+                ConversationParameters(
+                    is_group=False,
+                    bot=self.bot,
+                    members=[ChannelAccount(id=user)],
+                    tenant_id=self.tenant,
+                    channel_data={"tenant": {"id": self.tenant}},
+                )
+            )
+        )
+        message = Activity(type="message", text=from_mrkdwn(text), text_format="markdown")
+        await _refusing(client.conversations.send_to_conversation(str(created.id), message))
+
+
+_REFUSED = {
+    400: "invalid_arguments",
+    401: "not_authed",
+    403: "not_in_channel",
+    404: "channel_not_found",
+    413: "msg_too_long",
+}
+"""Bot Connector answers that say the call was not done, in the sender's vocabulary (`bot.messenger.Refused`)."""
+
+
+async def _refusing(call: Any, *, has_card: bool = False, missing: str = "channel_not_found") -> Any:
+    try:
+        return await call
+    except ClientResponseError as exc:
+        retry_after = _seconds(exc.headers.get("Retry-After") if exc.headers else None)
+        if exc.status == 429:
+            raise Refused("ratelimited", retry_after=retry_after or 1.0) from exc
+        if exc.status == 503 and retry_after is not None:  # "not now": nothing was done
+            raise Refused("service_unavailable", retry_after=retry_after) from exc
+        if exc.status == 400 and has_card:
+            raise Refused("invalid_blocks") from exc
+        if exc.status == 404:
+            raise Refused(missing) from exc
+        if exc.status in _REFUSED:
+            raise Refused(_REFUSED[exc.status]) from exc
+        raise  # 5xx: Teams may have done it; the outcome is unknown
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return None if value is None else max(0.0, float(value))
+    except ValueError:
+        return None
