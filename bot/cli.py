@@ -10,7 +10,7 @@ import sys
 from pydantic import ValidationError
 
 from agents.logcontext import current_conversation
-from bot import kb
+from bot import kb, teams_package
 from bot.preflight import RefusedToStart
 from bot.settings import Settings, get_settings
 
@@ -26,6 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("run", help="run the bot with what is configured (what `make run` calls)")
     sub.add_parser("playground", help="the whole bot with a Slack-like workspace in the browser, no Slack needed")
     kb.add_commands(sub)
+    teams_package.add_command(sub)
     return parser
 
 
@@ -53,6 +54,8 @@ def _configure_logging(level: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "teams-package":  # writes a file: no settings, database or logging needed
+        return teams_package.run(args)
     try:
         settings = get_settings()
     except ValidationError as exc:
