@@ -186,10 +186,8 @@ async def channel_post(
     send: bool = True,
 ) -> Sent:
     """A new post in a team channel: it starts its own reply chain (the conversation id names the post)."""
-    channel_id, post_id = channel(teams, channel_name), teams.new_activity_id()
-    conversation = {"isGroup": True, "conversationType": "channel", "id": f"{channel_id};messageid={post_id}"}
-    data = _channel_data(teams, channel_id)
-    activity = _message(teams, teams.user(user), conversation, data, text, mention_bot=mention_bot, id=post_id)
+    post_id = teams.new_activity_id()
+    activity = _in_channel(teams, channel_name, post_id, post_id, text, user=user, mention_bot=mention_bot)
     return await _send(teams, activity, token, send)
 
 
@@ -205,11 +203,17 @@ async def channel_reply(
     send: bool = True,
 ) -> Sent:
     """A reply in the reply chain of post `root` (which the conversation id names; Teams sends no replyToId)."""
+    activity = _in_channel(teams, channel_name, teams.new_activity_id(), root, text, user=user, mention_bot=mention_bot)
+    return await _send(teams, activity, token, send)
+
+
+def _in_channel(
+    teams: TeamsEmulator, channel_name: str, id: str, root: str, text: str, *, user: str, mention_bot: bool
+) -> dict[str, Any]:
     channel_id = channel(teams, channel_name)
     conversation = {"isGroup": True, "conversationType": "channel", "id": f"{channel_id};messageid={root}"}
     data = _channel_data(teams, channel_id)
-    activity = _message(teams, teams.user(user), conversation, data, text, mention_bot=mention_bot)
-    return await _send(teams, activity, token, send)
+    return _message(teams, teams.user(user), conversation, data, text, mention_bot=mention_bot, id=id)
 
 
 async def group_chat(
