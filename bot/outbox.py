@@ -66,8 +66,8 @@ from escalation.render import CaseRenderer
 from escalation.views import Message, case_given_up, case_problem, relay_text
 from slacktext.limits import MESSAGE_TEXT, clip, split_text
 from slacktext.text import escape, from_markdown
-from teamstext import from_markdown as teams_markdown
-from teamstext import split_text as teams_split
+from teamstext.limits import split_text as teams_split
+from teamstext.text import from_markdown as teams_markdown
 
 log = logging.getLogger(__name__)
 

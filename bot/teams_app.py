@@ -36,7 +36,7 @@ from bot.teams_events import AdminMessage, Parsed, TeamsPolicy, parse
 from bot.teams_messenger import BOT_FRAMEWORK, ServiceUrls, TeamsMessenger
 from escalation.desk import CaseDesk
 from escalation.views import Message, Person
-from teamstext import from_mrkdwn
+from teamstext.text import from_mrkdwn
 
 log = logging.getLogger(__name__)
 MAX_BODY = 256 * 1024

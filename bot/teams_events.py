@@ -26,7 +26,7 @@ from bot.slack_events import (
     StaffReply,
 )
 from bot.teams_messenger import CHAIN, is_channel
-from teamstext import incoming_text
+from teamstext.incoming import incoming_text
 
 ACTION_KEY = "helpdesk_action"
 """Where a card button's data names its action (`teamstext.adaptive_card` puts it there)."""

@@ -24,7 +24,8 @@ from agents.address import Platform
 from bot.messenger import Refused, Where
 from db import models as m
 from escalation.views import Message
-from teamstext import adaptive_card, from_mrkdwn
+from teamstext.cards import adaptive_card
+from teamstext.text import from_mrkdwn
 
 log = logging.getLogger(__name__)
 

@@ -137,9 +137,9 @@ def test_an_edited_template_is_checked_before_anything_is_written(tmp_path: Path
 def test_the_template_is_shipped_in_the_wheel() -> None:
     """A `pip install .` user runs the command without a checkout: the template and icons travel with `bot`."""
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert "bot.teams_app" in setuptools["packages"]
-    assert (ROOT / setuptools["package-dir"]["bot.teams_app"]).resolve() == TEMPLATE_DIR
-    shipped = setuptools["package-data"]["bot.teams_app"]
+    assert "bot.teams_manifest" in setuptools["packages"]
+    assert (ROOT / setuptools["package-dir"]["bot.teams_manifest"]).resolve() == TEMPLATE_DIR
+    shipped = setuptools["package-data"]["bot.teams_manifest"]
     icons = json.loads((TEMPLATE_DIR / "manifest.json").read_text())["icons"].values()
     for name in ["manifest.json", *icons]:
         assert any(Path(name).match(pattern) for pattern in shipped), name
