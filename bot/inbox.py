@@ -214,7 +214,8 @@ class Inbox:
                 await enqueue(s, [StaffNotice(conversation_id, escalation_id, message.user, notice)])
                 return f"ignored: {standing}, not staff"
             case StaffReply() if self.escalation.is_note(message.text):
-                await enqueue(s, [AddReaction(conversation_id, message.channel, message.ts, "memo")])
+                if message.platform == Platform.SLACK:  # a bot cannot react in Teams
+                    await enqueue(s, [AddReaction(conversation_id, message.channel, message.ts, "memo")])
                 return "note"
             case StaffReply() if status in OPEN_CASE:
                 submitted = await self.conversations.submit_in(

@@ -539,12 +539,15 @@ class OutboxSender:
                 where = await self._renderer().case_thread(escalation_id)
                 if where is not None:
                     await messenger.update(where[0], where[1], await self._renderer().case(escalation_id))
-            case RelayEdit(conversation_id=conversation_id, source=source):
+            case RelayEdit(conversation_id=conversation_id, escalation_id=escalation_id, source=source):
                 # No copy yet: the relay is still to go out, and it reads the words as they are now.
                 copy = await self._relayed_copy(source)
                 words = await self._renderer().staff_words(conversation_id, source)
                 if copy is not None and words is not None:
-                    await messenger.update(copy[0], copy[1], Message(relay_text(words)))
+                    channel, ts, author = copy
+                    relay = RelayToCustomer(conversation_id, escalation_id, channel, None, author, words, None)
+                    shown = await self._renderer().relay_to_customer(relay)
+                    await messenger.update(channel, ts, shown or Message(relay_text(words)))
             case RelayDelete(source=source):
                 copy = await self._relayed_copy(source)
                 if copy is not None:
@@ -556,19 +559,19 @@ class OutboxSender:
             case _:
                 assert_never(delivery)
 
-    async def _relayed_copy(self, source: str) -> tuple[str, str] | None:
-        """The channel and ts of the copy of a colleague's message, once it was posted."""
+    async def _relayed_copy(self, source: str) -> tuple[str, str, str | None] | None:
+        """The channel and id of the copy of a colleague's message, once it was posted, and the colleague."""
         async with self.engine.connect() as conn:
             copy = (
                 await conn.execute(
-                    select(m.Outbox.channel, m.Outbox.result_ts).where(
+                    select(m.Outbox.channel, m.Outbox.result_ts, m.Outbox.author).where(
                         m.Outbox.kind == RelayToCustomer.kind,
                         m.Outbox.source_ts == source,
                         m.Outbox.result_ts.is_not(None),
                     )
                 )
             ).first()
-        return None if copy is None else (copy.channel, copy.result_ts)
+        return None if copy is None else (copy.channel, copy.result_ts, copy.author)
 
     async def _attempt(self, row: Row[Any], key: int) -> bool:
         """Record the attempt before a post, only while this sender still holds the lease and nobody else has

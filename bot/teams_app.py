@@ -29,7 +29,7 @@ from agents.identity import Author
 from bot.admin.command import AdminCommands, Invocation
 from bot.inbox import IDENTIFY_WITHIN_S, STAFF_CHECK_S, Inbox
 from bot.messenger import Where
-from bot.slack_app import CASE_ACTIONS
+from bot.slack_app import ACK_WITHIN_S, CASE_ACTIONS
 from bot.slack_events import CaseAction, CustomerMessage, StaffReply, sanitised
 from bot.staff import ACTION_REFUSED, Member, StaffGate, Standing, refusal
 from bot.teams_events import AdminMessage, Parsed, TeamsPolicy, parse
@@ -234,7 +234,9 @@ class TeamsEdge:
                 return await self.inbox.take(delivery, incoming, standing=standing)
             case CaseAction():
                 if await self.inbox.first_request(delivery):
-                    self._later(self._act(incoming))
+                    # Usually done before Teams gets its answer, as Slack's buttons are; a running turn of the
+                    # conversation can hold it longer, and then it finishes afterwards.
+                    await asyncio.wait({self._later(self._act(incoming))}, timeout=ACK_WITHIN_S)
                 return "case action"
             case AdminMessage():
                 if await self.inbox.first_request(delivery):
@@ -243,7 +245,7 @@ class TeamsEdge:
             case _:
                 return await self.inbox.take(delivery, incoming)
 
-    def _later(self, work: Awaitable[None]) -> None:
+    def _later(self, work: Awaitable[None]) -> asyncio.Task[None]:
         """Acted on after Teams' answer, as Slack's buttons and commands are; kept referenced until done."""
 
         async def run() -> None:
@@ -255,6 +257,7 @@ class TeamsEdge:
         task = asyncio.create_task(run())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _identify(self, conversation: str, message: CustomerMessage) -> Author:
         author = message.author

@@ -13,7 +13,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from aiohttp import ClientResponseError, ClientSession, ClientTimeout
+from aiohttp import ClientConnectorError, ClientResponseError, ClientSession, ClientTimeout
 from microsoft_agents.activity import Activity, ChannelAccount, ConversationParameters
 from microsoft_agents.hosting.core.authorization import AccessTokenProviderBase
 from microsoft_agents.hosting.core.connector.client import ConnectorClient
@@ -238,6 +238,8 @@ _REFUSED = {
 async def _refusing(call: Any, *, has_card: bool = False, missing: str = "channel_not_found") -> Any:
     try:
         return await call
+    except ClientConnectorError as exc:  # no connection, so no request: nothing was done
+        raise Refused("service_unavailable") from exc
     except ClientResponseError as exc:
         retry_after = _seconds(exc.headers.get("Retry-After") if exc.headers else None)
         if exc.status == 429:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jwt
 from aiohttp import web
@@ -426,6 +427,8 @@ class TlsProxy:
         self.tunnels: list[str] = []
         """The host:port of every tunnel opened."""
         self.refused: list[str] = []
+        self.forwarded: list[str] = []
+        """Plain requests passed on to a server on this machine."""
 
     @property
     def url(self) -> str:
@@ -462,6 +465,17 @@ class TlsProxy:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
         method, _, rest = head.decode("latin-1").partition(" ")
         target = rest.split(" ", 1)[0]
+        if method != "CONNECT" and (local := _loopback(target)) is not None:
+            # A plain request for a local server (the Slack emulator, through a client that honours HTTPS_PROXY
+            # but not NO_PROXY, as slack_sdk does): forwarded as any proxy would.
+            self.forwarded.append(target)
+            up_reader, up_writer = await asyncio.open_connection(*local)
+            try:
+                up_writer.write(head)
+                await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            finally:
+                up_writer.close()
+            return
         host, _, port = target.rpartition(":")
         if method != "CONNECT" or host.lower() not in LOGIN_HOSTS or port != "443":
             self.refused.append(target)
@@ -477,6 +491,14 @@ class TlsProxy:
             await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
         finally:
             up_writer.close()
+
+
+def _loopback(target: str) -> tuple[str, int] | None:
+    """The host and port of an absolute http:// URL on this machine, else None."""
+    url = urlsplit(target)
+    if url.scheme != "http" or url.hostname not in ("127.0.0.1", "localhost") or url.port is None:
+        return None
+    return url.hostname, url.port
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -47,6 +47,21 @@ def teams_config(teams: TeamsEmulator) -> dict[str, str]:
     }
 
 
+def user_aad(teams: TeamsEmulator, user: str) -> str:
+    return teams.user(user).aad_object_id
+
+
+def teams_settings(teams: TeamsEmulator) -> dict[str, str]:
+    """The same, as the bot's settings by field name (for a bot in this process), with the emulator's Bot
+    Connector as the service a tenant that has not written yet is reached at."""
+    return {
+        "teams_app_id": teams.app_id,
+        "teams_app_password": teams.login.app_password,
+        "teams_tenant_id": teams.tenant_id,
+        "teams_service_url": teams.service_url,
+    }
+
+
 @dataclass
 class Sent:
     """An activity delivered to the bot (or built, not yet delivered); times are time.monotonic()."""

@@ -25,7 +25,8 @@ from harness.database import postgres_server, throwaway_database
 
 TABLES = (
     "conversations, inbound, messages, handoffs, tool_runs, llm_calls, escalations, refunds, slack_events, outbox, "
-    "kb_collections, kb_documents, kb_chunks, pauses, admin_actions, send_leases, rate_counters"
+    "kb_collections, kb_documents, kb_chunks, pauses, admin_actions, send_leases, rate_counters, "
+    "teams_service_urls"
 )
 
 
