@@ -83,6 +83,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     from bot.server import serve
 
     no_slack = not (settings.slack_bot_token or settings.slack_signing_secret or settings.slack_app_token)
+    nothing = no_slack and not settings.teams_configured
     match args.command:
         case "migrate":
             return asyncio.run(_migrate())
@@ -94,12 +95,12 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
             return asyncio.run(serve(settings, socket_mode=True))
         case "kb":
             return asyncio.run(kb.run(settings, args))
-        case "run" if no_slack:
-            # Nothing of Slack is configured: the whole bot in the browser. Partly configured is a mistake that
+        case "run" if nothing:
+            # Neither Slack nor Teams is configured: the whole bot in the browser. Partly configured is a mistake that
             # `serve` names, rather than a silent playground.
             return asyncio.run(playground(settings))
         case "run":
-            return asyncio.run(serve(settings, socket_mode=settings.slack_app_token is not None))
+            return asyncio.run(serve(settings, socket_mode=not no_slack and settings.slack_app_token is not None))
         case "playground":
             return asyncio.run(playground(settings))
     return 2

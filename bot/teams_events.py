@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.address import DM, Platform
+from bot.admin.parse import USAGE
 from bot.slack_events import (
     CaseAction,
     CustomerMessage,
@@ -30,7 +31,7 @@ from teamstext.incoming import incoming_text
 
 ACTION_KEY = "helpdesk_action"
 """Where a card button's data names its action (`teamstext.adaptive_card` puts it there)."""
-ADMIN_PREFIXES = ("/support", "support")
+ADMIN_PREFIXES = ("/support",)
 
 
 @dataclass(frozen=True)
@@ -134,9 +135,7 @@ def parse(body: Mapping[str, Any], policy: TeamsPolicy) -> Parsed:
         return parsed(Ignored(f"activity type {kind}"))
     text = _text_of(body, policy)
     conversation_type = _get(body, "conversation", "conversationType")
-    if conversation_type == "personal" and text.lower().startswith(ADMIN_PREFIXES) and policy.admins:
-        words = text.split(maxsplit=1)
-        command = words[1] if len(words) > 1 and words[0].lower() in ADMIN_PREFIXES else ""
+    if conversation_type == "personal" and (command := _admin_command(text, admin=aad in policy.admins)) is not None:
         return parsed(AdminMessage(conversation, user, aad, command))
     if not text:
         return parsed(Ignored("no text"))
@@ -158,6 +157,19 @@ def parse(body: Mapping[str, Any], policy: TeamsPolicy) -> Parsed:
     personal = conversation_type == "personal"
     message = CustomerMessage(str(tenant), base, DM, message_id, user, text, personal, own_tenant, Platform.TEAMS, name)
     return parsed(message, continues_only=not personal and not mentions_bot(body, policy))
+
+
+def _admin_command(text: str, *, admin: bool) -> str | None:
+    """The /support command a personal-chat message is, if it is one: written with `/support` (anyone: refused and
+    recorded unless an admin), or, from an admin, as a bare subcommand (`status`), as the app's command menu sends
+    it. A customer's "help" stays a customer's message."""
+    words = text.split(maxsplit=1)
+    first = words[0].lower() if words else ""
+    if first in ADMIN_PREFIXES:
+        return words[1] if len(words) > 1 else ""
+    if admin and first in USAGE:
+        return text
+    return None
 
 
 def _case_action(

@@ -58,3 +58,49 @@ def test_templates_are_checked_at_start_up(
     monkeypatch.setenv("OFF_HOURS_MESSAGE", "Back {hours}; {{braces}} stay.")
     monkeypatch.delenv("HANDOFF_NOTICE")
     assert Settings().off_hours_message.format(hours="9-17") == "Back 9-17; {braces} stay."
+
+
+TEAMS = {
+    "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__CLIENTID": "5f0c8c2e-7b1d-4c1e-9a57-3c2d1e0f4a6b",
+    "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__CLIENTSECRET": "secret",
+    "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__TENANTID": "8e1f4c3a-2b6d-4e9f-8a7c-1d2e3f4a5b6c",
+}
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        (
+            {
+                "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__CLIENTID": TEAMS[
+                    "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__CLIENTID"
+                ]
+            },
+            "half configured",
+        ),
+        (TEAMS | {"CONNECTIONS__SERVICE_CONNECTION__SETTINGS__TENANTID": "contoso.com"}, "must be a GUID"),
+        (TEAMS | {"STAFF_CHANNEL_ID": "C_STAFF", "TEAMS_STAFF_CHANNEL_ID": "19:a@thread.tacv2"}, "not both"),
+        ({"TEAMS_STAFF_CHANNEL_ID": "19:a@thread.tacv2"}, "Teams is not configured"),
+        (TEAMS | {"TEAMS_STAFF_CHANNEL_ID": "19%3aa%40thread.tacv2"}, "19:abc"),
+    ],
+)
+def test_teams_settings_are_checked_at_start_up(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], env: dict[str, str], says: str
+) -> None:
+    """Under the SDK's own variable names; a half-configured Teams stops the bot with the variable to set."""
+    monkeypatch.chdir(tmp_path)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    assert main(["migrate"]) == 2
+    assert says in capsys.readouterr().err
+    get_settings.cache_clear()
+
+
+def test_teams_settings_read_the_sdks_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name, value in TEAMS.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    assert settings.teams_configured and settings.teams_app_id == TEAMS[next(iter(TEAMS))]
+    assert settings.staff_platform == "slack"

@@ -341,6 +341,12 @@ async def test_admins_use_support_commands_in_a_personal_chat_and_others_are_ref
             audit = (await s.execute(select(m.AdminAction.user_id, m.AdminAction.allowed))).all()
         assert sorted(audit) == sorted([(ADMIN_AAD, True), (th.user_aad(teams, th.CUSTOMER), False)])
         assert not fake_llm.requests  # a command is never a customer's message
+        # From the app's command menu an admin's command comes bare; a customer's "help" is a question.
+        bare = await th.personal(teams, "escalations", user="29:ada")
+        assert "escalations" in str((await bot_posts(teams, bare.conversation_id, 2))[-1].activity).lower()
+        fake_llm.script(reply("Happy to help!"))
+        await th.personal(teams, "help")
+        await teams.wait_for(lambda: any(p.text == "Happy to help!" for p in teams.posts(refused.conversation_id)))
 
 
 @pytest.fixture
