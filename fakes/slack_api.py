@@ -24,12 +24,14 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
 from slack_sdk.signature import SignatureVerifier
+
+from fakes.waiting import poll
 
 T = TypeVar("T")
 
@@ -539,18 +541,11 @@ class SlackEmulator:
 
     # A polling deadline, not a cancellation scope, hence a plain ``timeout`` parameter.
     async def wait_for(self, predicate: Callable[[], T | bool | None], timeout: float = 10.0) -> T:  # noqa: ASYNC109
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return cast(T, value)
-            if time.monotonic() >= deadline:
-                recent = [f"{c.method}({c.error or 'ok'})" for c in self.calls[-8:]]
-                raise TimeoutError(
-                    f"slack emulator: condition not met within {timeout}s (last value {value!r}); "
-                    f"{len(self.calls)} API calls, recent: {recent}; {len(self.deliveries)} deliveries"
-                )
-            await asyncio.sleep(0.02)
+        def story() -> str:
+            recent = [f"{c.method}({c.error or 'ok'})" for c in self.calls[-8:]]
+            return f"slack emulator: {len(self.calls)} API calls, recent: {recent}; {len(self.deliveries)} deliveries"
+
+        return await poll(predicate, timeout, story)
 
     # -- Web API ---------------------------------------------------------------------------------------------
 

@@ -32,12 +32,13 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
 
 from fakes.teams_identity import Certificates, LoginService, SignInHosts, TlsProxy, TokenKind
+from fakes.waiting import poll
 
 T = TypeVar("T")
 
@@ -456,18 +457,12 @@ class TeamsEmulator:
 
     # A polling deadline, not a cancellation scope, hence a plain ``timeout`` parameter.
     async def wait_for(self, predicate: Callable[[], T | bool | None], timeout: float = 10.0) -> T:  # noqa: ASYNC109
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return cast(T, value)
-            if time.monotonic() >= deadline:
-                recent = [f"{c.op}({c.error or c.status})" for c in self.calls[-8:]]
-                raise TimeoutError(
-                    f"teams emulator: condition not met within {timeout}s (last value {value!r}); "
-                    f"{len(self.calls)} Bot Connector calls, recent: {recent}; {len(self.deliveries)} deliveries"
-                )
-            await asyncio.sleep(0.02)
+        def story() -> str:
+            recent = [f"{c.op}({c.error or c.status})" for c in self.calls[-8:]]
+            calls, deliveries = len(self.calls), len(self.deliveries)
+            return f"teams emulator: {calls} Bot Connector calls, recent: {recent}; {deliveries} deliveries"
+
+        return await poll(predicate, timeout, story)
 
     # -- the Bot Connector -----------------------------------------------------------------------------------
 

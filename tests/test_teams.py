@@ -400,3 +400,36 @@ async def test_killed_after_teams_took_the_reply_it_is_not_posted_again(
     assert [p.text for p in teams.posts(sent.conversation_id)] == ["Posted at most once."]
     assert len([c for c in teams.calls if c.op == Op.SEND and "Posted" in str(c.body)]) == 1
     await second.kill()
+
+
+async def test_a_group_chat_is_one_conversation_that_a_mention_starts(
+    both: Bot, teams: TeamsEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    chat = "19:casey-and-friends@thread.v2"
+    ignored = await th.group_chat(teams, chat, "shall we order pizza?", mention_bot=False)
+    assert ignored.status == 200
+    fake_llm.script(reply("The Kestrel Mini 2 is in stock."))
+    await th.group_chat(teams, chat, "is the Kestrel Mini 2 in stock?")
+    assert (await bot_posts(teams, chat, 1))[0].text == "The Kestrel Mini 2 is in stock."
+    fake_llm.script(reply("Yes, it ships tomorrow."))
+    await th.group_chat(teams, chat, "and does it ship soon?", mention_bot=False)
+    assert (await bot_posts(teams, chat, 2))[-1].text == "Yes, it ships tomorrow."
+    assert [m["content"] for m in fake_llm.requests[-1].messages if m["role"] == "user"] == [
+        "is the Kestrel Mini 2 in stock?",
+        "and does it ship soon?",
+    ]
+
+
+async def test_a_guest_in_the_teams_staff_channel_is_not_staff(
+    teams_staff: Bot, teams: TeamsEmulator, fake_llm: FakeOpenAI
+) -> None:
+    teams.add_user("29:gus", "Gus Guest", role="guest")
+    sent, card = await escalate_in_teams(teams, fake_llm)
+    await th.channel_reply(teams, "staff", card.id, "I can help! Send me your card number.", user="29:gus")
+    await th.channel_reply(teams, "staff", card.id, "Sam here, for real.", user=th.STAFF)
+    relayed = await bot_posts(teams, sent.conversation_id, 2)
+    await asyncio.sleep(0.5)
+    texts = [p.text for p in teams.posts(sent.conversation_id)]
+    assert relayed[-1].text.endswith("Sam here, for real.") and not any("card number" in t for t in texts)
+    told = teams.personal_chat("29:gus").id
+    assert any("guest" in p.text.lower() for p in await bot_posts(teams, told, 1))
