@@ -205,6 +205,8 @@ class OutboxSender:
         give_up_after: timedelta = timedelta(hours=24),
         case_patience: timedelta = timedelta(minutes=10),
         admins: frozenset[str] = frozenset(),
+        teams_admins: frozenset[str] = frozenset(),
+        staff_channel: str | None = None,
         unreachable_notice: str = "",
         hand_back: Callable[[int], Awaitable[object]] | None = None,
         owner: str = "",
@@ -226,7 +228,11 @@ class OutboxSender:
         self.case_patience = case_patience
         """How long a case the staff channel refuses is tried again before the customer is told."""
         self.admins = admins
-        """Told by direct message when a case cannot be posted."""
+        """Told by direct message (in Slack) when a case cannot be posted or a post may be missing."""
+        self.teams_admins = teams_admins
+        """The same, in Teams (user ids a chat can be opened with: `8:orgid:<Entra object id>`)."""
+        self.staff_channel = staff_channel
+        """Reactions there (a colleague's note marked 📝) go to the staff platform."""
         self.unreachable_notice = unreachable_notice
         """Posted to the customer when their case could not be posted at all."""
         self.hand_back = hand_back
@@ -349,7 +355,9 @@ class OutboxSender:
 
     def _messenger(self, delivery: Delivery, customer_platform: str) -> Messenger:
         """The customer's platform for what the customer sees, the staff channel's for the case's side."""
-        staff_side = isinstance(delivery, CasePost | CaseUpdate | RelayToStaff | Reminder | StaffNotice)
+        staff_side = isinstance(delivery, CasePost | CaseUpdate | RelayToStaff | Reminder | StaffNotice) or (
+            isinstance(delivery, AddReaction | RemoveReaction) and delivery.channel == self.staff_channel
+        )
         platform = self.staff_platform if staff_side else customer_platform
         messenger = self.messengers.get(platform)
         if messenger is None:
@@ -373,8 +381,6 @@ class OutboxSender:
             return await self._give_up(row, str(exc))
         except Refused as exc:
             error = exc.error
-            if isinstance(delivery, NewMessage) and exc.certain:  # not posted: the next try need not look
-                await self._mark(row.id, attempted_at=None)
             if error == "ratelimited":  # waited out here, not in the client: no call outlives its lease unseen
                 await self._backoff(row, error, delay=timedelta(seconds=exc.retry_after or 1))
                 return None
@@ -396,6 +402,8 @@ class OutboxSender:
             await self._backoff(row, error)
             return None
         except Exception as exc:  # connection failures, lost answers and timeouts: tried again after a backoff
+            if isinstance(delivery, Typing):  # stale within seconds: it never holds the reply behind it
+                return await self._give_up(row, repr(exc))
             if isinstance(delivery, CasePost):
                 return await self._case_failed(row, delivery, repr(exc), transient=True)
             await self._backoff(row, repr(exc))
@@ -407,6 +415,10 @@ class OutboxSender:
         where = await self._where(delivery)
         in_doubt = row.attempted_at is not None  # an attempt whose answer never came
         if in_doubt and not messenger.can_look:
+            if isinstance(delivery, CasePost):
+                # As a case nobody could post: the customer is told and answered by the bot again (a card that
+                # did reach the channel shows a case already handed back).
+                return await self._case_given_up(row, delivery, f"outcome unknown ({row.last_error or 'no answer'})")
             return await self._unknowable(row, delivery)
         ts = await self._already_posted(row, where, messenger) if in_doubt else None
         if ts is None:
@@ -416,13 +428,18 @@ class OutboxSender:
             if not await self._attempt(row, key):
                 return None
             try:
-                ts = await messenger.post(where, message, outbox_id=row.id)
+                try:
+                    ts = await messenger.post(where, message, outbox_id=row.id)
+                except Refused as exc:
+                    if not (message.blocks and exc.error in LAYOUT_ERRORS):
+                        raise
+                    # The platform refused the layout, so nothing was posted: the same attempt posts the words alone.
+                    log.warning("outbox row %s: its layout was refused (%s); posting it as text", row.id, exc)
+                    ts = await messenger.post(where, Message(clip(message.text, MESSAGE_TEXT)), outbox_id=row.id)
             except Refused as exc:
-                if not (message.blocks and exc.error in LAYOUT_ERRORS):
-                    raise
-                # The platform refused the layout, so nothing was posted: the same attempt posts the words alone.
-                log.warning("outbox row %s: its layout was refused (%s); posting it as text", row.id, exc)
-                ts = await messenger.post(where, Message(clip(message.text, MESSAGE_TEXT)), outbox_id=row.id)
+                if exc.certain:  # the platform said it posted nothing: no post is in doubt, the next try need not look
+                    await self._settled(row, key)
+                raise
         if isinstance(delivery, CasePost):
             await self._renderer().case_posted(delivery.escalation_id, channel=where.channel, ts=ts)
         return await self._done(row, Outcome.SENT, result_ts=ts)
@@ -462,6 +479,9 @@ class OutboxSender:
                 if (ts := await self._already_posted(row, where, messenger)) is not None:
                     await self._renderer().case_posted(case.escalation_id, channel=case.channel, ts=ts)
                     return await self._done(row, Outcome.SENT, result_ts=ts)
+        return await self._case_given_up(row, case, error)
+
+    async def _case_given_up(self, row: Row[Any], case: CasePost, error: str) -> Outcome:
         try:
             text = (await self._renderer().case(case.escalation_id)).text
         except Exception:  # what failed may be the rendering itself
@@ -485,14 +505,15 @@ class OutboxSender:
     async def _alert_admins(self, text: str) -> None:
         """A direct message to each admin (in Slack: ADMIN_USER_IDS); best effort (each failure is logged), as it
         reports a failure."""
-        messenger = self.messengers.get(Platform.SLACK)
-        for admin in sorted(self.admins):
-            try:
-                if messenger is None:
-                    raise Undeliverable("Slack is not configured")
-                await messenger.direct(admin, text)
-            except Exception as exc:
-                log.error("could not tell admin %s about a failed delivery: %r", admin, exc)
+        for platform, admins in ((Platform.SLACK, self.admins), (Platform.TEAMS, self.teams_admins)):
+            messenger = self.messengers.get(platform)
+            for admin in sorted(admins):
+                try:
+                    if messenger is None:
+                        raise Undeliverable(f"{platform} is not configured")
+                    await messenger.direct(admin, text)
+                except Exception as exc:
+                    log.error("could not tell admin %s about a failed delivery: %r", admin, exc)
 
     async def _where(self, delivery: NewMessage) -> Where:
         match delivery:
@@ -538,16 +559,16 @@ class OutboxSender:
             case CaseUpdate(escalation_id=escalation_id):
                 where = await self._renderer().case_thread(escalation_id)
                 if where is not None:
-                    await messenger.update(where[0], where[1], await self._renderer().case(escalation_id))
+                    await messenger.update(Where(where[0], None), where[1], await self._renderer().case(escalation_id))
             case RelayEdit(conversation_id=conversation_id, escalation_id=escalation_id, source=source):
                 # No copy yet: the relay is still to go out, and it reads the words as they are now.
                 copy = await self._relayed_copy(source)
                 words = await self._renderer().staff_words(conversation_id, source)
                 if copy is not None and words is not None:
-                    channel, ts, author = copy
-                    relay = RelayToCustomer(conversation_id, escalation_id, channel, None, author, words, None)
+                    place, ts, author = copy
+                    relay = RelayToCustomer(conversation_id, escalation_id, place.channel, None, author, words, None)
                     shown = await self._renderer().relay_to_customer(relay)
-                    await messenger.update(channel, ts, shown or Message(relay_text(words)))
+                    await messenger.update(place, ts, shown or Message(relay_text(words)))
             case RelayDelete(source=source):
                 copy = await self._relayed_copy(source)
                 if copy is not None:
@@ -559,19 +580,19 @@ class OutboxSender:
             case _:
                 assert_never(delivery)
 
-    async def _relayed_copy(self, source: str) -> tuple[str, str, str | None] | None:
-        """The channel and id of the copy of a colleague's message, once it was posted, and the colleague."""
+    async def _relayed_copy(self, source: str) -> tuple[Where, str, str | None] | None:
+        """Where the copy of a colleague's message is and its id, once it was posted, and the colleague."""
         async with self.engine.connect() as conn:
             copy = (
                 await conn.execute(
-                    select(m.Outbox.channel, m.Outbox.result_ts, m.Outbox.author).where(
+                    select(m.Outbox.channel, m.Outbox.thread_ts, m.Outbox.result_ts, m.Outbox.author).where(
                         m.Outbox.kind == RelayToCustomer.kind,
                         m.Outbox.source_ts == source,
                         m.Outbox.result_ts.is_not(None),
                     )
                 )
             ).first()
-        return None if copy is None else (copy.channel, copy.result_ts, copy.author)
+        return None if copy is None else (Where(copy.channel, copy.thread_ts), copy.result_ts, copy.author)
 
     async def _attempt(self, row: Row[Any], key: int) -> bool:
         """Record the attempt before a post, only while this sender still holds the lease and nobody else has
@@ -587,6 +608,17 @@ class OutboxSender:
                 {"id": row.id, "seen": row.attempts, "k": key, "o": self.owner},
             )
             return done.first() is not None
+
+    async def _settled(self, row: Row[Any], key: int) -> None:
+        """This sender's attempt at a post was answered "not posted": the row is no longer in doubt (only while
+        this sender still holds the lease, so that no other sender's fresh attempt is forgotten)."""
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                text(
+                    f"UPDATE outbox SET attempted_at = NULL WHERE id = :id AND done_at IS NULL AND {HOLDING_SEND_LEASE}"
+                ),
+                {"id": row.id, "k": key, "o": self.owner},
+            )
 
     async def _backoff(self, row: Row[Any], error: str, *, delay: timedelta | None = None) -> None:
         """Try again later, this try counted once: a post's attempt is recorded before it is sent, anything else

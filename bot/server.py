@@ -189,6 +189,8 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             staff_platform=settings.staff_platform,
             cases=cases,
             admins=settings.admin_ids,
+            teams_admins=frozenset(f"8:orgid:{admin}" for admin in settings.teams_admins),
+            staff_channel=settings.staff_channel,
             unreachable_notice=settings.case_unreachable_message,
             hand_back=lambda escalation_id: desk.apply(escalation_id=escalation_id, action="hand_back", user=BOT_ACTOR),
             lease_s=settings.lease_seconds,

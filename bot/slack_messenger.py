@@ -68,13 +68,13 @@ class SlackMessenger:
                 return str(message["ts"])
         return None
 
-    async def update(self, channel: str, message_id: str, message: Message) -> None:
+    async def update(self, where: Where, message_id: str, message: Message) -> None:
         await self._call(
-            self.client.chat_update(channel=channel, ts=message_id, text=message.text, blocks=message.blocks)
+            self.client.chat_update(channel=where.channel, ts=message_id, text=message.text, blocks=message.blocks)
         )
 
-    async def delete(self, channel: str, message_id: str) -> None:
-        await self._call(self.client.chat_delete(channel=channel, ts=message_id))
+    async def delete(self, where: Where, message_id: str) -> None:
+        await self._call(self.client.chat_delete(channel=where.channel, ts=message_id))
 
     async def react(self, channel: str, message_id: str, name: str, *, add: bool) -> None:
         if add:

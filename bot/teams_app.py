@@ -3,9 +3,12 @@ recognised as a redelivery) before Teams gets its answer, and acted on afterward
 admin commands as Slack's events.
 
 Authentication: the SDK's `JwtTokenValidator` checks the token's signature against the issuer's published keys,
-its expiry and its audience (our app id); on top of it, as the Bot Framework's rules require and the SDK does not,
-the issuer must be one of the SDK's and a Bot Framework token's `serviceurl` claim must be the activity's
-`serviceUrl`, since that is where the bot will send its own credentials when it answers.
+its expiry and its audience (our app id). On top of it, as the Bot Framework's rules require and the SDK does not:
+the issuer must be the Bot Framework's (Teams' channel tokens are; an Entra token of our own tenant, which any app
+registered there can get for our app id, is not a channel's word about who wrote), its `serviceurl` claim must be
+the activity's `serviceUrl` (where the bot will send its own credentials when it answers), and the activity must
+come from the Teams channel (`channelId` "msteams", not Web Chat or Direct Line, whose users write what they like
+in `from` and `channelData`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from escalation.views import Message, Person
 from teamstext.text import from_mrkdwn
 
 log = logging.getLogger(__name__)
+TEAMS_CHANNEL = "msteams"
+MAX_CACHED = 10_000
 MAX_BODY = 256 * 1024
 """Teams' activities are far smaller (a message is at most about 28 KB); anything bigger is refused unread."""
 
@@ -62,9 +67,9 @@ class TeamsAuth:
         except Exception as exc:  # PyJWT's errors, the SDK's ValueError, a key set that cannot be read
             raise Unauthorized(f"{type(exc).__name__}: {exc}") from None
         claims: Mapping[str, Any] = identity.claims
-        if claims.get("iss") not in self.config.ISSUERS:
-            raise Unauthorized(f"issuer {claims.get('iss')!r} is not Microsoft's")
-        if claims.get("iss") == BOT_FRAMEWORK and claims.get("serviceurl") != service_url:
+        if claims.get("iss") != BOT_FRAMEWORK:
+            raise Unauthorized(f"issuer {claims.get('iss')!r} is not the Bot Framework")
+        if not service_url or claims.get("serviceurl") != service_url:
             raise Unauthorized("the activity's serviceUrl is not the token's")
         return claims
 
@@ -90,6 +95,8 @@ class TeamsPeople:
             if getattr(exc, "status", None) != 404:
                 raise
             member = None
+        if len(self._members) >= MAX_CACHED:  # one entry per customer and chat: never a growing heap
+            self._members.clear()
         self._members[(conversation, user)] = (time.monotonic(), member)
         return member
 
@@ -106,7 +113,7 @@ class TeamsMembers:
 
     async def member(self, user: str) -> Member | None:
         found = await self.people.lookup(self.conversation, user)
-        if found is None:
+        if found is None or not found.get("tenantId"):  # who cannot say where they are from is nobody's staff
             return None
         guest = str(found.get("userRole") or "").lower() in ("guest", "anonymous")
         return Member(user, found.get("tenantId"), guest=guest, stranger=False, admin=False)
@@ -202,6 +209,8 @@ class TeamsEdge:
             return web.json_response({"error": "malformed body"}, status=400)
         try:
             await self.auth.check(header, body.get("serviceUrl"))
+            if body.get("channelId") != TEAMS_CHANNEL:
+                raise Unauthorized(f"channel {body.get('channelId')!r} is not Teams")
         except Unauthorized as exc:
             log.warning("Teams activity refused: %s", exc)
             return web.json_response({"error": "unauthorized"}, status=401)
@@ -294,7 +303,9 @@ class TeamsEdge:
     async def _admin(self, message: AdminMessage, parsed: Parsed) -> None:
         if self.admin is None:
             return
-        who = message.aad_object_id or message.user
+        # An Entra object id names an admin only in our own tenant; anyone else is named by their Teams id.
+        ours = parsed.tenant == self.policy.tenant and message.aad_object_id
+        who = message.aad_object_id if ours and message.aad_object_id else message.user
         call = Invocation(who, message.conversation, self.policy.tenant, None, message.text)
         reply = await self.admin.run(call)
         answer = Message(reply.text, blocks=reply.blocks)

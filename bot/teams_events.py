@@ -135,7 +135,9 @@ def parse(body: Mapping[str, Any], policy: TeamsPolicy) -> Parsed:
         return parsed(Ignored(f"activity type {kind}"))
     text = _text_of(body, policy)
     conversation_type = _get(body, "conversation", "conversationType")
-    if conversation_type == "personal" and (command := _admin_command(text, admin=aad in policy.admins)) is not None:
+    ours = tenant == policy.tenant
+    admin = ours and aad in policy.admins
+    if conversation_type == "personal" and (command := _admin_command(text, admin=admin)) is not None:
         return parsed(AdminMessage(conversation, user, aad, command))
     if not text:
         return parsed(Ignored("no text"))

@@ -13,7 +13,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from aiohttp import ClientConnectorError, ClientResponseError, ClientSession, ClientTimeout
+from aiohttp import ClientConnectorError, ClientResponseError, ClientSession, ClientTimeout, ConnectionTimeoutError
 from microsoft_agents.activity import Activity, ChannelAccount, ConversationParameters
 from microsoft_agents.hosting.core.authorization import AccessTokenProviderBase
 from microsoft_agents.hosting.core.connector.client import ConnectorClient
@@ -43,6 +43,11 @@ def is_channel(conversation: str) -> bool:
 
 def in_chain(channel: str, root: str | None) -> str:
     return f"{channel}{CHAIN}{root}" if root else channel
+
+
+def _around(where: Where, message_id: str) -> str:
+    """The conversation a message is changed in: in a channel its reply chain (its own, for a chain's root)."""
+    return in_chain(where.channel, where.thread or message_id) if is_channel(where.channel) else where.channel
 
 
 class ServiceUrls:
@@ -112,8 +117,13 @@ class TeamsMessenger:
         self._sessions.clear()
 
     async def _client(self, conversation: str) -> ConnectorClient:
-        url = await self.urls.of(conversation, self.tenant)
-        token = await self._token()
+        """A client for the conversation's service with a fresh token. A failure here (Entra, the database) comes
+        before any request, so it is a certain refusal: the post is not in doubt."""
+        try:
+            url = await self.urls.of(conversation, self.tenant)
+            token = await self._token()
+        except Exception as exc:
+            raise Refused("service_unavailable", retry_after=None) from exc
         session = self._sessions.get(url)
         if session is None or session.closed:
             base = url if url.endswith("/") else url + "/"
@@ -181,17 +191,17 @@ class TeamsMessenger:
     async def find(self, where: Where, *, outbox_id: int, since: datetime) -> str | None:
         raise NotImplementedError("the Bot Connector API reads no messages back")
 
-    async def update(self, channel: str, message_id: str, message: Message) -> None:
+    async def update(self, where: Where, message_id: str, message: Message) -> None:
         activity = self.activity(message)
         activity.id = message_id
-        client = await self._client(channel)
-        conversation = in_chain(channel, message_id) if is_channel(channel) else channel
+        client = await self._client(where.channel)
+        conversation = _around(where, message_id)
         update = client.conversations.update_activity(conversation, message_id, activity)
         await _refusing(update, has_card=bool(message.blocks), missing="message_not_found")
 
-    async def delete(self, channel: str, message_id: str) -> None:
-        client = await self._client(channel)
-        conversation = in_chain(channel, message_id) if is_channel(channel) else channel
+    async def delete(self, where: Where, message_id: str) -> None:
+        client = await self._client(where.channel)
+        conversation = _around(where, message_id)
         await _refusing(client.conversations.delete_activity(conversation, message_id), missing="message_not_found")
 
     async def react(self, channel: str, message_id: str, name: str, *, add: bool) -> None:
@@ -238,7 +248,7 @@ _REFUSED = {
 async def _refusing(call: Any, *, has_card: bool = False, missing: str = "channel_not_found") -> Any:
     try:
         return await call
-    except ClientConnectorError as exc:  # no connection, so no request: nothing was done
+    except (ClientConnectorError, ConnectionTimeoutError) as exc:  # no connection, so no request: nothing was done
         raise Refused("service_unavailable") from exc
     except ClientResponseError as exc:
         retry_after = _seconds(exc.headers.get("Retry-After") if exc.headers else None)

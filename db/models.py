@@ -68,6 +68,7 @@ class Inbound(Base):
         UniqueConstraint("conversation_id", "external_id"),
         Index("ix_inbound_pending", "conversation_id", "id", postgresql_where="processed_at IS NULL"),
         Index("ix_inbound_set_aside", "id", postgresql_where="outcome->>'kind' = 'set_aside'"),
+        Index("ix_inbound_author", "author", "id"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)

@@ -629,6 +629,12 @@ class TeamsEmulator:
             raise ConnectorError(404, ErrorCode.MEMBER_NOT_FOUND, "The member was not found in the conversation.")
         return user.to_api()
 
+    def _user_by_member_id(self, id: str) -> TeamsUser | None:
+        """A user by Teams id, or by `8:orgid:<Entra object id>` (what a bot that knows only that id uses)."""
+        if id.startswith("8:orgid:"):
+            return next((u for u in self.users.values() if u.aad_object_id == id.removeprefix("8:orgid:")), None)
+        return self.users.get(id)
+
     def _create(self, body: dict[str, Any]) -> dict[str, Any]:
         channel_data: dict[str, Any] = body["channelData"] if isinstance(body.get("channelData"), dict) else {}
         members = body.get("members") or []
@@ -641,7 +647,7 @@ class TeamsEmulator:
             post = self._store_bot_post(channel, channel.id, None, activity)
             return {"id": f"{channel.id}{_MESSAGE_ID}{post.id}", "activityId": post.id}
         if len(members) == 1 and isinstance(members[0], dict) and not body.get("isGroup"):
-            user = self.users.get(str(members[0].get("id")))
+            user = self._user_by_member_id(str(members[0].get("id")))
             tenant = body.get("tenantId") or (channel_data.get("tenant") or {}).get("id")
             if user is None or tenant != user.tenant_id:
                 raise ConnectorError(400, ErrorCode.BAD_ARGUMENT, "Unknown user or tenant for a 1:1 chat.")

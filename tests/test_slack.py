@@ -309,6 +309,21 @@ async def test_old_event_ids_are_pruned(slack_bot: Any, sessions: Sessions) -> N
         assert (await s.scalars(select(m.SlackEvent.event_id))).all() == ["EvNew"]
 
 
+async def test_a_post_in_doubt_stays_in_doubt_when_the_look_is_refused(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    """Slack took the reply but the answer was lost; the look for it is rate limited: the post is still in doubt,
+    so the next try looks again, finds it, and posts nothing twice."""
+    emulator.drop_next("chat.postMessage")
+    emulator.fail_next("conversations.replies", status=429, error="ratelimited", retry_after=1)
+    fake_llm.script(reply("Only once."))
+    said = await emulator.user_says("C_SUPPORT", "hello")
+    await emulator.wait_for(lambda: len(emulator.calls_to("conversations.replies")) >= 2, timeout=20)
+    await settle(sessions)
+    assert [p.text for p in emulator.posts("C_SUPPORT", said.ts)] == ["Only once."]
+    assert len(emulator.calls_to("chat.postMessage")) == 1
+
+
 async def test_failed_post_is_looked_for_then_retried_after_a_backoff(
     slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
 ) -> None:

@@ -5,10 +5,12 @@ the SDK's client credentials, the fake LLM behind the engine, a real Postgres un
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
+import aiohttp
 import pytest
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -26,6 +28,7 @@ from harness.database import count, settle
 from harness.slack import replies_in
 
 Sessions = async_sessionmaker[AsyncSession]
+ADMIN_AAD = "0b7a3c52-5f6e-4c1d-9e8f-112233445566"
 
 
 @pytest.fixture
@@ -169,17 +172,24 @@ async def test_a_teams_429_on_a_reply_is_waited_out_and_posted_once(
 
 
 async def test_a_reply_whose_outcome_is_unknown_is_not_posted_twice_and_is_shown(
-    both: Bot, teams: TeamsEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+    database_url: str, fake_llm: FakeOpenAI, emulator: SlackEmulator, teams: TeamsEmulator, sessions: Sessions
 ) -> None:
     """Teams took the reply but its answer was lost: the Bot Connector API cannot say whether it is there, so
-    it is never posted again, and it is counted as given up (metrics, /support status) instead."""
-    fake_llm.script(reply("Exactly once, or at most once."))
-    teams.drop_next(Op.SEND, type="message")
-    sent = await th.personal(teams, "hi")
-    await bot_posts(teams, sent.conversation_id, 1)
-    await _until_given_up(sessions)
-    assert [p.text for p in teams.posts(sent.conversation_id)] == ["Exactly once, or at most once."]
-    assert len([c for c in teams.calls if c.op == Op.SEND and "Exactly" in str(c.body)]) == 1
+    it is never posted again; it is counted as given up (metrics, /support status), and the Teams admins are told
+    in their chat with the bot."""
+    teams.add_user("29:ada", "Ada Admin", aad_object_id=ADMIN_AAD)
+    settings = settings_for(database_url, fake_llm, emulator, teams, teams_admin_ids=ADMIN_AAD)
+    async with serving(settings, emulator) as bot:
+        teams.messaging_url = f"{bot.url}/api/messages"
+        fake_llm.script(reply("Exactly once, or at most once."))
+        teams.drop_next(Op.SEND, type="message")
+        sent = await th.personal(teams, "hi")
+        await bot_posts(teams, sent.conversation_id, 1)
+        await _until_given_up(sessions)
+        assert [p.text for p in teams.posts(sent.conversation_id)] == ["Exactly once, or at most once."]
+        assert len([c for c in teams.calls if c.op == Op.SEND and "Exactly" in str(c.body)]) == 1
+        [alert] = await bot_posts(teams, teams.personal_chat("29:ada").id, 1)
+        assert "may not have reached" in alert.text
 
 
 async def _until_given_up(sessions: Sessions, n: int = 1) -> None:
@@ -320,9 +330,6 @@ async def test_staff_in_slack_take_a_teams_customers_case(
     await teams.wait_for(lambda: any(p.text == "Bot here again." for p in teams.posts(sent.conversation_id)))
 
 
-ADMIN_AAD = "0b7a3c52-5f6e-4c1d-9e8f-112233445566"
-
-
 async def test_admins_use_support_commands_in_a_personal_chat_and_others_are_refused(
     database_url: str, sessions: Sessions, fake_llm: FakeOpenAI, emulator: SlackEmulator, teams: TeamsEmulator
 ) -> None:
@@ -433,3 +440,25 @@ async def test_a_guest_in_the_teams_staff_channel_is_not_staff(
     assert relayed[-1].text.endswith("Sam here, for real.") and not any("card number" in t for t in texts)
     told = teams.personal_chat("29:gus").id
     assert any("guest" in p.text.lower() for p in await bot_posts(teams, told, 1))
+
+
+async def test_an_entra_token_of_our_own_tenant_is_not_a_channels_word(
+    both: Bot, teams: TeamsEmulator, sessions: Sessions
+) -> None:
+    """Any app registered in our tenant can get an Entra token for our app id; with it, an activity could name any
+    sender and any serviceUrl. Only the Bot Framework's channel tokens are taken."""
+    now = int(time.time())
+    claims = {"aud": th.APP_ID, "iss": f"https://sts.windows.net/{th.TENANT_ID}/", "nbf": now - 60, "exp": now + 600}
+    built = await th.personal(teams, "/support status", send=False)
+    headers = {"Authorization": f"Bearer {teams.login.entra_key.sign(claims)}"}
+    assert teams.messaging_url is not None
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(teams.messaging_url, json=built.activity, headers=headers) as r,
+    ):
+        assert r.status == 401
+    built = await th.personal(teams, "from web chat", send=False)
+    built.activity["channelId"] = "webchat"
+    assert (await th.deliver(teams, built)).status == 401
+    await settle(sessions)
+    assert await count(sessions, m.Inbound) == 0 and await count(sessions, m.AdminAction) == 0

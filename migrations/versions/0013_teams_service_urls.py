@@ -1,5 +1,6 @@
 """teams: where each Teams conversation's Bot Connector service lives (the activity's serviceUrl, vouched for by
-the token's `serviceurl` claim), so that replies, cases and relays sent later, by any process, go there
+the token's `serviceurl` claim), so that replies, cases and relays sent later, by any process, go there; and
+inbound rows by author, where a Teams person's name is looked up for the staff side's messages
 
 Revision ID: 0013
 Revises: 0012
@@ -24,7 +25,9 @@ def upgrade() -> None:
         sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
         sa.PrimaryKeyConstraint("conversation"),
     )
+    op.create_index("ix_inbound_author", "inbound", ["author", "id"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_inbound_author", table_name="inbound")
     op.drop_table("teams_service_urls")
