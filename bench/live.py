@@ -1,7 +1,7 @@
-"""What the benchmarks of the live bot share (`slack`, `relay`, `inflight`, `admin`): the bot as `python -m bot
-serve` processes (`harness.bot`) on a throwaway database, the fake LLM, the Slack emulator and a watcher of
-its record; the CPU each process used; this process's loop lag; and, afterwards, the bot's /metrics, what the
-run left in the database and the warnings in its log.
+"""What the benchmarks of the live bot share (`slack`, `teams`, `relay`, `inflight`, `admin`): the bot as
+`python -m bot serve` processes (`harness.bot`) on a throwaway database, the fake LLM, the Slack emulator (and
+the Teams one, when asked) and a watcher of its record; the CPU each process used; this process's loop lag;
+and, afterwards, the bot's /metrics, what the run left in the database and the warnings in its log.
 
 This process (load generator, emulator and fake LLM on one event loop), the bot and Postgres share the
 machine's cores: the CPU each used is measured per phase, with what the rest of the machine used, and a
@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,8 @@ from db import models as m
 from db.url import async_url
 from fakes.openai_server import FakeOpenAI, FakeReply, RecordedRequest
 from fakes.slack_api import SlackEmulator
+from fakes.teams_api import TeamsEmulator
+from harness import teams as th
 from harness.bot import BotProcess, bot_env, bot_process, emulator
 from harness.database import throwaway_database
 from harness.slack import Watcher
@@ -57,6 +59,8 @@ class Live:
     """In the order started; the emulator delivers to the last one."""
     watcher: Watcher
     postmaster: int | None
+    teams: TeamsEmulator | None = None
+    """Delivering to the last bot process, when Teams is served too."""
     afterwards: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -76,27 +80,34 @@ class Live:
 
 @asynccontextmanager
 async def live_bot(
-    server_url: str, rule: Callable[[RecordedRequest], FakeReply], *settings: dict[str, Any]
+    server_url: str, rule: Callable[[RecordedRequest], FakeReply], *settings: dict[str, Any], teams: bool = False
 ) -> AsyncIterator[Live]:
-    """A throwaway database, the fake LLM answering by `rule`, the emulator, and one bot process for each of
-    `settings` (by field name, over `harness.bot.bot_config`'s), started in order. On exit: the first
-    process's /metrics (the one running the turns when the roles are split), then, once all have stopped,
-    the database and the logs."""
+    """A throwaway database, the fake LLM answering by `rule`, the emulator (and Teams' with `teams`: the bots
+    then serve both), and one bot process for each of `settings` (by field name, over `harness.bot.bot_config`'s),
+    started in order. On exit: the first process's /metrics (the one running the turns when the roles are split),
+    then, once all have stopped, the database and the logs."""
     started = time.perf_counter()
     async with (
         throwaway_database(server_url, DATABASE_PREFIX) as url,
         FakeOpenAI() as fake,
         emulator(connection_limit=CONNECTIONS) as slack,
+        th.emulator(connection_limit=CONNECTIONS) if teams else nullcontext() as teams_emulator,
     ):
         fake.rule = rule
+        extra: dict[str, Any] = {} if teams_emulator is None else th.teams_settings(teams_emulator)
+        env = {} if teams_emulator is None else teams_emulator.env()
         with tempfile.TemporaryDirectory(prefix="helpdesk-bench-") as tmp:
             logs = [Path(tmp) / str(n) for n in range(len(settings))]
             async with AsyncExitStack() as stack:
                 bots = [
-                    await stack.enter_async_context(bot_process(bot_env(url, fake, slack, **s), slack, workdir=log))
+                    await stack.enter_async_context(
+                        bot_process(bot_env(url, fake, slack, **extra | s) | env, slack, workdir=log)
+                    )
                     for s, log in zip(settings, logs, strict=True)
                 ]
-                live = Live(url, fake, slack, bots, Watcher(slack), await find_postmaster(url))
+                if teams_emulator is not None:
+                    teams_emulator.messaging_url = f"{bots[-1].url}/api/messages"
+                live = Live(url, fake, slack, bots, Watcher(slack), await find_postmaster(url), teams_emulator)
                 set_up = f"{time.perf_counter() - started:.1f} s, of which the bot's start {bots[-1].started_s:.1f} s"
                 print(f"set-up (database, migrations, fake LLM, emulator, bot): {set_up}", flush=True)
                 yield live

@@ -11,6 +11,8 @@ Figures
                  applies to), the time the bot then needs to answer everything (drain), each event's
                  time to reply, and whether every event got exactly one reply, in its thread
 
+The phases drive a platform through `Chats` (Slack's is `SlackChats`; `bench.teams` runs them for Teams too).
+
 BENCH_SPLIT=1 runs two bot processes: PROCESS_ROLE=web receives and acknowledges, PROCESS_ROLE=worker runs
 the turns and the outbox.
 """
@@ -24,7 +26,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 import slack_bolt
@@ -33,7 +35,7 @@ from bench.live import CORES_NOTE, Live, LoopLag, cpu_line, cpu_use, disturbed, 
 from bench.setup import RESULTS, run_benchmark, section, summary, summary_rows
 from bot.settings import Settings
 from fakes.openai_server import FakeReply, RecordedRequest, reply
-from harness.slack import Sent, deliver, say, write
+from harness.slack import Sent, deliver, write
 
 CHANNEL = "C_SUPPORT"
 SLACK_ACK_DEADLINE_S = 3.0
@@ -79,76 +81,194 @@ def reply_text(text: str) -> str:
     return f"re: {text}"
 
 
-def done(sent: Sent) -> tuple[str, str, str]:
-    return ("reactions.add", sent.ts, DONE)
+# ------------------------------------------------------------------------------------------------ platforms
 
 
-def answered(live: Live, sent: Sent) -> bool:
-    """Done: the reply is posted and the working reaction swapped for the done one."""
-    return done(sent) in live.watcher.reactions
+class Timed(Protocol):
+    """A customer's message as a platform's harness records its delivery (times: time.monotonic())."""
+
+    scheduled: float
+    sent: float
+    status: int
+    """0 when no HTTP answer came (see error)."""
+    error: str | None
+
+    @property
+    def ack_ms(self) -> float: ...
+
+
+M = TypeVar("M", bound=Timed)
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Something the bot does for every message, timed from sending it: `event_to_<key>_ms` in the figures."""
+
+    key: str
+    label: str
+    optional: bool = False
+    """The bot may leave it out (counted as `<key>s_skipped`)."""
+
+
+class Chats(Protocol[M]):
+    """A platform's customers as the phases drive them, and what the bot did, read from its emulator's record."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def ack_deadline_s(self) -> float: ...
+
+    @property
+    def marks(self) -> tuple[Mark, ...]:
+        """In the order the bot does them; the last one means it is done with the message."""
+        ...
+
+    async def write(self, text: str, root: M | None) -> M:
+        """A message built, not delivered: it starts a conversation (a thread) when `root` is None, else it
+        continues `root`'s."""
+        ...
+
+    async def deliver(self, message: M) -> M: ...
+
+    def text(self, message: M) -> str:
+        """What the customer wrote (what the fake LLM answers)."""
+        ...
+
+    def marked(self, message: M) -> dict[str, float | None]:
+        """When each mark was first recorded (None: not yet)."""
+        ...
+
+    def replies(self, message: M) -> list[tuple[float, bool]]:
+        """The bot's posts of the reply to `message`: when, and whether in its conversation (thread)."""
+        ...
+
+    def expect(self, message: M) -> None:
+        """Its reply is awaited (see `awaited`)."""
+        ...
+
+    def awaited(self) -> bool:
+        """Some expected reply has not been posted yet."""
+        ...
+
+    async def after_burst(self, live: Live, sent: list[M], replied: bool, last_sent: float) -> dict[str, Any]:
+        """The platform's own burst figures, once every reply was posted (or the wait gave up)."""
+        ...
+
+
+@dataclass(frozen=True)
+class SlackChats:
+    """Customers writing in one Slack channel; the bot's working and done reactions on their messages."""
+
+    live: Live
+    name: str = "Slack"
+    ack_deadline_s: float = SLACK_ACK_DEADLINE_S
+    marks: tuple[Mark, ...] = (
+        # No working reaction when the reply was ready before the sender got to it (the outbox skips it).
+        Mark("working_reaction", f"the :{WORKING}: reaction", optional=True),
+        Mark("reply", "the reply post"),
+        Mark("done_reaction", f"the :{DONE}: reaction"),
+    )
+
+    async def write(self, text: str, root: Sent | None) -> Sent:
+        return write(self.live.emulator, CHANNEL, text, thread_ts=None if root is None else root.thread_ts)
+
+    async def deliver(self, message: Sent) -> Sent:
+        return await deliver(self.live.emulator, message)
+
+    def text(self, message: Sent) -> str:
+        return message.text
+
+    def marked(self, message: Sent) -> dict[str, float | None]:
+        reactions = self.live.watcher.reactions
+        return {
+            "working_reaction": reactions.get(("reactions.add", message.ts, WORKING)),
+            "reply": self.live.watcher.posted_at(reply_text(message.text)),
+            "done_reaction": reactions.get(("reactions.add", message.ts, DONE)),
+        }
+
+    def replies(self, message: Sent) -> list[tuple[float, bool]]:
+        posts = self.live.watcher.posts.get(reply_text(message.text), [])
+        return [(p.at, p.thread_ts == message.thread_ts) for p in posts]
+
+    def expect(self, message: Sent) -> None:
+        self.live.watcher.expect(post=reply_text(message.text), reaction=("reactions.add", message.ts, DONE))
+
+    def awaited(self) -> bool:
+        return bool(self.live.watcher.awaited_posts)
+
+    async def after_burst(self, live: Live, sent: list[Sent], replied: bool, last_sent: float) -> dict[str, Any]:
+        watcher = live.watcher
+        finished = replied and await live.until(lambda: not watcher.awaited_reactions, 10, "every done", 0.005)
+        done_ats = [at for s in sent if (at := self.marked(s)["done_reaction"]) is not None]
+        return {
+            "all_done_reactions": finished,
+            "done_drain_s": round(max(done_ats) - last_sent, 2) if finished else None,
+        }
 
 
 # ------------------------------------------------------------------------------------------------ figures
 
 
-async def warm_up(live: Live, params: Params) -> None:
-    """A few messages so that the bot's pools, Bolt's auth.test and the code paths are warm; also checks that
-    replies come back as expected, since the figures match replies to events by their text."""
-    root: str | None = None
+def answered(chats: Chats[M], message: M) -> bool:
+    return chats.marked(message)[chats.marks[-1].key] is not None
+
+
+async def warm_up(live: Live, chats: Chats[M], params: Params) -> None:
+    """A few messages in two conversations so that the bot's pools, Bolt's auth.test and the code paths are
+    warm; also checks that replies come back as expected, since the figures match replies to events by text."""
+    roots: list[M | None] = [None, None]
     for i in range(params.warmup_messages):
-        sent = await say(live.emulator, CHANNEL, f"warm-up message {i}", thread_ts=root)
-        root = root or sent.ts
-        if sent.status != 200:
-            raise RuntimeError(f"warm-up event answered {sent.status} {sent.error or ''}")
-        if not await live.until(partial(answered, live, sent), 15, "a warm-up reply"):
-            texts = list(live.watcher.posts)[-3:]
-            raise RuntimeError(f"no reply {reply_text(sent.text)!r} to the warm-up; the bot posted {texts}")
+        message = await chats.write(f"warm-up message {i}", roots[i % 2])
+        roots[i % 2] = roots[i % 2] or message
+        message.scheduled = time.monotonic()
+        await chats.deliver(message)
+        if message.status != 200:
+            raise RuntimeError(f"warm-up message answered {message.status} {message.error or ''}")
+        if not await live.until(partial(answered, chats, message), 15, "a warm-up reply"):
+            raise RuntimeError(f"no reply {reply_text(chats.text(message))!r} to the warm-up: {chats.marked(message)}")
 
 
-async def sequential(live: Live, params: Params) -> dict[str, Any]:
-    """One message at a time; the next one leaves when the previous one got its done reaction."""
-    watcher = live.watcher
+async def sequential(live: Live, chats: Chats[M], params: Params) -> dict[str, Any]:
+    """One message at a time; the next one leaves when the bot is done with the previous one."""
     rows: list[dict[str, float]] = []
-    root: str | None = None
+    root: M | None = None
     lost = not_ok = 0
     before = live.cpu()
     with LoopLag() as lag:
         for i in range(params.sequential_messages):
             if i % params.messages_per_thread == 0:
                 root = None
-            sent = await say(live.emulator, CHANNEL, f"sequential message {i}: where is my order?", thread_ts=root)
-            root = root or sent.ts
-            not_ok += sent.status != 200
-            if not await live.until(partial(answered, live, sent), 10, f"message {i}"):
+            message = await chats.write(f"sequential message {i}: where is my order?", root)
+            root = root or message
+            message.scheduled = time.monotonic()
+            await chats.deliver(message)
+            not_ok += message.status != 200
+            if not await live.until(partial(answered, chats, message), 10, f"message {i}"):
                 lost += 1
                 continue
-            reply_at = watcher.posted_at(reply_text(sent.text))
-            working_at = watcher.reactions.get(("reactions.add", sent.ts, WORKING))
-            assert reply_at is not None
-            # No working reaction when the reply was ready before the sender got to it (the outbox skips it).
-            at = {"working": working_at, "reply": reply_at, "done": watcher.reactions[done(sent)]}
-            rows.append({"ack": sent.ack_ms} | {k: (v - sent.sent) * 1000 for k, v in at.items() if v is not None})
-    return {
+            at = {k: (v - message.sent) * 1000 for k, v in chats.marked(message).items() if v is not None}
+            rows.append({"ack": message.ack_ms} | at)
+    figures: dict[str, Any] = {
         "messages": params.sequential_messages,
         "answered": len(rows),
         "not_answered_within_10s": lost,
         "non_200_acks": not_ok,
         "ack_ms": summary([r["ack"] for r in rows]),
-        "event_to_working_reaction_ms": summary([r["working"] for r in rows if "working" in r]),
-        "working_reactions_skipped": sum(1 for r in rows if "working" not in r),
-        "event_to_reply_ms": summary([r["reply"] for r in rows]),
-        "event_to_done_reaction_ms": summary([r["done"] for r in rows]),
-        "cpu": cpu_use(before, live.cpu()),
-        "bench_loop_lag_ms": lag.figures(),
     }
+    for mark in chats.marks:
+        figures[f"event_to_{mark.key}_ms"] = summary([r[mark.key] for r in rows if mark.key in r])
+        if mark.optional:
+            figures[f"{mark.key}s_skipped"] = sum(1 for r in rows if mark.key not in r)
+    return figures | {"cpu": cpu_use(before, live.cpu()), "bench_loop_lag_ms": lag.figures()}
 
 
-async def burst(live: Live, params: Params) -> dict[str, Any]:
-    """Open loop: event i leaves at start + i / rate, whether or not the earlier ones were answered."""
-    watcher = live.watcher
-    roots: dict[int, str] = {}
-    sent_all: list[Sent] = []
-    tasks: list[asyncio.Task[Sent]] = []
+async def burst(live: Live, chats: Chats[M], params: Params) -> dict[str, Any]:
+    """Open loop: message i leaves at start + i / rate, whether or not the earlier ones were answered."""
+    roots: dict[int, M] = {}
+    sent_all: list[M] = []
+    tasks: list[asyncio.Task[M]] = []
+    deadline = f"acks_over_{chats.ack_deadline_s:g}s"
     with LoopLag() as lag:
         cpu_start = live.cpu()
         start = time.monotonic() + 0.05
@@ -157,29 +277,27 @@ async def burst(live: Live, params: Params) -> dict[str, Any]:
             if (delay := scheduled - time.monotonic()) > 0:
                 await asyncio.sleep(delay)
             thread = i % params.threads
-            text = f"burst message {i} in thread {thread}: where is my order?"
-            sent = write(live.emulator, CHANNEL, text, thread_ts=roots.get(thread))
-            roots.setdefault(thread, sent.ts)
-            sent.scheduled = scheduled
-            sent_all.append(sent)
-            watcher.expect(post=reply_text(text), reaction=done(sent))
-            tasks.append(asyncio.create_task(deliver(live.emulator, sent)))
+            message = await chats.write(f"burst message {i} in thread {thread}: where is my order?", roots.get(thread))
+            roots.setdefault(thread, message)
+            message.scheduled = scheduled
+            sent_all.append(message)
+            chats.expect(message)
+            tasks.append(asyncio.create_task(chats.deliver(message)))
         await asyncio.gather(*tasks)
         cpu_sent = live.cpu()
         first_sent, last_sent = min(s.sent for s in sent_all), max(s.sent for s in sent_all)
-        replied = await live.until(lambda: not watcher.awaited_posts, params.drain_timeout_s, "every reply", 0.005)
-        finished = replied and await live.until(lambda: not watcher.awaited_reactions, 10, "every done", 0.005)
+        replied = await live.until(lambda: not chats.awaited(), params.drain_timeout_s, "every reply", 0.005)
+        own = await chats.after_burst(live, sent_all, replied, last_sent)
         cpu_done = live.cpu()
     await asyncio.sleep(params.quiet_s)  # room for a duplicate to show up, if one were coming
-    watcher.scan()
+    live.watcher.scan()
 
     acked = [s for s in sent_all if s.error is None]
-    posts = [watcher.posts.get(reply_text(s.text), []) for s in sent_all]
+    posts = [chats.replies(s) for s in sent_all]
     counts = [len(p) for p in posts]
-    wrong_thread = sum(1 for s, p in zip(sent_all, posts, strict=True) for post in p if post.thread_ts != s.thread_ts)
-    to_reply = [(p[0].at - s.sent) * 1000 for s, p in zip(sent_all, posts, strict=True) if p]
-    last_reply = max((p[0].at for p in posts if p), default=float("nan"))
-    done_ats = [at for s in sent_all if (at := watcher.reactions.get(done(s))) is not None]
+    wrong_thread = sum(1 for p in posts for _, in_thread in p if not in_thread)
+    to_reply = [(p[0][0] - s.sent) * 1000 for s, p in zip(sent_all, posts, strict=True) if p]
+    last_reply = max((p[0][0] for p in posts if p), default=float("nan"))
     top_level = len(roots)
     return {
         "exactly_once": all(c == 1 for c in counts) and wrong_thread == 0,
@@ -195,11 +313,9 @@ async def burst(live: Live, params: Params) -> dict[str, Any]:
         "non_200_acks": sum(1 for s in acked if s.status != 200),
         "statuses": dict(Counter(str(s.status) for s in acked)),
         "errors": dict(Counter((s.error or "")[:120] for s in sent_all if s.error)),
-        f"acks_over_{SLACK_ACK_DEADLINE_S:g}s": sum(1 for s in acked if s.ack_ms > SLACK_ACK_DEADLINE_S * 1000),
+        deadline: sum(1 for s in acked if s.ack_ms > chats.ack_deadline_s * 1000),
         "all_replied": replied,
-        "all_done_reactions": finished,
         "drain_s": round(last_reply - last_sent, 2) if replied else None,
-        "done_drain_s": round(max(done_ats) - last_sent, 2) if finished else None,
         "replies_per_s": round(sum(1 for c in counts if c) / (last_reply - first_sent), 1) if any(counts) else None,
         "event_to_reply_ms": summary(to_reply),
         "replies": sum(counts),
@@ -209,27 +325,51 @@ async def burst(live: Live, params: Params) -> dict[str, Any]:
         "cpu_sending": cpu_use(cpu_start, cpu_sent),
         "cpu_draining": cpu_use(cpu_sent, cpu_done),
         "bench_loop_lag_ms": lag.figures(),
+    } | own
+
+
+async def phases(live: Live, chats: Chats[M], params: Params) -> dict[str, Any]:
+    """Warm up, then the sequential and the burst figures, each printed as it is done."""
+    await warm_up(live, chats, params)
+    with paused_gc():
+        sequential_figures = await sequential(live, chats, params)
+    print_sequential(chats, sequential_figures)
+    with paused_gc():
+        burst_figures = await burst(live, chats, params)
+    print_burst(chats, burst_figures, params)
+    return {"burst": burst_figures, "sequential": sequential_figures}
+
+
+def phase_cpu(figures: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """The CPU use of each phase of `phases`' figures, by name (for `disturbed`)."""
+    burst_figures = figures["burst"]
+    return {
+        "sequential": figures["sequential"]["cpu"],
+        "burst_sending": burst_figures["cpu_sending"],
+        "burst_draining": burst_figures["cpu_draining"],
     }
 
 
 # ------------------------------------------------------------------------------------------------ report
 
 
-def print_sequential(f: dict[str, Any]) -> None:
-    section(f"Low load: {f['messages']} messages one at a time (each waits for the previous one's done reaction)")
-    labels = {"ack_ms": "the ack (HTTP 200)", "event_to_working_reaction_ms": f"the :{WORKING}: reaction"}
-    labels |= {"event_to_reply_ms": "the reply post", "event_to_done_reaction_ms": f"the :{DONE}: reaction"}
+def print_sequential(chats: Chats[M], f: dict[str, Any]) -> None:
+    last = chats.marks[-1].label
+    section(
+        f"{chats.name}, low load: {f['messages']} messages one at a time (each sent once the previous one got {last})"
+    )
     print("from sending the event to ..., ms")
-    print(summary_rows([(label, f[key]) for key, label in labels.items()]))
+    marks = [(f"event_to_{m.key}_ms", m.label) for m in chats.marks]
+    print(summary_rows([("the ack (HTTP 200)", f["ack_ms"]), *((label, f[key]) for key, label in marks)]))
     if f["not_answered_within_10s"] or f["non_200_acks"]:
         print(f"WARNING: {f['not_answered_within_10s']} not answered within 10 s, {f['non_200_acks']} acks not 200")
     print(cpu_line(f["cpu"], f["bench_loop_lag_ms"]))
 
 
-def print_burst(f: dict[str, Any], params: Params) -> None:
+def print_burst(chats: Chats[M], f: dict[str, Any], params: Params) -> None:
     section(
-        f"Burst: {params.rate_per_s:g} events/s for {params.burst_s:g} s, open loop, over {f['threads']} threads "
-        f"({f['top_level_messages']} top-level messages, {f['thread_replies']} thread replies)"
+        f"{chats.name}, burst: {params.rate_per_s:g} events/s for {params.burst_s:g} s, open loop, over "
+        f"{f['threads']} threads ({f['top_level_messages']} top-level messages, {f['thread_replies']} thread replies)"
     )
     lag = f["send_lag_ms"]
     print(
@@ -237,15 +377,17 @@ def print_burst(f: dict[str, Any], params: Params) -> None:
         f"(send lag behind schedule p99 {lag['p99']:.1f} ms, max {lag['max']:.1f} ms)"
     )
     print(summary_rows([("ack (HTTP response), ms", f["ack_ms"]), ("event to reply post, ms", f["event_to_reply_ms"])]))
+    deadline = chats.ack_deadline_s
     print(
         f"acks: {f['acks']} answered, {f['non_200_acks']} not 200 {f['statuses']}, {f['events'] - f['acks']} without "
-        f"an answer {f['errors'] or ''}; {f[f'acks_over_{SLACK_ACK_DEADLINE_S:g}s']} slower than Slack's "
-        f"{SLACK_ACK_DEADLINE_S:g} s deadline"
+        f"an answer {f['errors'] or ''}; {f[f'acks_over_{deadline:g}s']} slower than the {deadline:g} s {chats.name} "
+        "allows"
     )
     if f["all_replied"]:
+        done = f" (done reactions: {f['done_drain_s']} s)" if "done_drain_s" in f else ""
         print(
-            f"drain: the last reply came {f['drain_s']:.2f} s after the last event was sent "
-            f"(done reactions: {f['done_drain_s']} s); {f['replies_per_s']} replies/s from first send"
+            f"drain: the last reply came {f['drain_s']:.2f} s after the last event was sent{done}; "
+            f"{f['replies_per_s']} replies/s from first send"
         )
     else:
         print(f"WARNING: not every event was answered within {params.drain_timeout_s:g} s of the burst")
@@ -264,22 +406,15 @@ def print_burst(f: dict[str, Any], params: Params) -> None:
 async def run(server_url: str, params: Params) -> dict[str, Any]:
     roles = [{"process_role": "worker"}, {"process_role": "web"}] if params.split else [{}]
     async with live_bot(server_url, answer, *roles) as live:
-        await warm_up(live, params)
-        with paused_gc():
-            sequential_figures = await sequential(live, params)
-        print_sequential(sequential_figures)
-        with paused_gc():
-            burst_figures = await burst(live, params)
-        print_burst(burst_figures, params)
+        figures = await phases(live, SlackChats(live), params)
     section("Afterwards")
     print_afterwards(live.afterwards)
-    cpu = {"sequential": sequential_figures["cpu"], "burst_sending": burst_figures["cpu_sending"]}
     return {
         "machine": {"slack_bolt": slack_bolt.version.__version__, "aiohttp": aiohttp.__version__},
         "note": CORES_NOTE.format(cores=os.cpu_count()),
         "parameters": asdict(params) | {"events": params.events},
-        "figures": {"burst": burst_figures, "sequential": sequential_figures},
-        "disturbed_by_other_processes": disturbed(cpu | {"burst_draining": burst_figures["cpu_draining"]}),
+        "figures": figures,
+        "disturbed_by_other_processes": disturbed(phase_cpu(figures)),
         **live.afterwards,
     }
 
