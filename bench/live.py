@@ -46,6 +46,10 @@ OTHERS_WARNING = 0.25
 """Other processes using more than this share of a core disturb the figures: say so."""
 CONNECTIONS = 2000
 """This process's connections to the bot at once (aiohttp's default of 100 would queue a burst's requests)."""
+UNLIMITED = {"daily_token_budget_per_user": 0}
+"""The benchmarks' few customers write at load-test rates: a full Slack run costs its one customer more than the
+default daily token budget, and the rest of the run would be refused (`harness.bot` turns the per-minute limits
+off for the same reason)."""
 
 
 @dataclass
@@ -94,7 +98,7 @@ async def live_bot(
         th.emulator(connection_limit=CONNECTIONS) if teams else nullcontext() as teams_emulator,
     ):
         fake.rule = rule
-        extra: dict[str, Any] = {} if teams_emulator is None else th.teams_settings(teams_emulator)
+        extra: dict[str, Any] = UNLIMITED | ({} if teams_emulator is None else th.teams_settings(teams_emulator))
         env = {} if teams_emulator is None else teams_emulator.env()
         with tempfile.TemporaryDirectory(prefix="helpdesk-bench-") as tmp:
             logs = [Path(tmp) / str(n) for n in range(len(settings))]
