@@ -4,7 +4,10 @@
   throwaway database built by the Alembic migrations, and waiting until the bot has nothing left to do;
 - `harness.bot`: the bot's settings against the fakes, the bot in this process or as `python -m bot serve`;
 - `harness.slack`: messages sent to the bot as Slack's signed events (through the emulator, timed), and a
-  watcher over the emulator's record of the bot's Web API calls.
+  watcher over the emulator's record of the bot's Web API calls;
+- `harness.teams`: Teams-shaped activities delivered to the bot with tokens the Teams emulator signs (or broken
+  ones), the bot's Teams settings, and a watcher of its Bot Connector posts.
 
-The fakes themselves (`fakes.openai_server`, `fakes.slack_api`) ship with the bot, for the playground.
+The fakes themselves (`fakes.openai_server`, `fakes.slack_api`, `fakes.teams_api`) ship with the bot, for the
+playground.
 """
