@@ -338,10 +338,10 @@ def web_app(bot: Bot) -> web.Application:
     """The public listener: Slack's requests, Teams' activities and `/livez`, and `/healthz` and `/metrics` unless
     they have a listener of their own (METRICS_PORT)."""
     secret = bot.settings.slack_signing_secret
-    verifier = SignatureVerifier(secret.get_secret_value() if secret else "")
+    verifier = SignatureVerifier(secret.get_secret_value()) if secret is not None else None
 
     async def events(request: web.Request) -> web.Response:
-        assert bot.app is not None
+        assert bot.app is not None and verifier is not None  # routed only when Slack is configured
         try:
             body = (await request.read()).decode()
         except UnicodeDecodeError:  # Slack sends UTF-8; the signature cannot even be checked on anything else

@@ -462,3 +462,30 @@ async def test_an_entra_token_of_our_own_tenant_is_not_a_channels_word(
     assert (await th.deliver(teams, built)).status == 401
     await settle(sessions)
     assert await count(sessions, m.Inbound) == 0 and await count(sessions, m.AdminAction) == 0
+
+
+async def test_a_bot_with_only_teams_configured_serves_teams(
+    database_url: str, sessions: Sessions, fake_llm: FakeOpenAI, emulator: SlackEmulator, teams: TeamsEmulator
+) -> None:
+    """No Slack at all: `/api/messages` is served, `/slack/events` is not, and cases go to the Teams channel."""
+    staff = teams.channel_id("staff")
+    settings = settings_for(
+        database_url,
+        fake_llm,
+        emulator,
+        teams,
+        slack_bot_token=None,
+        slack_signing_secret=None,
+        staff_channel_id=None,
+        teams_staff_channel_id=staff,
+    )
+    async with serving(settings, emulator) as bot:
+        assert bot.app is None
+        teams.messaging_url = f"{bot.url}/api/messages"
+        async with aiohttp.ClientSession() as http, http.post(f"{bot.url}/slack/events", data="{}") as response:
+            assert response.status == 404
+        fake_llm.script(tools(tool_call("escalate_to_human", {"reason": "customer asked for a person"})))
+        sent = await th.personal(teams, "a person please")
+        await teams.wait_for(lambda: [p for p in teams.posts(staff) if p.cards], timeout=15)
+        assert (await bot_posts(teams, sent.conversation_id, 1))[0].text.startswith("I've asked a colleague")
+        assert not emulator.calls
