@@ -144,6 +144,11 @@ class CaseRenderer:
             status=escalation.status,
             claimed_by=escalation.claimed_by,
             closed_by=escalation.closed_by,
+            names={
+                user: (await self._person(user)).name
+                for user in (escalation.claimed_by, escalation.closed_by)
+                if user is not None and ":" in user
+            },
         )
         self._summaries[escalation.id] = view.summary
         return view

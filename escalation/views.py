@@ -60,6 +60,22 @@ class CaseView:
     status: str
     claimed_by: str | None = None
     closed_by: str | None = None
+    names: dict[str, str] | None = None
+    """Display names of the people above who are not Slack users (Teams colleagues), which no `<@…>` can show."""
+
+
+def _person(case: CaseView, user: str | None) -> str:
+    """A colleague as the case shows them: a Slack mention (Slack shows their name), else their name."""
+    if user is None or ":" not in user:  # Slack's ids have no colon; Teams' (29:…, 8:orgid:…) do
+        return f"<@{user}>"
+    return escape((case.names or {}).get(user, "a colleague"))
+
+
+def _where(case: CaseView, *, label: str) -> str:
+    """The customer's conversation: a Slack channel mention, or for Teams (whose ids Slack cannot show) a link."""
+    if ":" not in case.channel:
+        return f"<#{case.channel}>" + (f" · <{escape(case.permalink)}|{label}>" if case.permalink else "")
+    return "Microsoft Teams" + (f" · <{escape(case.permalink)}|{label}>" if case.permalink else "")
 
 
 def _status_line(case: CaseView) -> str:
@@ -67,11 +83,11 @@ def _status_line(case: CaseView) -> str:
         case CaseStatus.OPEN:
             return ":large_orange_circle: *Waiting for a colleague*"
         case CaseStatus.CLAIMED:
-            return f":large_blue_circle: *Claimed by <@{case.claimed_by}>*"
+            return f":large_blue_circle: *Claimed by {_person(case, case.claimed_by)}*"
         case CaseStatus.RESOLVED:
-            return f":white_check_mark: *Resolved by <@{case.closed_by}>*"
+            return f":white_check_mark: *Resolved by {_person(case, case.closed_by)}*"
         case CaseStatus.HANDED_BACK:
-            return f":robot_face: *Handed back to the bot by <@{case.closed_by}>*"
+            return f":robot_face: *Handed back to the bot by {_person(case, case.closed_by)}*"
     return case.status
 
 
@@ -80,6 +96,8 @@ def case_text(case: CaseView) -> str:
     refused the layout of, a direct message to the admins. The summary is inert already (`CaseRenderer`)."""
     reason = clip(inert(case.reason), REASON_IN_TEXT)
     where = f"<#{case.channel}>" + (f" <{escape(case.permalink)}>" if case.permalink else "")
+    if ":" in case.channel:
+        where = _where(case, label="open the conversation")
     return (
         f"Case #{case.escalation_id}: {escape(case.customer)} needs a person ({reason})\n"
         f"Where: {where} · escalated by the {escape(case.agent)} agent\nSummary: {case.summary}\n{_status_line(case)}"
@@ -138,7 +156,7 @@ def reminder(text: str) -> Message:
 def case_blocks(case: CaseView) -> list[dict[str, Any]]:
     """The case message's layout; each text clipped to its field's limit, so a long reason or name still posts."""
     customer = escape(case.customer)
-    where = f"<#{case.channel}>" + (f" · <{escape(case.permalink)}|open the thread>" if case.permalink else "")
+    where = _where(case, label="open the thread")
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": f"Case #{case.escalation_id}: {customer}"}},
         {

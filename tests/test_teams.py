@@ -252,10 +252,8 @@ async def test_staff_in_teams_take_a_teams_customers_case(
         "You're back with our assistant; ask away. A colleague is one message away if needed.",
         "Back with the bot.",
     ]
-    assert (
-        "Handed back" in str(teams.message(staff, card.id).cards[0])
-        or "handed back" in str(teams.message(staff, card.id).activity).lower()
-    )
+    handed_back = teams.message(staff, card.id)
+    assert handed_back is not None and "Handed back to the bot by Sam Staff" in str(handed_back.cards[0])
 
 
 async def _case(sessions: Sessions) -> int:
@@ -316,7 +314,7 @@ async def test_staff_in_slack_take_a_teams_customers_case(
     fake_llm.script(tools(tool_call("escalate_to_human", {"reason": "customer asked for a person"})))
     sent = await th.personal(teams, "I want a person")
     [case] = await emulator.wait_for(lambda: [p for p in emulator.posts("C_STAFF") if not p.thread_ts])
-    assert "Casey Customer" in case.text
+    assert "Casey Customer" in case.text and "Where: Microsoft Teams" in case.text and "<#" not in case.text
     staff_said = await emulator.user_says("C_STAFF", "Hi, Sam here.", user="U_STAFF", thread_ts=case.ts)
     assert staff_said.result.status == 200
     await emulator.user_says("C_STAFF", "note: VIP", user="U_STAFF", thread_ts=case.ts)

@@ -213,10 +213,12 @@ def test_a_case_message_becomes_an_adaptive_card() -> None:
 
 
 def test_a_claimed_case_names_its_colleague_and_has_no_claim_button() -> None:
-    message = case_message(case_view(status=CaseStatus.CLAIMED, claimed_by="29:1sam"))
+    """A Teams colleague is named (their name is other people's text, escaped), not shown as a raw id."""
+    view = case_view(status=CaseStatus.CLAIMED, claimed_by="29:1sam", names={"29:1sam": "Sam <at>Lee</at>"})
+    message = case_message(view)
     assert message.blocks is not None
-    content = adaptive_card(message.blocks, fallback=message.text, names={"29:1sam": "Sam <at>Lee</at>"})["content"]
-    assert "🔵 **Claimed by @Sam &lt;at&gt;Lee&lt;/at&gt;**" in texts(content["body"])
+    content = adaptive_card(message.blocks, fallback=message.text)["content"]
+    assert "🔵 **Claimed by Sam &lt;at&gt;Lee&lt;/at&gt;**" in texts(content["body"])
     assert [a["title"] for a in content["actions"]] == ["Resolve", "Hand back to bot"]
 
 
