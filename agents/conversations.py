@@ -30,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents import leases, limits
 from agents.agent import Roster
+from agents.attachments import Attachment, AttachmentReader, FileRef, with_attachments
 from agents.identity import Author
 from agents.leases import Lease, LeaseLost, Leases, process_owner
 from agents.limits import NO_LIMITS, Counts, Limit, Limits
@@ -201,8 +202,11 @@ class Conversations:
         leases: Leases | None = None,
         retry_base_s: float = 0.5,
         limits: Limits = NO_LIMITS,
+        attachments: AttachmentReader | None = None,
     ) -> None:
         self.sessions = sessions
+        self.attachments = attachments
+        """Reads the files customers attach, before their message's turn; None: the model is told only their names."""
         self.takeover = takeover
         self.leases = leases or Leases(sessions, owner=process_owner())
         self.roster = roster
@@ -263,9 +267,11 @@ class Conversations:
         external_id: str | None = None,
         order_key: str | None = None,
         kind: Literal["customer", "staff"] = "customer",
+        files: tuple[FileRef, ...] = (),
     ) -> dict[str, Any]:
         """The parameters of STORE_MESSAGE."""
         return {
+            "files": json.dumps([f.to_json() for f in files]) if files else None,
             "key": key,
             "entry": self.roster.entry,
             "text": text,
@@ -400,6 +406,17 @@ class Conversations:
             return None
         return (await self._run(started, keep=True, on_event=on_event)).result
 
+    async def _read_files(self, started: _Started) -> _Started:
+        """The customer's files read, outside any transaction (a download is a network call like the model's)."""
+        inbound = started.inbound
+        if inbound is None or not inbound.files or inbound.kind != "customer":
+            return started
+        if self.attachments is None:
+            read = tuple(Attachment(f.name, f.mime, problem="files are not read here") for f in inbound.files)
+        else:
+            read = await self.attachments.read(inbound.files)
+        return replace(started, inbound=replace(inbound, attachments=read))
+
     def _retry_delay_s(self, attempts: int) -> float:
         return min(self.retry_base_s * 2.0**attempts, 60.0)
 
@@ -428,8 +445,9 @@ class Conversations:
         inbound = None
         if row.inbound_id is not None:
             asker = Author.from_json(row.identity)
+            files = tuple(FileRef.from_json(f) for f in row.files or ())
             inbound = _Inbound(
-                row.inbound_id, row.kind, row.text, row.author, row.external_id, row.attempts, asker, row.deleted
+                row.inbound_id, row.kind, row.text, row.author, row.external_id, row.attempts, asker, row.deleted, files
             )
         case = OpenCase(row.case_id, row.claimed_by, row.answered) if row.case_id is not None else None
         # A message past its attempts is given up without a turn: what failed may be its history itself.
@@ -441,6 +459,7 @@ class Conversations:
         )
 
     async def _run(self, started: _Started, *, keep: bool, on_event: EventSink | None) -> _Done:
+        started = await self._read_files(started)
         planned = self._plan(started)
         if isinstance(planned, _Commit):
             if planned.told is not None and not await self._tell_once(started, planned.told):
@@ -628,10 +647,16 @@ class _Inbound:
     """Its author as the edge verified and stored it."""
     deleted: bool = False
     """A colleague's message deleted (or edited into a note) before it was processed."""
+    files: tuple[FileRef, ...] = ()
+    attachments: tuple[Attachment, ...] = ()
+    """Its files as read for this turn (`Conversations._read_files`)."""
 
     def message(self) -> Message:
-        """The customer's message in the transcript."""
-        return Message("user", self.text, author=self.author, author_name=self.asker.name if self.asker else None)
+        """The customer's message in the transcript: its text and what its files say; images for this turn only."""
+        images = tuple(a.image for a in self.attachments if a.image is not None)
+        name = self.asker.name if self.asker else None
+        content = with_attachments(self.text, self.attachments)
+        return Message("user", content, author=self.author, author_name=name, images=images)
 
 
 @dataclass(frozen=True)
@@ -751,9 +776,9 @@ created AS (
 ),
 conversation AS (SELECT id FROM found UNION ALL SELECT id FROM created),
 stored AS (
-    INSERT INTO inbound (conversation_id, text, author, identity, external_id, order_key, kind)
+    INSERT INTO inbound (conversation_id, text, author, identity, external_id, order_key, kind, files)
     SELECT id, CAST(:text AS text), CAST(:author AS text), CAST(:identity AS jsonb), CAST(:external_id AS text),
-           CAST(:order_key AS text), CAST(:kind AS text)
+           CAST(:order_key AS text), CAST(:kind AS text), CAST(:files AS jsonb)
     FROM conversation WHERE {guard}
     ON CONFLICT (conversation_id, external_id) DO NOTHING
     RETURNING id, conversation_id
@@ -780,10 +805,10 @@ WITH lease AS (
         SELECT id FROM inbound WHERE conversation_id = :id AND processed_at IS NULL
         ORDER BY order_key ASC NULLS LAST, id LIMIT 1
     ) AND processed_at IS NULL AND EXISTS (SELECT FROM lease)
-    RETURNING id, kind, text, author, identity, external_id, attempts, deleted_at IS NOT NULL AS deleted
+    RETURNING id, kind, text, author, identity, external_id, attempts, deleted_at IS NOT NULL AS deleted, files
 )
 SELECT l.lease_token, l.key, l.mode, l.active_agent, l.context,
-       n.id AS inbound_id, n.kind, n.text, n.author, n.identity, n.external_id, n.attempts, n.deleted,
+       n.id AS inbound_id, n.kind, n.text, n.author, n.identity, n.external_id, n.attempts, n.deleted, n.files,
        EXISTS (SELECT FROM pauses p WHERE l.key LIKE p.scope) AS paused,
        c.id AS case_id, c.claimed_by, c.first_response_at IS NOT NULL AS answered,
        CASE WHEN n.id IS NOT NULL THEN (

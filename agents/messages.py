@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from agents.attachments import Image
+
 Role = Literal["user", "assistant", "tool", "staff"]
 
 
@@ -31,6 +33,8 @@ class Message:
     """Who wrote a customer or staff message (the platform's user id), when known."""
     author_name: str | None = None
     """Their display name when the message was written, for `labelled` rendering."""
+    images: tuple[Image, ...] = ()
+    """Images a customer sent with it, for the model of this turn only: never stored (agents.attachments)."""
 
     def to_openai(self, *, labelled: bool = False) -> dict[str, Any]:
         """Chat Completions shape. Staff messages (issue: human takeover) read as attributed assistant text;
@@ -54,12 +58,13 @@ class Message:
                     for c in self.tool_calls
                 ]
             return out
+        said = self.content or ""
         if labelled:
-            return {
-                "role": "user",
-                "content": f"[{self.author_name or self.author or 'Customer'}]: {self.content or ''}",
-            }
-        return {"role": "user", "content": self.content or ""}
+            said = f"[{self.author_name or self.author or 'Customer'}]: {said}"
+        if self.images:
+            parts = [{"type": "image_url", "image_url": {"url": image.data_url()}} for image in self.images]
+            return {"role": "user", "content": [{"type": "text", "text": said}, *parts]}
+        return {"role": "user", "content": said}
 
 
 def estimate_tokens(text: str) -> int:

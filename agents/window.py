@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from agents.messages import Message, estimate_tokens
@@ -34,8 +35,15 @@ def _turns(history: Sequence[Message]) -> list[list[Message]]:
     return turns
 
 
+IMAGE_TOKENS = 800
+"""What one image costs the prompt, about: providers bill by its tiles, not by its base64 text's length."""
+
+
 def _cost(unit: list[Message], labelled: bool) -> int:
-    return sum(estimate_tokens(json.dumps(m.to_openai(labelled=labelled))) for m in unit)
+    return sum(
+        estimate_tokens(json.dumps(replace(m, images=()).to_openai(labelled=labelled))) + IMAGE_TOKENS * len(m.images)
+        for m in unit
+    )
 
 
 def shared(history: Sequence[Message]) -> bool:

@@ -136,7 +136,7 @@ class Inbox:
         teams = message.platform == Platform.TEAMS
         working = None if teams else self.style.working_reaction or None
         params = self.conversations.store_params(
-            message.conversation_key, message.text, author, message.ts, message.ts
+            message.conversation_key, message.text, author, message.ts, message.ts, files=message.files
         ) | {
             "event_id": delivery.event_id,
             "team_id": delivery.team_id,

@@ -43,6 +43,7 @@ from bot.admin.actions import AdminActions
 from bot.admin.command import AdminCommands, provider_probe
 from bot.admin.command import register as register_admin
 from bot.admin.queries import AdminQueries
+from bot.files import SlackFiles, file_limits
 from bot.inbox import Inbox
 from bot.metrics import Metrics
 from bot.outbox import OutboxSender, ReplyStyle, turn_outbox
@@ -154,6 +155,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             after_turn=turn_outbox(roster, style, policy, clock=now),
             leases=leases,
             limits=runtime.limits(settings),
+            attachments=SlackFiles(token=token, limits=file_limits(settings)) if slack else None,
         )
         metrics = Metrics()
         # Reads only: the Slack client that retries is safe here.

@@ -98,6 +98,14 @@ class Settings(BaseSettings):
     """0: this process stores events and sends replies, and runs no turns (others do)."""
     lease_seconds: float = Field(default=30.0, gt=0)
 
+    # Files customers attach (bot.files)
+    max_file_bytes: int = Field(default=5_000_000, ge=0)
+    """Larger files are not downloaded: the agent hears the file's name and that it could not be read."""
+    max_file_chars: int = Field(default=20_000, ge=0)
+    """Text read from one file (PDF, DOCX, TXT, MD) that the agent sees; the rest is cut."""
+    model_accepts_images: bool = False
+    """Images go to the model (`image_url` parts); off, the agent is told an image was sent (name and type)."""
+
     # Microsoft Teams: the 365 Agents SDK's own variables for the bot's Entra app registration
     teams_app_id: str | None = Field(
         default=None,

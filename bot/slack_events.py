@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.address import DM, Address, Platform
+from agents.attachments import FileRef
 from agents.identity import Author
 
 # A file share still carries the customer's words; a broadcast thread reply is a thread reply.
@@ -30,6 +31,8 @@ class CustomerMessage:
     platform: Platform = Platform.SLACK
     name: str | None = None
     """The writer's name where the delivery carries it (Teams does; Slack's edge asks `users.info`)."""
+    files: tuple[FileRef, ...] = ()
+    """What it carried; read before its turn (bot.files), so a message of files alone is answered too."""
 
     @property
     def author(self) -> Author:
@@ -239,8 +242,23 @@ def classify(envelope: Mapping[str, Any], policy: Policy) -> Incoming:
     if policy.channels and channel not in policy.channels and not is_dm:
         return Ignored("channel not served")
     text = _strip_mention(str(event.get("text") or ""), policy.bot_user_id)
-    if not text:
+    files = files_of(event)
+    if not text and not files:
         return Ignored("no text")
     thread_ts = DM if is_dm else event.get("thread_ts") or ts
     user_team = str(event.get("user_team") or team)
-    return CustomerMessage(team, channel, str(thread_ts), ts, user, text, is_dm, user_team)
+    return CustomerMessage(team, channel, str(thread_ts), ts, user, text, is_dm, user_team, files=files)
+
+
+def files_of(event: Mapping[str, Any]) -> tuple[FileRef, ...]:
+    """The files of a message event that can be downloaded. A file Slack only lists (`file_access: check_file_info`,
+    shared from another workspace) has no `url_private` in the event; it is left out rather than guessed at."""
+    found = []
+    for raw in event.get("files") or ():
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("url_private"), str):
+            continue
+        size = raw.get("size") if isinstance(raw.get("size"), int) else None
+        name = str(raw.get("name") or raw.get("title") or raw.get("id") or "file")
+        mime = str(raw.get("mimetype") or "application/octet-stream")
+        found.append(FileRef(str(raw.get("id")), name, mime, size, raw["url_private"]))
+    return tuple(found)

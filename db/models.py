@@ -88,6 +88,8 @@ class Inbound(Base):
     outcome: Mapped[dict[str, Any] | None] = mapped_column()
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     """A colleague's message deleted, or edited into a note: not relayed, or its copy deleted."""
+    files: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
+    """The files it carried (`agents.attachments.FileRef`): names and where to fetch them, never their bytes."""
 
 
 class Message(Base):

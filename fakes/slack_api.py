@@ -357,6 +357,8 @@ class SlackEmulator:
         self._drops: list[tuple[str, dict[str, str]]] = []  # (method, params it must have), one per lost answer
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_ts_us = 0
+        self.files: dict[str, tuple[dict[str, Any], bytes]] = {}  # id -> (Slack's file object, its bytes)
+        self.downloads: list[tuple[str, int]] = []  # (file id, HTTP status) of every url_private request
         self._response_ids = itertools.count(1)
         self._verifier = SignatureVerifier(signing_secret)
         self._requested_port = port
@@ -392,6 +394,7 @@ class SlackEmulator:
         app = web.Application()
         app.router.add_route("*", "/api/{method}", self._api)
         app.router.add_post("/response_url/{id}", self._response_url)
+        app.router.add_get("/files-pri/{key}/{name}", self._download)
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self._requested_port).start()
@@ -445,6 +448,8 @@ class SlackEmulator:
             store.clear()
         self._messages.clear()
         self._reply_index.clear()
+        self.files.clear()
+        self.downloads.clear()
         self._faults.clear()
         self._holds.clear()
         self._drops.clear()
@@ -475,6 +480,43 @@ class SlackEmulator:
         """A channel (again, replacing it: `add_channel("C_STAFF", "#staff", is_member=False)`)."""
         channel = self.channels[id] = Channel(id, name.lstrip("#"), is_im, **flags)
         return channel
+
+    def add_file(self, name: str, mimetype: str, content: bytes, *, user: str = "U_CUSTOMER") -> dict[str, Any]:
+        """A file someone uploaded: its file object as message events carry it (pass it to ``user_says(files=...)``),
+        downloadable from ``url_private`` with the bot token, as Slack serves it."""
+        file_id = f"F{len(self.files) + 1:06d}"
+        url = f"{self.url}/files-pri/{TEAM_ID}-{file_id}/{name}"
+        obj = {
+            "id": file_id,
+            "name": name,
+            "title": name,
+            "mimetype": mimetype,
+            "filetype": name.rsplit(".", 1)[-1] if "." in name else "binary",
+            "size": len(content),
+            "user": user,
+            "url_private": url,
+            "url_private_download": f"{url}?download=1",
+        }
+        self.files[file_id] = (obj, content)
+        return obj
+
+    async def _download(self, request: web.Request) -> web.Response:
+        """``url_private``: the bytes for the bot's token (``Authorization: Bearer``); anything else gets Slack's
+        sign-in page, an HTML 200 rather than an error status, as Slack answers it."""
+        file_id = request.match_info["key"].rsplit("-", 1)[-1]
+        auth = request.headers.get("Authorization", "")
+        token = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else ""
+        allowed = token.startswith("xoxb-") and (self.expected_token is None or token == self.expected_token)
+        stored = self.files.get(file_id)
+        if stored is None:
+            self.downloads.append((file_id, 404))
+            return web.Response(status=404, text="Not found")
+        if not allowed:
+            self.downloads.append((file_id, 200))
+            return web.Response(text="<html><body>Sign in to Slack</body></html>", content_type="text/html")
+        self.downloads.append((file_id, 200))
+        obj, content = stored
+        return web.Response(body=content, content_type=str(obj["mimetype"]))
 
     def add_usergroup(self, id: str, members: list[str]) -> None:
         self.usergroups[id] = tuple(members)
