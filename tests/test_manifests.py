@@ -92,6 +92,9 @@ OTHERWISE_JUSTIFIED: dict[str, str] = {
     # which the inbox stores with each customer message (bot/slack_app.py SlackDirectory.identify) and tools match
     # a shop's customer records on.
     "users:read.email": "the author's verified email, for tools that check identity",
+    # No method either: downloading a file's url_private with the bot token needs it
+    # (https://docs.slack.dev/messaging/working-with-files), as bot/files.py SlackFiles does.
+    "files:read": "downloading the files customers attach, to read them for the agents",
 }
 
 # A floor for the scan, so that a scanner broken into finding nothing cannot pass.
