@@ -51,6 +51,10 @@ from db import models as m
 
 log = logging.getLogger(__name__)
 
+InboundKind = Literal["customer", "staff", "colleague"]
+"""Who wrote a stored message: the customer; a colleague in the case thread (relayed to the customer); or a colleague
+in the customer's own thread (a Slack Connect channel), which takes the conversation over and is relayed nowhere."""
+
 Route = Literal["bot", "reopen", "human"]
 """Who answers a customer's message: the active agent; the entry agent, from scratch (a closed conversation
 reopened); or the humans who have the conversation (the message waits for them)."""
@@ -75,6 +79,16 @@ class CaseChange:
     answered: bool
 
 
+@dataclass(frozen=True)
+class ColleagueStep:
+    """What a colleague writing in the customer's own thread does: the new mode, and the open case's change, or
+    the new case's state when `opens`."""
+
+    mode: str
+    change: CaseChange
+    opens: bool
+
+
 class Takeover(Protocol):
     """Human takeover as the engine sees it (escalation.machine implements it). It decides every change of a
     conversation's mode; the engine writes what it decides, with the turn, under the lease."""
@@ -87,6 +101,10 @@ class Takeover(Protocol):
 
     def staff_reply(self, mode: str, case: OpenCase | None, author: str | None) -> tuple[str, CaseChange] | None:
         """The mode and the case after a colleague's reply, or None when it is not relayed."""
+        ...
+
+    def colleague_wrote(self, mode: str, case: OpenCase | None, author: str | None) -> ColleagueStep:
+        """A colleague wrote in the customer's own thread (not the case thread): the conversation is theirs."""
         ...
 
 
@@ -107,6 +125,9 @@ class ResultKind(StrEnum):
     """A human owns the conversation and the customer's message waits for them."""
     STAFF = "staff"
     """A human colleague's message for the customer."""
+    TAKEN_OVER = "taken_over"
+    """A colleague wrote in the customer's own thread: humans have the conversation, in a case opened for them
+    (`escalation_reason` set) or claimed for them."""
     LIMITED = "limited"
     """Over a rate limit, no agent ran (`reply` is the notice, or None when the customer was told already)."""
     SET_ASIDE = "set_aside"
@@ -243,7 +264,7 @@ class Conversations:
         author: Author | None = None,
         external_id: str | None = None,
         order_key: str | None = None,
-        kind: Literal["customer", "staff"] = "customer",
+        kind: InboundKind = "customer",
     ) -> Submitted:
         """Store a customer message inside the caller's transaction (so it can be one write with the caller's
         own rows). `order_key` orders messages of one conversation when arrival order may differ from the
@@ -266,7 +287,7 @@ class Conversations:
         author: Author | None = None,
         external_id: str | None = None,
         order_key: str | None = None,
-        kind: Literal["customer", "staff"] = "customer",
+        kind: InboundKind = "customer",
         files: tuple[FileRef, ...] = (),
     ) -> dict[str, Any]:
         """The parameters of STORE_MESSAGE."""
@@ -487,11 +508,13 @@ class Conversations:
         assert inbound is not None
         route = self.takeover.route(started.mode)
         # A customer's message for the bot gets one more attempt, the apology; any other has no such fallback.
-        apologises = inbound.kind != "staff" and route != "human"
+        apologises = inbound.kind == "customer" and route != "human"
         if inbound.attempts > self.max_attempts + apologises:
             return self._set_aside(started, inbound)
         if inbound.kind == "staff":
             return self._staff_message(started, inbound)
+        if inbound.kind == "colleague":
+            return self._colleague_message(started, inbound)
         user = inbound.message()
         if route == "human":
             case_id = started.case.id if started.case else None
@@ -581,6 +604,26 @@ class Conversations:
         staff = Message("staff", inbound.text, author=inbound.author)
         return _Commit(result, mode, started.agent, started.context, (staff,), case_change=change)
 
+    def _colleague_message(self, started: _Started, inbound: _Inbound) -> _Commit:
+        """A colleague wrote in the customer's own thread: the bot stops answering there, and the case is theirs
+        (opened for them when there is none). Their words join the transcript as staff's; the customer saw them
+        in the thread already, so nothing is relayed."""
+        step = self.takeover.colleague_wrote(started.mode, started.case, inbound.author)
+        reason = Escalate("a colleague answered in the customer's thread", "colleague") if step.opens else None
+        case_id = None if started.case is None else started.case.id
+        result = MessageResult(
+            inbound.id, 0, ResultKind.TAKEN_OVER, None, started.agent,
+            escalation_reason=reason.reason if reason else None, escalation_id=case_id,
+        )  # fmt: skip
+        # The case is the customer's, not the colleague's who opened it: the last customer who wrote here.
+        customer = next((h.author for h in reversed(started.history) if h.role == "user" and h.author), None)
+        name = inbound.asker.name if inbound.asker else None
+        staff = Message("staff", inbound.text, author=inbound.author, author_name=name)
+        return _Commit(
+            result, step.mode, started.agent, started.context, (staff,),
+            escalate=reason, case_change=step.change, customer=customer,
+        )  # fmt: skip
+
     async def _finish(self, started: _Started, commit: _Commit, *, keep: bool) -> _Done:
         """The turn's one commit, fenced: nothing is written unless the lease still holds. The lease is
         released with it, unless `keep` and another message waits."""
@@ -609,7 +652,7 @@ class Conversations:
             "escalate": escalate is not None,
             "reason": escalate.reason if escalate else None,
             "trigger": escalate.trigger if escalate else None,
-            "customer": inbound.author,
+            "customer": commit.customer or inbound.author,
             "case_id": started.case.id if change and started.case else None,
             "case_status": str(change.status) if change else None,
             "claimed_by": change.claimed_by if change else None,
@@ -690,7 +733,9 @@ class _Commit:
     escalate: Escalate | None = None
     """Open a case."""
     case_change: CaseChange | None = None
-    """Change the open case (a colleague's reply)."""
+    """Change the open case (a colleague's reply), or with `escalate` the state the new case opens in."""
+    customer: str | None = None
+    """Whose case `escalate` opens, when not the message's author (a colleague opening it)."""
     told: Limit | None = None
     """The customer is told they are over this limit."""
 
@@ -845,9 +890,15 @@ WITH others AS (
     WHERE id = :id AND lease_token = :token AND lease_owner = :owner
     RETURNING id
 ), opened AS (
-    INSERT INTO escalations (conversation_id, inbound_id, reason, trigger, agent, customer)
+    INSERT INTO escalations (
+        conversation_id, inbound_id, reason, trigger, agent, customer, status, claimed_by, claimed_at,
+        first_response_at
+    )
+    -- Opened as `:case_status` when a colleague opens it for themselves (claimed, answered), else open.
     SELECT CAST(:id AS bigint), CAST(:inbound_id AS bigint), CAST(:reason AS text), CAST(:trigger AS text),
-           CAST(:agent AS text), CAST(:customer AS text)
+           CAST(:agent AS text), CAST(:customer AS text), coalesce(CAST(:case_status AS text), 'open'),
+           CAST(:claimed_by AS text), CASE WHEN CAST(:claimed_by AS text) IS NOT NULL THEN now() END,
+           CASE WHEN CAST(:case_status AS text) IS NOT NULL THEN now() END
     FROM conv WHERE CAST(:escalate AS boolean)
     RETURNING id
 ), changed AS (

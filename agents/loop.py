@@ -79,7 +79,7 @@ class TurnInput:
     """Who wrote that message, as the platform verified it: the tools' `ToolContext.asker`."""
 
 
-Trigger = Literal["agent", "budget", "ping_pong", "provider", "error", "paused"]
+Trigger = Literal["agent", "budget", "ping_pong", "provider", "error", "paused", "colleague"]
 
 
 # The closed set of things one model response can come to.

@@ -15,7 +15,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.address import Platform
-from agents.conversations import STORE_MESSAGE, Conversations
+from agents.conversations import STORE_MESSAGE, Conversations, InboundKind
 from agents.identity import Author
 from bot.metrics import Metrics
 from bot.outbox import ReplyStyle
@@ -32,7 +32,7 @@ from bot.slack_events import (
     delivery_of,
     sanitised,
 )
-from bot.staff import REPLY_REFUSED, StaffGate, Standing, refusal
+from bot.staff import REPLY_REFUSED, Colleagues, Member, StaffGate, Standing, refusal
 from db import models as m
 from db.deliveries import AddReaction, RelayDelete, RelayEdit, StaffNotice, Typing, enqueue
 from escalation.machine import OPEN_CASE
@@ -52,6 +52,10 @@ class People(Protocol):
         """The author with the name and email the platform holds for them; as given when it cannot say."""
         ...
 
+    async def member(self, user: str) -> Member | None:
+        """Their guest and organisation flags (the same cached profile as `identify`'s)."""
+        ...
+
 
 class Inbox:
     def __init__(
@@ -66,6 +70,7 @@ class Inbox:
         on_stored: Callable[[], None],
         people: People,
         staff: StaffGate,
+        colleagues: Colleagues | None = None,
     ) -> None:
         self.sessions = sessions
         self.people = people
@@ -76,6 +81,7 @@ class Inbox:
         self.metrics = metrics
         self.on_stored = on_stored
         self.staff = staff
+        self.colleagues = colleagues or Colleagues()
 
     async def accept(self, envelope: Mapping[str, Any], *, bot_user_id: str | None) -> str:
         """Store one event_callback in a single transaction; returns its disposition. Raises if the database
@@ -87,7 +93,9 @@ class Inbox:
         author = standing = None
         if isinstance(message, CustomerMessage):
             # Who wrote it is stored with it (tools act for that person), looked up before a connection is taken.
-            author = await self._identify(message.author)
+            author, colleague = await self._identify(message)
+            if colleague:  # not a customer: takes over a conversation that exists, and starts none
+                return await self.take(delivery, message, author=author, continues_only=True, colleague=True)
         elif isinstance(message, StaffReply):  # asked before the transaction: no connection waits for Slack
             async with asyncio.timeout(STAFF_CHECK_S):
                 standing = await self.staff.standing(message.user, team=delivery.team_id, user_team=message.user_team)
@@ -101,16 +109,18 @@ class Inbox:
         author: Author | None = None,
         standing: Standing | None = None,
         continues_only: bool = False,
+        colleague: bool = False,
     ) -> str:
         """Store what an edge made of one delivery (Slack's event, Teams' activity), in one transaction: `author`
         is the customer as the edge identified them, `standing` a colleague's as the edge checked it.
         `continues_only`: store a customer's message only in a conversation that exists (a Teams reply that does
-        not mention the bot, in a chain the bot was never asked into)."""
+        not mention the bot, in a chain the bot was never asked into). `colleague`: the customer message's writer is
+        staff (`bot.staff.Colleagues`), whose message takes the conversation over."""
         if isinstance(message, CustomerMessage):
             async with self.sessions() as s, s.begin():
                 # The hot path (every customer message): one statement, so an ack costs one round trip.
                 disposition = await self._store_customer(
-                    s, delivery, message, author or message.author, continues_only=continues_only
+                    s, delivery, message, author or message.author, continues_only=continues_only, colleague=colleague
                 )
         else:
             async with self.sessions() as s, s.begin():
@@ -120,29 +130,46 @@ class Inbox:
             self.on_stored()
         return disposition
 
-    async def _identify(self, author: Author) -> Author:
+    async def _identify(self, message: CustomerMessage) -> tuple[Author, bool]:
+        """The writer's profile, and whether they are a colleague rather than a customer. Both come from the one
+        users.info answer (cached), so a customer's message costs no Slack call beyond the profile's; a writer
+        who cannot be looked up in time is a customer, as before."""
+        author = message.author
         try:
             async with asyncio.timeout(IDENTIFY_WITHIN_S):
-                return await self.people.identify(author)
+                author = await self.people.identify(author)
+                if not self.colleagues.worth_asking(shared=message.shared):
+                    return author, False
+                member = await self.people.member(author.user)
+                return author, self.colleagues.includes(author, member, team=message.team, shared=message.shared)
         except Exception as exc:  # a slow or failing Web API never costs a customer's message
             reason = f"not within {IDENTIFY_WITHIN_S:g} s" if isinstance(exc, TimeoutError) else repr(exc)
-            log.warning("no profile for %s (%s): stored without name and email", author.user, reason)
-            return author
+            log.warning("no profile for %s (%s): stored without name and email", message.user, reason)
+            return author, False
 
     async def _store_customer(
-        self, s: AsyncSession, delivery: Delivery, message: CustomerMessage, author: Author, *, continues_only: bool
+        self,
+        s: AsyncSession,
+        delivery: Delivery,
+        message: CustomerMessage,
+        author: Author,
+        *,
+        continues_only: bool,
+        colleague: bool,
     ) -> str:
-        # The "being handled" signal, queued with the message: Slack's working reaction on it, Teams' typing.
+        # The "being handled" signal, queued with the message: Slack's working reaction on it, Teams' typing; a
+        # colleague's message is not the bot's to handle.
         teams = message.platform == Platform.TEAMS
-        working = None if teams else self.style.working_reaction or None
+        working = None if teams or colleague else self.style.working_reaction or None
+        kind: InboundKind = "colleague" if colleague else "customer"
         params = self.conversations.store_params(
-            message.conversation_key, message.text, author, message.ts, message.ts, files=message.files
+            message.conversation_key, message.text, author, message.ts, message.ts, kind, files=message.files
         ) | {
             "event_id": delivery.event_id,
             "team_id": delivery.team_id,
             "event_type": delivery.event_type,
             "reaction": working,
-            "working_kind": Typing.kind if teams else AddReaction.kind if working else None,
+            "working_kind": None if colleague else Typing.kind if teams else AddReaction.kind if working else None,
             "channel": message.channel,
             "ts": None if teams else message.ts,
             "thread": message.address.thread if teams else None,

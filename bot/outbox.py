@@ -148,9 +148,16 @@ def turn_outbox(
             owed.append(CasePost(cid, escalation_id, policy.staff_channel))
         if result.kind == ResultKind.HUMAN and escalation_id is not None and policy.staff_channel:
             owed.append(RelayToStaff(cid, escalation_id, commit.author, commit.text))
+        if result.kind == ResultKind.TAKEN_OVER and escalation_id is not None and policy.staff_channel:
+            # Staff learn of it from the case alone (posted, or showing its new owner); the words stay in the thread.
+            if result.escalation_reason is not None:  # opened for them
+                owed.append(CasePost(cid, escalation_id, policy.staff_channel))
+            else:
+                owed.append(CaseUpdate(cid, escalation_id))
         # Teams has no reactions a bot can add: its "being handled" signal is the typing indicator, sent when the
         # message is stored, and the reply itself ends it.
-        if commit.external_id and result.kind != ResultKind.STAFF and address.platform != Platform.TEAMS:
+        from_customer = result.kind not in (ResultKind.STAFF, ResultKind.TAKEN_OVER)
+        if commit.external_id and from_customer and address.platform != Platform.TEAMS:
             message = commit.external_id
             if style.working_reaction:
                 owed.append(RemoveReaction(cid, channel, message, style.working_reaction))

@@ -51,7 +51,7 @@ from bot.preflight import staff_channel_problem, staff_channel_status
 from bot.settings import Settings
 from bot.slack_app import SlackDirectory, build_app, slack_client
 from bot.slack_events import Policy
-from bot.staff import Member, Members, StaffGate, StaffList
+from bot.staff import Colleagues, Member, Members, StaffGate, StaffList
 from bot.teams_app import EitherDirectory, TeamsAuth, TeamsDirectory, TeamsEdge, TeamsPeople
 from bot.teams_events import TeamsPolicy
 from bot.teams_messenger import ServiceUrls, TeamsMessenger
@@ -183,6 +183,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             summarize=llm_summarizer(runtime.chat_model(settings), settings.openai_model)
             if policy.llm_summary
             else None,
+            name_suffix=settings.staff_name_suffix,
         )
         sender = OutboxSender(
             engine=db.engine,
@@ -223,6 +224,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             on_stored=workers.wake_all,
             people=directory or NoMembers(),
             staff=staff,
+            colleagues=Colleagues(settings.staff_teams, settings.staff_domains),
         )
         workers.housekeeping = [(inbox.prune, 600), (lambda: desk.remind(now=now()), 30)]
         app = None

@@ -9,10 +9,17 @@ import re
 import string
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    DotEnvSettingsSource,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from agents.address import Platform
 from agents.loop import Texts
@@ -76,6 +83,12 @@ class Settings(BaseSettings):
     staff_user_ids: str = ""
     staff_usergroup_id: str | None = None
     """With either set, only the people listed (or in the group) act as staff; guests and external members never."""
+    staff_team_ids: str = ""
+    staff_email_domains: str = ""
+    """Writers in customer threads who are colleagues, not customers (besides our own workspace's members in Slack
+    Connect channels): comma-separated workspace ids, and domains of verified emails (`bot.staff.Colleagues`)."""
+    staff_name_suffix: str = " (Driftwing team)"
+    """After a colleague's name on what they say to customers; empty (`STAFF_NAME_SUFFIX=`): nothing."""
     admin_user_ids: str = ""
     admin_workspace_admins: bool = False
     admin_command: str = "/support"
@@ -247,6 +260,44 @@ class Settings(BaseSettings):
     @property
     def staff_ids(self) -> frozenset[str]:
         return _ids(self.staff_user_ids)
+
+    @property
+    def staff_teams(self) -> frozenset[str]:
+        return _ids(self.staff_team_ids)
+
+    @property
+    def staff_domains(self) -> frozenset[str]:
+        return frozenset(domain.lower().lstrip("@") for domain in _ids(self.staff_email_domains))
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        env_file = dotenv_settings.env_file if isinstance(dotenv_settings, DotEnvSettingsSource) else None
+        blank_env = _Blanks(settings_cls, EnvSettingsSource(settings_cls, env_ignore_empty=False))
+        blank_dotenv = _Blanks(settings_cls, DotEnvSettingsSource(settings_cls, env_file, env_ignore_empty=False))
+        return init_settings, env_settings, blank_env, dotenv_settings, blank_dotenv, file_secret_settings
+
+
+class _Blanks(PydanticBaseSettingsSource):
+    """The settings for which empty means "none" rather than "not set", where `source` has them empty."""
+
+    FIELDS = frozenset({"staff_name_suffix"})
+
+    def __init__(self, settings_cls: type[BaseSettings], source: PydanticBaseSettingsSource) -> None:
+        super().__init__(settings_cls)
+        self.source = source
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {name: "" for name, value in self.source().items() if name in self.FIELDS and value == ""}
 
 
 def _ids(listed: str) -> frozenset[str]:

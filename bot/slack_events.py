@@ -33,6 +33,9 @@ class CustomerMessage:
     """The writer's name where the delivery carries it (Teams does; Slack's edge asks `users.info`)."""
     files: tuple[FileRef, ...] = ()
     """What it carried; read before its turn (bot.files), so a message of files alone is answered too."""
+    shared: bool = False
+    """The channel is shared with another organisation (Slack Connect: the envelope's is_ext_shared_channel), where
+    our own colleagues write beside the customers."""
 
     @property
     def author(self) -> Author:
@@ -247,7 +250,8 @@ def classify(envelope: Mapping[str, Any], policy: Policy) -> Incoming:
         return Ignored("no text")
     thread_ts = DM if is_dm else event.get("thread_ts") or ts
     user_team = str(event.get("user_team") or team)
-    return CustomerMessage(team, channel, str(thread_ts), ts, user, text, is_dm, user_team, files=files)
+    shared = envelope.get("is_ext_shared_channel") is True and not is_dm
+    return CustomerMessage(team, channel, str(thread_ts), ts, user, text, is_dm, user_team, files=files, shared=shared)
 
 
 def files_of(event: Mapping[str, Any]) -> tuple[FileRef, ...]:

@@ -4,6 +4,9 @@ Resolve and Hand back clicks count.
 Being in the staff channel is not enough: a public staff channel lets any customer who joins it in, and guests
 and people of other organisations (Slack Connect) can be invited to any channel. So guests and external members
 never count, and with an allow-list (STAFF_USER_IDS, STAFF_USERGROUP_ID) only the people on it do.
+
+In a customer's own thread the question is the other way round (`Colleagues`): who is not a customer, so that
+their message takes the conversation over instead of getting an answer from the bot.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
+
+from agents.identity import Author
 
 
 class Standing(StrEnum):
@@ -102,3 +107,32 @@ class StaffGate:
         if user in self.listed.users:
             return True
         return self.listed.usergroup is not None and user in await self.members.usergroup(self.listed.usergroup)
+
+
+@dataclass(frozen=True)
+class Colleagues:
+    """Who, writing in a customer's thread, speaks for the company rather than asking it (Slack Connect): in a
+    channel shared with another organisation, members of our own workspace; in any channel, members of a
+    workspace in STAFF_TEAM_IDS and people whose verified email is at a domain in STAFF_EMAIL_DOMAINS. Guests
+    never are, whatever their workspace or email; nor anyone Slack does not describe. Our own workspace counts
+    only in shared channels: in a community workspace, the customers are its members too."""
+
+    teams: frozenset[str] = frozenset()
+    email_domains: frozenset[str] = frozenset()
+    """Lower case, without the `@`."""
+
+    def worth_asking(self, *, shared: bool) -> bool:
+        """Whether a message in this channel can come from a colleague at all (so the ack looks at its writer)."""
+        return shared or bool(self.teams or self.email_domains)
+
+    def includes(self, author: Author, member: Member | None, *, team: str, shared: bool) -> bool:
+        """`author` as identified (verified email included), `member` their users.info flags (the same cached
+        answer), `team` our workspace, `shared` whether the channel is shared with another organisation."""
+        if member is None or member.guest:
+            return False
+        if shared and author.workspace == team and member.outsider(team) is None:
+            return True
+        if author.workspace in self.teams:
+            return True
+        _, at, domain = (author.email or "").rpartition("@")
+        return bool(at) and domain.lower() in self.email_domains

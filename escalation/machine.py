@@ -6,9 +6,11 @@ the answer with the turn), the case desk asks for staff actions (and writes the 
              ▲                      │                                         │
              └──── hand back ◀──────┴─────────────────────────────────────────┘
                                     └──── resolve / close ──▶ closed ──customer writes──▶ bot (entry agent)
+            any ──a colleague writes in the customer's own thread (Slack Connect)──▶ human
 
-    case    open ──claim / first staff reply──▶ claimed ──▶ resolved | handed_back
-            open ──────────────────────────────────────────▶ resolved | handed_back
+    case    open ──claim / first staff reply / colleague in the thread──▶ claimed ──▶ resolved | handed_back
+            open ──────────────────────────────────────────────────────────────────▶ resolved | handed_back
+            (none) ──colleague in the customer's thread──▶ claimed (opened for them)
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
-from agents.conversations import CaseChange, OpenCase, Route
+from agents.conversations import CaseChange, ColleagueStep, OpenCase, Route
 
 
 class Mode(StrEnum):
@@ -85,6 +87,13 @@ class Takeover:
             return None
         claimed_by = case.claimed_by or author
         return Mode.HUMAN, CaseChange(CaseStatus.CLAIMED, claimed_by, answered=True)
+
+    def colleague_wrote(self, mode: str, case: OpenCase | None, author: str | None) -> ColleagueStep:
+        """A colleague wrote in the customer's own thread: humans have the conversation from now on, whatever its
+        mode. The open case is claimed for them (unless someone has it already); with none, one is opened for them,
+        claimed. They answered the customer themselves, in the thread."""
+        claimed_by = (case.claimed_by if case else None) or author
+        return ColleagueStep(Mode.HUMAN, CaseChange(CaseStatus.CLAIMED, claimed_by, answered=True), opens=case is None)
 
     # ---- the desk's side: buttons and admin commands
 

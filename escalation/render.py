@@ -45,10 +45,13 @@ class CaseRenderer:
         sessions: async_sessionmaker[AsyncSession],
         directory: Directory,
         summarize: Summarizer | None = None,
+        name_suffix: str,
     ) -> None:
         self.sessions = sessions
         self.directory = directory
         self.summarize = summarize
+        self.name_suffix = name_suffix
+        """After a colleague's name on their relayed messages (STAFF_NAME_SUFFIX)."""
         self._summaries: dict[int, str] = {}
         """Written once, when the case is posted: updates of the case message re-render its state, and must
         not cost an LLM call (or a wait in the conversation's outbox) per staff reply."""
@@ -65,7 +68,7 @@ class CaseRenderer:
         words = await self.staff_words(relay.conversation_id, relay.source) if relay.source else relay.text
         if words is None:
             return None
-        return views.relay_to_customer(await self._person(relay.author), words)
+        return views.relay_to_customer(await self._person(relay.author), words, suffix=self.name_suffix)
 
     async def staff_words(self, conversation_id: int, source: str) -> str | None:
         """A colleague's message as last edited, None once deleted (or edited into a note): read when its relay

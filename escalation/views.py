@@ -118,9 +118,10 @@ def relay_text(text: str) -> str:
     return clip(inert(text), MESSAGE_TEXT)
 
 
-def relay_to_customer(colleague: Person, text: str) -> Message:
+def relay_to_customer(colleague: Person, text: str, *, suffix: str) -> Message:
+    """`suffix` follows the colleague's name (STAFF_NAME_SUFFIX), so the customer sees who speaks for the company."""
     # The username is plain text to Slack (no mentions, no links), so the colleague's name goes in as it is.
-    return Message(relay_text(text), shown_as=Person(f"{colleague.name} (Driftwing team)", colleague.avatar))
+    return Message(relay_text(text), shown_as=Person(f"{colleague.name}{suffix}", colleague.avatar))
 
 
 _FIXES = {

@@ -886,6 +886,7 @@ class SlackEmulator:
             self.deliveries.append(Delivery(payload, None, repr(exc)))
 
     def event_envelope(self, event: dict[str, Any], *, event_id: str | None = None) -> dict[str, Any]:
+        channel = self.channels.get(str(event.get("channel")))
         return {
             "token": VERIFICATION_TOKEN,
             "team_id": TEAM_ID,
@@ -895,6 +896,8 @@ class SlackEmulator:
             "event_id": event_id or f"Ev{secrets.token_hex(6).upper()}",
             "event_time": int(time.time()),
             "authorizations": [{"team_id": TEAM_ID, "user_id": BOT_USER_ID, "is_bot": True}],
+            # Slack says on every event whether its channel is shared with another organisation (Slack Connect).
+            "is_ext_shared_channel": channel is not None and channel.is_ext_shared,
         }
 
     async def deliver(
