@@ -117,6 +117,13 @@ class HandoffRecord:
 
 
 @dataclass(frozen=True)
+class TurnStarted:
+    """An agent began working on the customer's message (before its first model call)."""
+
+    agent: str
+
+
+@dataclass(frozen=True)
 class ToolStarted:
     agent: str
     call: ToolCall
@@ -158,7 +165,7 @@ class TurnResult:
     llm_calls: tuple[LLMCallRecord, ...]
 
 
-Event = ToolStarted | ToolRecord | HandoffRecord | Reply | Escalate
+Event = TurnStarted | ToolStarted | ToolRecord | HandoffRecord | Reply | Escalate
 EventSink = Callable[[Event], Awaitable[None]]
 
 
@@ -191,6 +198,7 @@ async def run_turn(
         await emit(outcome)
         return TurnResult(agent.name, context, tuple(new), outcome, text, tuple(handoffs), tuple(tools), tuple(calls))
 
+    await emit(TurnStarted(agent.name))
     while True:
         if asked >= config.max_llm_calls:
             return await finish(Escalate("LLM call budget for one message ran out", "budget"), config.texts.budget)

@@ -9,7 +9,7 @@ import uuid
 
 from agents.conversations import Conversations, ResultKind
 from agents.identity import Author
-from agents.loop import Escalate, Event, HandoffRecord, Reply, ToolRecord, ToolStarted
+from agents.loop import Escalate, Event, HandoffRecord, Reply, ToolRecord, ToolStarted, TurnStarted
 from agents.shop import DEMO_CUSTOMER, ORDERS
 from bot import runtime
 from bot.settings import Settings
@@ -41,7 +41,7 @@ async def _show(event: Event) -> None:
             print(_style("33", f"  handoff {src} -> {dst}" + (f" ({reason})" if reason else "")))
         case Escalate(reason, trigger):
             print(_style("35", f"  escalated to a human ({trigger}): {reason}"))
-        case Reply():
+        case Reply() | TurnStarted():
             pass
 
 

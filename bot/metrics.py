@@ -132,6 +132,12 @@ class Metrics:
         self.completion_tokens = Counter(
             "helpdesk_llm_completion_tokens_total", "completion tokens of those calls", registry=self.registry
         )
+        self.status_failures = Counter(
+            "helpdesk_status_failures_total",
+            "Slack AI status calls that failed (the reply goes out regardless), by error",
+            ["error"],
+            registry=self.registry,
+        )
         self.gauges: DatabaseGauges | None = None
         """Set once the database is open (`watch`)."""
 

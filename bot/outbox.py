@@ -38,11 +38,13 @@ from agents.address import Address, Platform
 from agents.agent import Roster
 from agents.conversations import ResultKind, TurnCommit
 from agents.leases import keep_renewed, process_owner
+from bot.answers import answer_message
 from bot.messenger import Messenger, Refused, Where
 from bot.slack_messenger import SlackMessenger
 from db import models as m
 from db.deliveries import (
     AddReaction,
+    Answer,
     CasePost,
     CaseUpdate,
     Change,
@@ -114,6 +116,14 @@ def posts(*, conversation_id: int, address: Address, body: str) -> list[Post]:
     return [Post(conversation_id, address.channel, address.thread, part) for part in parts]
 
 
+def answers(*, conversation_id: int, address: Address, body: str) -> list[Post] | list[Answer]:
+    """An agent's answer: in Slack `Answer`s, kept as the model's Markdown and rendered when sent (markdown block,
+    feedback buttons); in Teams `posts`."""
+    if address.platform == Platform.TEAMS:
+        return posts(conversation_id=conversation_id, address=address, body=body)
+    return [Answer(conversation_id, address.channel, address.thread, part) for part in split_text(body)]
+
+
 def turn_outbox(
     roster: Roster,
     style: ReplyStyle,
@@ -139,7 +149,9 @@ def turn_outbox(
                 source = commit.external_id
                 owed.append(RelayToCustomer(cid, escalation_id, channel, thread, commit.author, commit.text, source))
                 owed.append(CaseUpdate(cid, escalation_id))
-        elif result.reply:
+        elif result.reply and result.kind == ResultKind.REPLY:
+            owed += answers(conversation_id=cid, address=address, body=result.reply)
+        elif result.reply:  # a notice: escalated, over a limit
             owed += posts(conversation_id=cid, address=address, body=result.reply)
         if result.kind == ResultKind.ESCALATED and escalation_id is not None and policy.staff_channel:
             if policy.hours is not None and not policy.hours.is_open(clock()):
@@ -218,6 +230,7 @@ class OutboxSender:
         hand_back: Callable[[int], Awaitable[object]] | None = None,
         owner: str = "",
         lease_s: float = 30.0,
+        feedback_buttons: bool = True,
     ) -> None:
         self.engine = engine
         self.owner = owner or process_owner()
@@ -242,6 +255,8 @@ class OutboxSender:
         """Reactions there (a colleague's note marked 📝) go to the staff platform."""
         self.unreachable_notice = unreachable_notice
         """Posted to the customer when their case could not be posted at all."""
+        self.feedback_buttons = feedback_buttons
+        """👍/👎 under each AI answer (FEEDBACK_BUTTONS)."""
         self.hand_back = hand_back
         """Hands the conversation of a case that could not be posted back to the bot (the desk's transition)."""
 
@@ -524,7 +539,11 @@ class OutboxSender:
 
     async def _where(self, delivery: NewMessage) -> Where:
         match delivery:
-            case Post(channel=channel, thread=thread) | RelayToCustomer(channel=channel, thread=thread):
+            case (
+                Post(channel=channel, thread=thread)
+                | Answer(channel=channel, thread=thread)
+                | RelayToCustomer(channel=channel, thread=thread)
+            ):
                 return Where(channel, thread)
             case CasePost(channel=channel):
                 return Where(channel, None)
@@ -540,6 +559,8 @@ class OutboxSender:
         match delivery:
             case Post(text=text):
                 return Message(text, native=True)
+            case Answer(text=markdown):
+                return answer_message(markdown, feedback=self.feedback_buttons)
             case CasePost(escalation_id=escalation_id):
                 return await self._renderer().case(escalation_id)
             case RelayToStaff():

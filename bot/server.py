@@ -52,6 +52,7 @@ from bot.settings import Settings
 from bot.slack_app import SlackDirectory, build_app, slack_client
 from bot.slack_events import Policy
 from bot.staff import Colleagues, Member, Members, StaffGate, StaffList
+from bot.status import SlackStatus
 from bot.teams_app import EitherDirectory, TeamsAuth, TeamsDirectory, TeamsEdge, TeamsPeople
 from bot.teams_events import TeamsPolicy
 from bot.teams_messenger import ServiceUrls, TeamsMessenger
@@ -197,6 +198,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             unreachable_notice=settings.case_unreachable_message,
             hand_back=lambda escalation_id: desk.apply(escalation_id=escalation_id, action="hand_back", user=BOT_ACTOR),
             lease_s=settings.lease_seconds,
+            feedback_buttons=settings.feedback_buttons,
         )
         workers = Workers(
             conversations=conversations,
@@ -205,6 +207,14 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             max_turns=settings.max_concurrent_turns,
             listen_url=runtime.listen_url(settings, db.url),
             enabled=settings.process_role != "web",
+            # Its own client that retries nothing: a status late is a status wrong.
+            status=SlackStatus(
+                slack_client(token=token, base_url=api, idempotent_only=True),
+                failures=metrics.status_failures,
+                title=lambda name: roster.get(name).title,
+            )
+            if slack
+            else None,
         )
         desk = CaseDesk(sessions=db.sessions, policy=policy, on_change=workers.wake_sender, leases=leases)
         # The acknowledgement path gets its own small pool, so a burst of events never queues behind the

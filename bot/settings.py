@@ -104,6 +104,8 @@ class Settings(BaseSettings):
     handoff_notice: str = "_Connecting you with {agent}…_"
     working_reaction: str = "eyes"
     done_reaction: str = "white_check_mark"
+    feedback_buttons: bool = True
+    """👍/👎 buttons under each AI answer in Slack (Block Kit feedback buttons)."""
     process_role: Literal["all", "web", "worker"] = "all"
     """web: receive and acknowledge (events, buttons, commands) only; worker: turns, the outbox and reminders
     only (with /healthz and /metrics). Split, acknowledgements never wait behind turns on one event loop."""

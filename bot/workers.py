@@ -17,10 +17,11 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg  # type: ignore[import-untyped]
 
-from agents.conversations import Conversations
+from agents.conversations import Conversations, MessageResult
 from agents.leases import Lease, LeaseLost
 from bot.metrics import Metrics
 from bot.outbox import OutboxSender
+from bot.status import SlackStatus
 from db.url import libpq_dsn
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,7 @@ class Workers:
         listen_url: str | None = None,
         housekeeping: list[tuple[Callable[[], Awaitable[object]], float]] | None = None,
         enabled: bool = True,
+        status: SlackStatus | None = None,
     ) -> None:
         self.conversations = conversations
         self.sender = sender
@@ -160,6 +162,8 @@ class Workers:
         """False in a process that only receives (PROCESS_ROLE=web): nothing runs here, the workers elsewhere
         are woken by the database (NOTIFY)."""
         self.ready = False
+        self.status = status
+        """Shows Slack's AI status while a turn works; None: only the reactions do."""
 
     @property
     def in_flight(self) -> int:
@@ -209,6 +213,8 @@ class Workers:
             for task in late:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+        if self.status is not None:
+            await self.status.drain()
 
     async def _sleep(self, event: asyncio.Event, seconds: float) -> None:
         waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stopping.wait())]
@@ -242,8 +248,10 @@ class Workers:
 
     async def _run(self, lease: Lease) -> None:
         started = time.perf_counter()
+        shown = self.status.turn() if self.status is not None else None
+        results: list[MessageResult] = []
         try:
-            results = await self.conversations.run_leased(lease)
+            results = await self.conversations.run_leased(lease, on_event=shown.on_event if shown else None)
         except LeaseLost:
             log.warning("lost the lease of conversation %s: its turn was not committed", lease.conversation_id)
             results = []
@@ -253,6 +261,8 @@ class Workers:
         finally:
             self._running.discard(asyncio.current_task())
             self.wake_turns()  # a place is free
+            if shown is not None:
+                shown.finish(results)
         for result in results:
             self.metrics.processed.labels(result.kind).inc()
             if result.limited_by is not None:

@@ -51,6 +51,19 @@ class Post:
 
 
 @dataclass(frozen=True)
+class Answer:
+    """An AI agent's answer in a Slack conversation, rendered when it is sent (Slack's markdown block over an mrkdwn
+    fallback, and the feedback buttons): the only post that carries them, not the notices, relays or cases."""
+
+    kind: ClassVar[str] = "answer"
+    conversation_id: int
+    channel: str
+    thread: str | None
+    text: str
+    """The model's Markdown, as it wrote it, short enough for one message."""
+
+
+@dataclass(frozen=True)
 class _Reaction:
     conversation_id: int
     channel: str
@@ -166,7 +179,7 @@ class StaffNotice(_OfCase):
     text: str
 
 
-NewMessage = Post | CasePost | RelayToStaff | RelayToCustomer | Reminder
+NewMessage = Post | Answer | CasePost | RelayToStaff | RelayToCustomer | Reminder
 Change = AddReaction | RemoveReaction | Typing | CaseUpdate | RelayEdit | RelayDelete | StaffNotice
 Delivery = NewMessage | Change
 
@@ -174,6 +187,7 @@ KINDS: dict[str, type[Delivery]] = {
     cls.kind: cls
     for cls in (
         Post,
+        Answer,
         AddReaction,
         RemoveReaction,
         Typing,

@@ -133,6 +133,11 @@ class CaseRenderer:
             )
             for r in reversed(recent)
         ]
+        # As each was shown in Slack: the agents wrote Markdown, people mrkdwn (a colleague's `*bold*` is bold).
+        shown = [
+            (who, from_markdown(text) if r.role == "assistant" else inert(text))
+            for (who, text), r in zip(lines, reversed(recent), strict=True)
+        ]
         permalink = None
         if address is not None and address.thread is not None:
             permalink = await self.directory.permalink(address.channel, address.thread)
@@ -142,7 +147,7 @@ class CaseRenderer:
             channel=channel,
             permalink=permalink,
             reason=escalation.reason,
-            summary=self._summaries.get(escalation.id) or await self._summary(lines),
+            summary=self._summaries.get(escalation.id) or await self._summary(lines, shown),
             agent=escalation.agent,
             status=escalation.status,
             claimed_by=escalation.claimed_by,
@@ -156,15 +161,16 @@ class CaseRenderer:
         self._summaries[escalation.id] = view.summary
         return view
 
-    async def _summary(self, lines: list[tuple[str, str]]) -> str:
-        """mrkdwn for the case message: the model's summary (Markdown), or the last messages; either way made
-        inert, as the messages (and a model summarizing them) may carry mentions and disguised links."""
+    async def _summary(self, lines: list[tuple[str, str]], shown: list[tuple[str, str]]) -> str:
+        """mrkdwn for the case message: the model's summary (Markdown) of `lines`, or the last messages as `shown`
+        (mrkdwn, inert); either way made inert, as the messages (and a model summarizing them) may carry mentions
+        and disguised links."""
         if self.summarize is not None:
             try:
                 return from_markdown(await self.summarize(lines))
             except Exception as exc:  # a case without an LLM summary beats no case
                 log.warning("case summary failed, showing the last messages: %s", exc)
-        transcript = [f"*{escape(who)}:* {clip(inert(text), LINE)}" for who, text in lines[-6:]]
+        transcript = [f"*{escape(who)}:* {clip(text, LINE)}" for who, text in shown[-6:]]
         return "\n".join(transcript) or "(no messages)"
 
 

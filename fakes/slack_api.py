@@ -130,6 +130,14 @@ class Msg:
 
 
 @dataclass(frozen=True)
+class Status:
+    """An AI status under a thread (assistant.threads.setStatus)."""
+
+    status: str
+    loading_messages: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Ephemeral:
     channel: str
     user: str
@@ -209,7 +217,8 @@ class _Fault:
 def block_kit_problem(blocks: Any) -> str | None:
     """What Slack would refuse in a message's blocks (answering `invalid_blocks`), or None. The documented limits
     (docs.slack.dev, Block Kit reference) of the block types the bot sends: header, section, context, actions with
-    buttons, divider; any other type is refused, so that a new one gets its limits here before the bot uses it.
+    buttons, divider, markdown (12,000 characters across a message's markdown blocks) and context_actions (feedback
+    buttons); any other type is refused, so that a new one gets its limits here before the bot uses it.
     Written out here rather than imported from `slacktext.limits`: the emulator plays Slack, so a wrong limit in the
     bot must fail against it, not be copied into it."""
     if blocks is None:
@@ -224,7 +233,8 @@ def block_kit_problem(blocks: Any) -> str | None:
             return f"{kind}: block_id over 255 characters"
         if (problem := _block_problem(kind, block)) is not None:
             return f"{kind}: {problem}"
-    return None
+    markdown = sum(len(str(b.get("text") or "")) for b in blocks if b.get("type") == "markdown")
+    return "markdown blocks over 12,000 characters together" if markdown > 12_000 else None
 
 
 def _block_problem(kind: Any, block: dict[str, Any]) -> str | None:
@@ -246,7 +256,30 @@ def _block_problem(kind: Any, block: dict[str, Any]) -> str | None:
             return _elements_problem(block.get("elements"), 25, _button_problem)
         case "divider":
             return None
+        case "markdown":
+            text = block.get("text")
+            return None if isinstance(text, str) and text else "text that is not a non-empty string"
+        case "context_actions":
+            return _elements_problem(block.get("elements"), 5, _feedback_buttons_problem)
     return "a block type the emulator does not know"
+
+
+def _feedback_buttons_problem(element: Any) -> str | None:
+    """A feedback_buttons element (the only context_actions element the bot sends): both buttons, each a plain_text
+    of at most 75 characters and a value of at most 2,000."""
+    if not isinstance(element, dict) or element.get("type") != "feedback_buttons":
+        return "an element that is not feedback_buttons"
+    if len(str(element.get("action_id") or "")) > 255:
+        return "action_id over 255 characters"
+    for side in ("positive_button", "negative_button"):
+        button = element.get(side)
+        if not isinstance(button, dict) or not isinstance(button.get("value"), str) or len(button["value"]) > 2000:
+            return f"{side} without a value of at most 2,000 characters"
+        if len(str(button.get("accessibility_label") or "")) > 75:
+            return f"{side} accessibility_label over 75 characters"
+        if (problem := _text_problem(button.get("text"), 75, plain=True)) is not None:
+            return f"{side} {problem}"
+    return None
 
 
 def _elements_problem(elements: Any, most: int, check: Callable[[Any], str | None]) -> str | None:
@@ -352,6 +385,8 @@ class SlackEmulator:
         self.channels: dict[str, Channel] = {}
         self._messages: dict[str, dict[str, Msg]] = {}  # channel -> ts -> message, in ts order
         self._reply_index: dict[tuple[str, str], list[str]] = {}  # (channel, root ts) -> reply ts, in order
+        self.statuses: dict[tuple[str, str], Status] = {}
+        """The AI status shown under each thread (channel, root ts), while one is; a bot post in it clears it."""
         self._faults: dict[str, deque[_Fault]] = {}
         self._holds: dict[str, asyncio.Event] = {}
         self._drops: list[tuple[str, dict[str, str]]] = []  # (method, params it must have), one per lost answer
@@ -381,6 +416,7 @@ class SlackEmulator:
             "conversations.info": self._conversations_info,
             "conversations.replies": self._replies,
             "conversations.history": self._history,
+            "assistant.threads.setStatus": self._set_status,
         }
         self.add_user(BOT_USER_ID, BOT_NAME, "Helpdesk", is_bot=True)
         self.add_user("U_CUSTOMER", "casey", "Casey Customer")
@@ -653,6 +689,23 @@ class SlackEmulator:
             "is_enterprise_install": False,
         }
 
+    def _set_status(self, params: dict[str, Any]) -> dict[str, Any]:
+        """assistant.threads.setStatus: an empty status clears; more than 10 loading messages are refused."""
+        channel = self._channel_param(params, key="channel_id")
+        thread = _require(params, "thread_ts", "invalid_thread_ts")
+        if self.message(channel.id, thread) is None:
+            raise SlackApiFailure("invalid_thread_ts")
+        status, loading = params.get("status"), params.get("loading_messages") or []
+        if isinstance(loading, str):
+            loading = json.loads(loading)
+        if not isinstance(status, str) or not isinstance(loading, list) or len(loading) > 10:
+            raise SlackApiFailure("invalid_arguments")
+        if status:
+            self.statuses[(channel.id, thread)] = Status(status, tuple(str(m) for m in loading))
+        else:
+            self.statuses.pop((channel.id, thread), None)
+        return {}
+
     def _post_message(self, params: dict[str, Any]) -> dict[str, Any]:
         channel = self._channel_param(params)
         if channel.is_archived:
@@ -677,6 +730,8 @@ class SlackEmulator:
             icon_emoji=_str(params, "icon_emoji"),
         )
         self._store(msg)
+        if msg.thread_ts is not None:  # Slack clears the AI status when the app posts in the thread
+            self.statuses.pop((channel.id, msg.thread_ts), None)
         event = self._render(msg, metadata=False) | {"bot_profile": {"id": BOT_ID, "name": BOT_NAME}}
         self._echo(event | self._event_fields(channel, msg.ts))
         return {"channel": channel.id, "ts": msg.ts, "message": self._render(msg)}
@@ -790,8 +845,8 @@ class SlackEmulator:
             raise SlackApiFailure("channel_not_found")
         return channel
 
-    def _channel_param(self, params: Mapping[str, Any]) -> Channel:
-        return self._channel(_require(params, "channel", "channel_not_found"))
+    def _channel_param(self, params: Mapping[str, Any], *, key: str = "channel") -> Channel:
+        return self._channel(_require(params, key, "channel_not_found"))
 
     def _store(self, msg: Msg) -> Msg:
         stored = self._messages.setdefault(msg.channel, {})

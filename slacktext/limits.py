@@ -16,6 +16,8 @@ POST_TEXT = 3_900
 """One post of a long answer: Slack recommends staying under 4,000 characters a message."""
 BLOCKS = 50
 """Blocks in one message."""
+MARKDOWN_TEXT = 12_000
+"""All markdown blocks of one message together."""
 HEADER_TEXT = 150
 """A header block's plain_text."""
 TEXT_OBJECT = 3_000
@@ -77,6 +79,8 @@ def _fit_block(block: dict[str, Any]) -> dict[str, Any]:
     match block.get("type"):
         case "header":
             fitted["text"] = _fit_text(block["text"], HEADER_TEXT)
+        case "markdown":  # one per message as we send them, so the block has the whole allowance
+            fitted["text"] = clip(block["text"], MARKDOWN_TEXT)
         case "section":
             if "text" in block:
                 fitted["text"] = _fit_text(block["text"], TEXT_OBJECT)

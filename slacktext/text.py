@@ -17,6 +17,11 @@ The words `@channel`, `@here` and `@everyone` typed as plain text notify nobody 
 API: Slack makes mentions of them only when the call sets `link_names` (or `parse=full`), and no call of ours does
 (chat.postMessage and chat.update in bot/outbox.py, the /support answers through response_url), so they are left as
 written.
+
+Slack's `markdown` block takes standard Markdown, which Slack renders itself (headings, lists, tables). What goes into
+it is made inert the same way (`inert_markdown`): `&`, `<` and `>` as entities outside code, so no `<!here>` or
+`<@U…>` works; every link, of either syntax, shown with its real target beside its label; and no reference-style
+link definitions, whose labels could name any place.
 """
 
 from __future__ import annotations
@@ -30,6 +35,14 @@ _ENTITY = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 _CODE = re.compile(r"```.*?```|`[^`\n]+`", re.DOTALL)
 _LINK = re.compile(r"<((?:https?://|mailto:)[^\s<>|]+)(?:\|([^<>]*))?>")
 _SCHEME = re.compile(r"^(?:https?://|mailto:)")
+_MD_LINK = re.compile(
+    r"!?\[([^\]\n]*)\]\(\s*<?([^()\s<>]*(?:\([^()\s<>]*\)[^()\s<>]*)*)>?(?:\s+\"[^\"\n]*\")?\s*\)"
+    r"|<((?:https?://|mailto:)[^\s<>|]+)(?:\|([^<>\n]*))?>"
+)
+"""A Markdown link or image `[label](url "title")`, or an autolink / Slack link `<url>`, `<url|label>`."""
+_DEFINITION = re.compile(r"^( {0,3})\[(?=[^\]\n]+\]:)", re.MULTILINE)
+"""The start of a reference-style link definition (`[ref]: url`), which gives `[label][ref]` a hidden target."""
+_QUOTED = re.compile(r"((?:^|(?<=\n))[ \t]*(?:>[ \t]*)*)([^\n]*\n?)")
 
 
 def escape(text: str) -> str:
@@ -54,6 +67,45 @@ def from_markdown(markdown: str) -> str:
     """A model's Markdown as Slack mrkdwn, made inert: `[label](url)` shows its url beside the label."""
     converted: str = SlackMarkdownConverter().convert(markdown)
     return inert(converted.strip())
+
+
+def inert_markdown(markdown: str) -> str:
+    """A model's Markdown for Slack's markdown block: its formatting kept, nothing in it a mention, a control
+    sequence or a link whose text hides where it goes. Code is left as written (Markdown shows it literally)."""
+    parts: list[str] = []
+    at = 0
+    for code in _CODE.finditer(markdown):
+        parts += [_markdown_prose(markdown[at : code.start()]), code[0]]
+        at = code.end()
+    parts.append(_markdown_prose(markdown[at:]))
+    return "".join(parts)
+
+
+def _markdown_prose(text: str) -> str:
+    text = _DEFINITION.sub(lambda m: m[1] + "\\[", text)
+    parts: list[str] = []
+    at = 0
+    for link in _MD_LINK.finditer(text):
+        url, label = (link[2], link[1]) if link[2] is not None else (link[3], link[4] or "")
+        parts += [_markdown_escape(text[at : link.start()]), _markdown_link(url, label)]
+        at = link.end()
+    parts.append(_markdown_escape(text[at:]))
+    return "".join(parts)
+
+
+def _markdown_escape(text: str) -> str:
+    """`escape`, except a block quote's `>` at the start of a line, which is Markdown's own."""
+    return "".join(quote + escape(rest) for quote, rest in _QUOTED.findall(text))
+
+
+def _markdown_link(url: str, label: str) -> str:
+    """As `_link`: the target always shown, and a link only to the web or mail."""
+    label = _markdown_escape(label.strip())
+    shown = _markdown_escape(url).replace("[", "\\[").replace("]", "\\]")
+    target = f"[{shown}]({url.replace(' ', '%20')})" if _SCHEME.match(url) else shown
+    if not label or label in (shown, _SCHEME.sub("", shown)):
+        return target
+    return f"{label} ({target})"
 
 
 def _prose(text: str) -> str:

@@ -28,6 +28,7 @@ def examples(conversation_id: int = 1, escalation_id: int = 1) -> list[Delivery]
     return [
         d.Post(c, "C_SUPPORT", "1.000001", "hello"),
         d.Post(c, "D_DIRECT", None, "a direct message"),
+        d.Answer(c, "C_SUPPORT", "1.000009", "**an** answer"),
         d.AddReaction(c, "C_SUPPORT", "1.000002", "eyes"),
         d.RemoveReaction(c, "C_SUPPORT", "1.000003", "white_check_mark"),
         d.Typing(c, "19:chat@thread.tacv2", "1700000000005"),

@@ -36,6 +36,8 @@ METHOD_SCOPES: dict[str, tuple[frozenset[str], ...]] = {
     "chat.postMessage": (frozenset({"chat:write"}),),
     "chat.update": (frozenset({"chat:write"}),),
     "chat.delete": (frozenset({"chat:write"}),),
+    # Either, since 2026-03 (docs.slack.dev changelog: set status scope update); assistant:write is on its way out.
+    "assistant.threads.setStatus": (frozenset({"chat:write", "assistant:write"}),),
     "chat.getPermalink": (),  # no scope
     "reactions.add": (frozenset({"reactions:write"}),),
     "reactions.remove": (frozenset({"reactions:write"}),),

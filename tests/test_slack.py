@@ -13,7 +13,7 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from db import models as m
-from db.deliveries import Post
+from db.deliveries import Answer
 from fakes.openai_server import FakeOpenAI, RecordedRequest, reply, slow, tool_call, tools
 from fakes.slack_api import BOT_USER_ID, SlackEmulator
 from harness.bot import bot_settings, serving
@@ -338,5 +338,5 @@ async def test_failed_post_is_looked_for_then_retried_after_a_backoff(
     assert failed.at < lookup.at < ok.at
     await settle(sessions)
     async with sessions() as s:
-        row = await s.scalar(select(m.Outbox).where(m.Outbox.kind == Post.kind))
+        row = await s.scalar(select(m.Outbox).where(m.Outbox.kind == Answer.kind))
     assert row is not None and row.attempts == 2 and row.last_error == "internal_error"

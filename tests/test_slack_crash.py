@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from db import models as m
-from db.deliveries import Post
+from db.deliveries import Answer
 from fakes.openai_server import FakeOpenAI, reply, slow, tool_call, tools
 from fakes.slack_api import SlackEmulator
 from harness.bot import BotProcess, bot_env, bot_process
@@ -74,7 +74,7 @@ async def test_killed_after_slack_accepted_the_post_before_the_answer(
     posts = emulator.posts("C_SUPPORT", said.ts)
     assert [p.text for p in posts] == ["Posted exactly once."]
     async with sessions() as s:
-        row = await s.scalar(select(m.Outbox).where(m.Outbox.kind == Post.kind))
+        row = await s.scalar(select(m.Outbox).where(m.Outbox.kind == Answer.kind))
     assert row is not None and row.result_ts == posts[0].ts and row.attempts == 1
     assert len(emulator.calls_to("chat.postMessage")) == 1
     await second.kill()

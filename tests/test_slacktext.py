@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from slacktext.limits import clip, fit, split_text
-from slacktext.text import escape, from_markdown, inert
+from slacktext.text import escape, from_markdown, inert, inert_markdown
 
 SPECIALS = "<!here> <!channel> <!everyone> <!subteam^S0123|@team> <@U0ADMIN> <#C0STAFF|staff>"
 
@@ -110,3 +110,14 @@ def test_long_text_is_split_below_the_limit_keeping_code_fences() -> None:
     assert len(parts) > 1 and all(len(p) <= 1010 for p in parts)
     assert all(p.count("```") % 2 == 0 for p in parts)
     assert "".join(parts).count("line 399") == 1
+
+
+def test_markdown_for_the_markdown_block_keeps_its_layout_and_nothing_in_it_works_as_a_mention_or_disguise() -> None:
+    text = (
+        "## Title\n| a | b |\n|---|---|\n| <!here> | & |\n> quoted <@U1>\n"
+        "[our site](https://evil.example) `<@U2>`\n[ref]: https://evil.example"
+    )
+    assert inert_markdown(text) == (
+        "## Title\n| a | b |\n|---|---|\n| &lt;!here&gt; | &amp; |\n> quoted &lt;@U1&gt;\n"
+        "our site ([https://evil.example](https://evil.example)) `<@U2>`\n\\[ref]: https://evil.example"
+    )

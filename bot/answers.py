@@ -1,0 +1,54 @@
+"""An AI agent's answer as Slack shows it: the model's Markdown in Slack's `markdown` block (docs.slack.dev, Block Kit
+reference: markdown block; Slack renders headings, lists, tables and links itself, 12,000 characters a message), the
+same words as mrkdwn in `text` for notifications and for clients that show no blocks, and under it 👍/👎 feedback
+buttons (a `context_actions` block holding one `feedback_buttons` element).
+
+The buttons' contract with whoever handles their clicks: `action_id` is `FEEDBACK_ACTION`, the value a `Feedback`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from escalation.views import Message
+from slacktext.limits import MESSAGE_TEXT, clip, fit
+from slacktext.text import from_markdown, inert_markdown
+
+FEEDBACK_ACTION = "answer_feedback"
+
+
+class Feedback(StrEnum):
+    """A feedback button's value."""
+
+    GOOD = "good"
+    BAD = "bad"
+
+
+FEEDBACK_BUTTONS: dict[str, Any] = {
+    "type": "context_actions",
+    "elements": [
+        {
+            "type": "feedback_buttons",
+            "action_id": FEEDBACK_ACTION,
+            "positive_button": {
+                "text": {"type": "plain_text", "text": "👍"},
+                "value": Feedback.GOOD.value,
+                "accessibility_label": "This answer helped",
+            },
+            "negative_button": {
+                "text": {"type": "plain_text", "text": "👎"},
+                "value": Feedback.BAD.value,
+                "accessibility_label": "This answer did not help",
+            },
+        }
+    ],
+}
+
+
+def answer_message(markdown: str, *, feedback: bool) -> Message:
+    """One post of an answer; `markdown` is the model's, made inert here for both the block and the text."""
+    blocks: list[dict[str, Any]] = [{"type": "markdown", "text": inert_markdown(markdown)}]
+    if feedback:
+        blocks.append(FEEDBACK_BUTTONS)
+    return Message(clip(from_markdown(markdown), MESSAGE_TEXT), blocks=fit(blocks), native=True)

@@ -1,0 +1,167 @@
+"""Slack's AI-app status ("helpdesk is searching the help articles…") while a turn works on a customer's message.
+
+`assistant.threads.setStatus` (docs.slack.dev, reference/methods/assistant.threads.setStatus) shows a status line
+with rotating `loading_messages` (10 at most) under a thread; since 2026-03 it takes the `chat:write` scope and works
+in channels too, not only in the assistant split view. Slack clears the status itself when the app posts in the
+thread, and after two minutes without a post; an empty status clears it at once. So a turn that ends in a reply
+leaves the clearing to the reply (which the outbox posts, exactly once: a status is not a reply and never goes
+through it), and a turn that ends without one (the customer waits for a person, a rate limit, a failure) clears it
+here.
+
+A status call never holds a turn up: each is a task of its own with a short timeout, whose failure is logged and
+counted. Where Slack refuses it for good (a missing scope, a surface that has no status), this process stops asking
+for that kind of channel (public, private, direct message) until it restarts; the 👀 and ✅ reactions, which are
+posted either way, remain the signal there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from prometheus_client import Counter
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from agents.address import Address, Platform
+from agents.conversations import MessageResult, ResultKind
+from agents.logcontext import current_conversation
+from agents.loop import Event, HandoffRecord, ToolStarted, TurnStarted
+
+log = logging.getLogger(__name__)
+
+PASSING = frozenset({"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"})
+"""Errors that say nothing about whether status works here: the next turn asks again."""
+ANSWERED = frozenset({ResultKind.REPLY, ResultKind.ESCALATED})
+"""Turns whose outcome posts in the customer's thread, which clears the status."""
+
+
+class ChannelKind(StrEnum):
+    """Where status may or may not be offered, told by the channel id's first letter."""
+
+    PUBLIC = "public"
+    PRIVATE = "private"
+    DIRECT = "direct"
+
+    @classmethod
+    def of(cls, channel: str) -> ChannelKind:
+        return {"D": cls.DIRECT, "G": cls.PRIVATE}.get(channel[:1], cls.PUBLIC)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What a status shows: the line after the app's name, and the loading messages Slack rotates."""
+
+    status: str
+    loading: tuple[str, ...] = ()
+
+
+THINKING = Step("is thinking…", ("Reading your message…", "Thinking it over…"))
+TOOL_STEPS = {
+    "search_knowledge": Step("is searching…", ("Searching the help articles…",)),
+    "lookup_order": Step("is checking your order…", ("Checking your order…",)),
+    "issue_refund": Step("is preparing your refund…", ("Checking the refund…",)),
+    "find_product": Step("is looking in the catalogue…", ("Looking through the catalogue…",)),
+    "escalate_to_human": Step("is finding a colleague…", ("Finding a colleague for you…",)),
+}
+"""Known tools' steps; any other tool shows `WORKING`."""
+WORKING = Step("is working on it…", ("Working on it…",))
+
+
+def step_of(event: Event, title: Callable[[str], str]) -> Step | None:
+    """The status an engine event shows, None for events that change nothing (a tool's result, the reply);
+    `title` names an agent as customers see it."""
+    match event:
+        case TurnStarted():
+            return THINKING
+        case ToolStarted(call=call):
+            if call.name.startswith("transfer_to_"):
+                return None  # the handoff record names the agent
+            return TOOL_STEPS.get(call.name, WORKING)
+        case HandoffRecord(to_agent=agent):
+            return Step(f"is asking {title(agent)}…", (f"Passing you to {title(agent)}…",))
+    return None
+
+
+class SlackStatus:
+    """The status of every Slack thread a turn of this process works in."""
+
+    def __init__(
+        self, client: AsyncWebClient, *, failures: Counter, title: Callable[[str], str], timeout_s: float = 2.0
+    ) -> None:
+        self.client = client
+        self.title = title
+        """An agent's title by its name."""
+        self.failures = failures
+        """Status calls that failed, by error (`helpdesk_status_failures_total`)."""
+        self.timeout_s = timeout_s
+        self.unavailable: set[ChannelKind] = set()
+        """Channel kinds where Slack refused status for good: not asked again by this process."""
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def turn(self) -> TurnStatus:
+        return TurnStatus(self)
+
+    def show(self, address: Address, step: Step) -> None:
+        """Set (or, with an empty status, clear) the thread's status in the background."""
+        if address.platform != Platform.SLACK or address.thread is None:
+            return  # a direct message answered outside a thread has no thread to show it under
+        if ChannelKind.of(address.channel) in self.unavailable:
+            return
+        task = asyncio.create_task(self._call(address.channel, address.thread, step), name="slack-status")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        """Wait for the calls in flight (at shutdown, and in tests)."""
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _call(self, channel: str, thread: str, step: Step) -> None:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                loading = list(step.loading) or None
+                await self.client.assistant_threads_setStatus(
+                    channel_id=channel, thread_ts=thread, status=step.status, loading_messages=loading
+                )
+        except SlackApiError as exc:
+            error = str(exc.response.get("error") or "error")
+            self.failures.labels(error).inc()
+            if error in PASSING:
+                log.debug("status in %s not shown: %s", channel, error)
+                return
+            kind = ChannelKind.of(channel)
+            if kind not in self.unavailable:
+                self.unavailable.add(kind)
+                log.warning("Slack refused the AI status in %s channels (%s): the reactions show progress", kind, error)
+        except Exception as exc:  # a timeout, a lost connection: the reply does not care
+            self.failures.labels(type(exc).__name__).inc()
+            log.debug("status in %s not shown: %r", channel, exc)
+
+
+class TurnStatus:
+    """One leased run of a conversation's turns: the engine's events become status steps (an `EventSink`), and
+    `finish` clears what no reply will."""
+
+    def __init__(self, status: SlackStatus) -> None:
+        self.status = status
+        self.address: Address | None = None
+
+    async def on_event(self, event: Event) -> None:
+        step = step_of(event, self.status.title)
+        if step is None:
+            return
+        # The engine names the conversation it runs in this context variable (its log context).
+        self.address = Address.parse(current_conversation.get())
+        if self.address is not None:
+            self.status.show(self.address, step)
+
+    def finish(self, results: Sequence[MessageResult]) -> None:
+        """After the run: cleared unless its last turn posts in the thread (an empty run or a failure clears it)."""
+        if self.address is None:
+            return
+        if results and results[-1].kind in ANSWERED and results[-1].reply:
+            return
+        self.status.show(self.address, Step(""))
