@@ -38,6 +38,7 @@ from agents.address import Address, Platform
 from agents.agent import Roster
 from agents.conversations import ResultKind, TurnCommit
 from agents.leases import keep_renewed, process_owner
+from bot.csat import csat_question
 from bot.messenger import Messenger, Refused, Where
 from bot.slack_messenger import SlackMessenger
 from db import models as m
@@ -46,6 +47,7 @@ from db.deliveries import (
     CasePost,
     CaseUpdate,
     Change,
+    CsatAsk,
     Delivery,
     NewMessage,
     Outcome,
@@ -517,7 +519,11 @@ class OutboxSender:
 
     async def _where(self, delivery: NewMessage) -> Where:
         match delivery:
-            case Post(channel=channel, thread=thread) | RelayToCustomer(channel=channel, thread=thread):
+            case (
+                Post(channel=channel, thread=thread)
+                | RelayToCustomer(channel=channel, thread=thread)
+                | CsatAsk(channel=channel, thread=thread)
+            ):
                 return Where(channel, thread)
             case CasePost(channel=channel):
                 return Where(channel, None)
@@ -541,6 +547,8 @@ class OutboxSender:
                 return await self._renderer().relay_to_customer(delivery)
             case Reminder():
                 return self._renderer().reminder(delivery)
+            case CsatAsk(escalation_id=escalation_id, text=question):
+                return csat_question(escalation_id, question)
 
     def _renderer(self) -> CaseRenderer:
         if self.cases is None:
