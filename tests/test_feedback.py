@@ -33,9 +33,10 @@ T = TypeVar("T")
 def running(
     database_url: str, fake_llm: FakeOpenAI, emulator: SlackEmulator, **extra: Any
 ) -> AbstractAsyncContextManager[Bot]:
-    """The bot with an admin and a staff allow-list, and `extra` settings."""
+    """The bot with an admin, a staff allow-list and CSAT on (as it ships), and `extra` settings."""
     emulator.add_user(ADMIN, "ada", "Ada Admin")
-    settings = bot_settings(database_url, fake_llm, emulator, admin_user_ids=ADMIN, staff_user_ids="U_STAFF", **extra)
+    values = {"admin_user_ids": ADMIN, "staff_user_ids": "U_STAFF", "csat": True} | extra
+    settings = bot_settings(database_url, fake_llm, emulator, **values)
     return serving(settings, emulator)
 
 
