@@ -39,6 +39,7 @@ from agents.agent import Roster
 from agents.conversations import ResultKind, TurnCommit
 from agents.leases import keep_renewed, process_owner
 from bot.answers import answer_message
+from bot.csat import csat_question
 from bot.messenger import Messenger, Refused, Where
 from bot.slack_messenger import SlackMessenger
 from db import models as m
@@ -48,6 +49,7 @@ from db.deliveries import (
     CasePost,
     CaseUpdate,
     Change,
+    CsatAsk,
     Delivery,
     NewMessage,
     Outcome,
@@ -543,6 +545,7 @@ class OutboxSender:
                 Post(channel=channel, thread=thread)
                 | Answer(channel=channel, thread=thread)
                 | RelayToCustomer(channel=channel, thread=thread)
+                | CsatAsk(channel=channel, thread=thread)
             ):
                 return Where(channel, thread)
             case CasePost(channel=channel):
@@ -569,6 +572,8 @@ class OutboxSender:
                 return await self._renderer().relay_to_customer(delivery)
             case Reminder():
                 return self._renderer().reminder(delivery)
+            case CsatAsk(escalation_id=escalation_id, text=question):
+                return csat_question(escalation_id, question)
 
     def _renderer(self) -> CaseRenderer:
         if self.cases is None:

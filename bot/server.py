@@ -18,7 +18,7 @@ import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
@@ -43,7 +43,10 @@ from bot.admin.actions import AdminActions
 from bot.admin.command import AdminCommands, provider_probe
 from bot.admin.command import register as register_admin
 from bot.admin.queries import AdminQueries
+from bot.csat import Csat, CsatPolicy
+from bot.feedback import Feedback
 from bot.files import SlackFiles, file_limits
+from bot.home import Home
 from bot.inbox import Inbox
 from bot.metrics import Metrics
 from bot.outbox import OutboxSender, ReplyStyle, turn_outbox
@@ -216,7 +219,14 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             if slack
             else None,
         )
-        desk = CaseDesk(sessions=db.sessions, policy=policy, on_change=workers.wake_sender, leases=leases)
+        csat = Csat(sessions=db.sessions, policy=csat_policy(settings))
+        desk = CaseDesk(
+            sessions=db.sessions,
+            policy=policy,
+            on_change=workers.wake_sender,
+            leases=leases,
+            after_resolve=csat.after_resolve,
+        )
         # The acknowledgement path gets its own small pool, so a burst of events never queues behind the
         # workers' short transactions for Slack's 3 seconds.
         pooler = settings.database_pooler == "transaction"
@@ -240,8 +250,23 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
         app = None
         if client is not None and directory is not None and settings.slack_signing_secret is not None:
             secret = settings.slack_signing_secret.get_secret_value()
-            app = build_app(client=client, signing_secret=secret, inbox=inbox, desk=desk, staff=staff)
             admin = admin_commands(settings, db, brain, desk, directory, channel_check)
+            feedback = Feedback(
+                sessions=db.sessions,
+                desk=desk,
+                escalate_on_bad=settings.feedback_escalate_on_bad,
+                escalated_notice=settings.escalation_message,
+            )
+            app = build_app(
+                client=client,
+                signing_secret=secret,
+                inbox=inbox,
+                desk=desk,
+                staff=staff,
+                feedback=feedback,
+                csat=csat,
+                home=Home(client=client, admin=admin, staff=staff),
+            )
             register_admin(app, admin, name=settings.admin_command)
         edge = None
         if teams is not None:
@@ -312,6 +337,14 @@ class NoMembers:
 
     async def identify(self, author: Author) -> Author:
         return author
+
+
+def csat_policy(settings: Settings) -> CsatPolicy:
+    return CsatPolicy(
+        enabled=settings.csat,
+        sample_rate=settings.csat_sample_rate,
+        cooldown=timedelta(days=settings.csat_cooldown_days),
+    )
 
 
 def admin_commands(

@@ -162,6 +162,13 @@ class Settings(BaseSettings):
     case_max_reminders: int = 2
     case_summary: str = "llm"
 
+    # Feedback on answers, and CSAT after a resolved case
+    feedback_escalate_on_bad: bool = False
+    """A 👎 on an answer opens a case for the conversation (as if the agent had escalated)."""
+    csat: bool = True
+    csat_sample_rate: float = Field(default=1.0, ge=0, le=1)
+    csat_cooldown_days: float = Field(default=7, ge=0)
+
     # Playground (`python -m bot playground`, or `run` without Slack credentials)
     playground_port: int = 8000
 

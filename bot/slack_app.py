@@ -26,6 +26,10 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agents.identity import Author
+from bot.csat import ACTION_PREFIX as CSAT_PREFIX
+from bot.csat import Csat, csat_click_of
+from bot.feedback import ACTION_FEEDBACK, Feedback, feedback_click_of
+from bot.home import Home
 from bot.inbox import Inbox
 from bot.slack_events import CaseAction, case_action_of, trigger_of
 from bot.staff import ACTION_REFUSED, Member, StaffGate, Standing, refusal
@@ -142,11 +146,21 @@ def _name_of(profile: Mapping[str, Any]) -> str | None:
 _MEMBER_FLAGS = ("is_restricted", "is_ultra_restricted", "is_stranger", "is_admin", "is_owner", "is_primary_owner")
 USERGROUP_CACHE_S = 60.0
 ACK_WITHIN_S = 2.0
+DIRECT_EVENTS = frozenset({"app_home_opened"})
+"""Events answered by a listener at once, not stored in the durable inbox: a view to refresh, nothing to lose."""
 CASE_ACTIONS: dict[str, Action] = {ACTION_CLAIM: "claim", ACTION_RESOLVE: "resolve", ACTION_HAND_BACK: "hand_back"}
 
 
 def build_app(
-    *, client: AsyncWebClient, signing_secret: str, inbox: Inbox, desk: CaseDesk, staff: StaffGate
+    *,
+    client: AsyncWebClient,
+    signing_secret: str,
+    inbox: Inbox,
+    desk: CaseDesk,
+    staff: StaffGate,
+    feedback: Feedback | None = None,
+    csat: Csat | None = None,
+    home: Home | None = None,
 ) -> AsyncApp:
     app = AsyncApp(client=client, signing_secret=signing_secret)
 
@@ -192,6 +206,40 @@ def build_app(
         if not result.ok:
             await respond(text=result.message, response_type="ephemeral", replace_original=False)
 
+    @app.action(ACTION_FEEDBACK)
+    async def answer_feedback(ack: AsyncAck, body: dict[str, Any]) -> None:
+        await ack()  # Slack marks the button pressed itself: nothing to answer
+        click = feedback_click_of(body)
+        if click is None or feedback is None:
+            return
+        try:
+            await feedback.record(click)
+        except Exception:
+            log.exception("could not record feedback on %s %s", click.channel, click.message_ts)
+
+    @app.action(re.compile(f"^{CSAT_PREFIX}"))
+    async def csat_rating(ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond) -> None:
+        await ack()
+        click = csat_click_of(body)
+        if click is None or csat is None:
+            return
+        try:
+            answer = await csat.rate(click)
+        except Exception:
+            log.exception("could not record the rating of case %s", click.escalation_id)
+            answer = "Your rating could not be saved just now; please try again."
+        await respond(text=answer, response_type="ephemeral", replace_original=False)
+
+    @app.event("app_home_opened")
+    async def home_opened(event: dict[str, Any], body: dict[str, Any]) -> None:
+        user = event.get("user")
+        if home is None or event.get("tab", "home") != "home" or not user:
+            return
+        try:
+            await home.publish(str(user), team=body.get("team_id"))
+        except Exception:
+            log.exception("could not publish the App Home of %s", user)
+
     @app.middleware
     async def once_per_trigger(
         req: AsyncBoltRequest, resp: BoltResponse, next: Callable[[], Awaitable[BoltResponse]]
@@ -215,7 +263,7 @@ def build_app(
     async def durable_inbox(
         req: AsyncBoltRequest, resp: BoltResponse, next: Callable[[], Awaitable[BoltResponse]]
     ) -> BoltResponse:
-        if req.body.get("type") != "event_callback":
+        if req.body.get("type") != "event_callback" or (req.body.get("event") or {}).get("type") in DIRECT_EVENTS:
             return await next()
         try:
             await inbox.accept(req.body, bot_user_id=req.context.bot_user_id)

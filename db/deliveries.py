@@ -179,7 +179,18 @@ class StaffNotice(_OfCase):
     text: str
 
 
-NewMessage = Post | Answer | CasePost | RelayToStaff | RelayToCustomer | Reminder
+@dataclass(frozen=True)
+class CsatAsk(_OfCase):
+    """The customer is asked to rate a resolved case (`bot.csat` renders the question and its buttons)."""
+
+    kind: ClassVar[str] = "csat_ask"
+    channel: str
+    thread: str | None
+    text: str
+    """The question."""
+
+
+NewMessage = Post | Answer | CasePost | RelayToStaff | RelayToCustomer | Reminder | CsatAsk
 Change = AddReaction | RemoveReaction | Typing | CaseUpdate | RelayEdit | RelayDelete | StaffNotice
 Delivery = NewMessage | Change
 
@@ -199,6 +210,7 @@ KINDS: dict[str, type[Delivery]] = {
         RelayDelete,
         Reminder,
         StaffNotice,
+        CsatAsk,
     )
 }
 

@@ -8,6 +8,8 @@ refunds        the refund tool's idempotency record (one refund per order)
 pauses         where admins paused the bot: conversations there go to humans
 admin_actions  every admin command: who, what, when, allowed or refused, and its outcome
 rate_counters  per customer and per channel: messages answered this minute, tokens spent today (agents.limits)
+answer_feedback  👍/👎 on the bot's answers, one per answer per person (the last click kept)
+csat           the customer's rating of a resolved case, asked once after Resolve
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pgvector.sqlalchemy import Vector
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
     Computed,
     Date,
     DateTime,
@@ -375,3 +378,54 @@ class TeamsServiceUrl(Base):
     conversation: Mapped[str] = mapped_column(Text, primary_key=True)
     service_url: Mapped[str] = mapped_column(Text)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=sql("now()"))
+
+
+class AnswerFeedback(Base):
+    """A person's 👍 or 👎 on one of the bot's answers (a posted message), the last click kept."""
+
+    __tablename__ = "answer_feedback"
+    __table_args__ = (
+        UniqueConstraint("channel", "message_ts", "user_id"),
+        Index("ix_answer_feedback_conversation", "conversation_id"),
+        Index("ix_answer_feedback_updated", "updated_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))
+    outbox_id: Mapped[int | None] = mapped_column(ForeignKey("outbox.id", ondelete="SET NULL"))
+    """The post that showed the answer."""
+    message_id: Mapped[int | None] = mapped_column(ForeignKey("messages.id", ondelete="SET NULL"))
+    """The assistant message the answer came from, and `agent` the agent that wrote it."""
+    agent: Mapped[str | None] = mapped_column(Text)
+    channel: Mapped[str] = mapped_column(Text)
+    message_ts: Mapped[str] = mapped_column(Text)
+    user_id: Mapped[str] = mapped_column(Text)
+    rating: Mapped[str] = mapped_column(Text)
+    """good or bad (`bot.feedback.Rating`)."""
+    action_ts: Mapped[str] = mapped_column(Text)
+    """Slack's time of the click kept: an older click arriving late does not overwrite a newer one."""
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+
+
+class Csat(Base):
+    """The customer's satisfaction with a resolved case: asked once (`asked_at`), rated 1 to 5 or not at all."""
+
+    __tablename__ = "csat"
+    __table_args__ = (
+        UniqueConstraint("escalation_id"),
+        CheckConstraint("rating BETWEEN 1 AND 5", name="ck_csat_rating"),
+        Index("ix_csat_customer", "customer", "asked_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    escalation_id: Mapped[int] = mapped_column(ForeignKey("escalations.id", ondelete="CASCADE"))
+    conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))
+    customer: Mapped[str] = mapped_column(Text)
+    """Who is asked, and who alone may answer (a Slack user id)."""
+    agent: Mapped[str] = mapped_column(Text)
+    trigger: Mapped[str] = mapped_column(Text)
+    resolved_by: Mapped[str | None] = mapped_column(Text)
+    rating: Mapped[int | None] = mapped_column(Integer)
+    asked_at: Mapped[datetime] = _now()
+    rated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -6,7 +6,7 @@ what that turn did."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from agents.address import Address
 from agents.leases import LeaseLost, Leases, fenced, process_owner
 from db import models as m
-from db.deliveries import CaseUpdate, Post, Reminder, enqueue
+from db.deliveries import CasePost, CaseUpdate, Post, Reminder, enqueue
 from escalation.machine import OPEN_CASE, TAKEOVER, CaseStatus, Mode, Moved, Refused, StaffAction
 from escalation.policy import EscalationPolicy
 from escalation.views import reminder_text
@@ -26,6 +26,9 @@ from escalation.views import reminder_text
 log = logging.getLogger(__name__)
 
 Action = StaffAction
+ResolveHook = Callable[[AsyncSession, m.Conversation, m.Escalation, str], Awaitable[None]]
+"""Called in the transaction that resolves a case (the conversation's lease held), with the colleague who did it:
+what it queues goes out after the customer is told (the CSAT question, `bot.csat`)."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,9 @@ class CaseDesk:
         on_change: Callable[[], None] = lambda: None,
         leases: Leases | None = None,
         wait_s: float = 300.0,
+        after_resolve: ResolveHook | None = None,
     ) -> None:
+        self.after_resolve = after_resolve
         self.sessions = sessions
         self.policy = policy
         self.on_change = on_change
@@ -123,6 +128,31 @@ class CaseDesk:
         self.on_change()
         return result
 
+    async def escalate(
+        self, *, conversation_id: int, reason: str, trigger: str, agent: str | None, customer: str, notice: str
+    ) -> int | None:
+        """Open a case for a conversation the bot has, as a turn that escalated would (the customer told with
+        `notice`, the case posted for staff); None when people have it already or it is closed."""
+        async with self._exclusive(conversation_id) as (s, conversation):
+            if conversation is None or TAKEOVER.route(conversation.mode) != "bot":
+                return None
+            escalation = m.Escalation(
+                conversation_id=conversation_id,
+                reason=reason,
+                trigger=trigger,
+                agent=agent or conversation.active_agent,
+                customer=customer,
+            )
+            s.add(escalation)
+            await s.flush()
+            conversation.mode = TAKEOVER.after_turn(escalated=True)
+            await self._tell_customer(s, conversation, notice)
+            if self.policy.staff_channel:
+                await enqueue(s, [CasePost(conversation_id, escalation.id, self.policy.staff_channel)])
+            case_id = escalation.id
+        self.on_change()
+        return case_id
+
     async def reset(self, *, conversation_id: int, user: str, entry_agent: str) -> ActionResult:
         """Back to the entry agent with the context cleared: earlier messages stay in the transcript but leave
         the agents' prompt. An open case is resolved, and a customer who was with a person is told."""
@@ -158,6 +188,8 @@ class CaseDesk:
         if moved.tell_customer is not None:
             notice = {"resolved": self.policy.resolved_message, "handed_back": self.policy.handed_back_message}
             await self._tell_customer(s, conversation, notice[moved.tell_customer])
+        if moved.tell_customer == "resolved" and self.after_resolve is not None:
+            await self.after_resolve(s, conversation, escalation, user)
         await enqueue(s, [CaseUpdate(conversation.id, escalation.id)])
         return ActionResult(True, moved.message)
 

@@ -44,7 +44,7 @@ BOT_NAME = "helpdesk"
 VERIFICATION_TOKEN = "verification-token"
 MESSAGE_TEXT_LIMIT = 40_000
 # Fields that slack_sdk sends JSON-encoded inside form bodies.
-_JSON_FIELDS = ("blocks", "attachments", "metadata")
+_JSON_FIELDS = ("blocks", "attachments", "metadata", "view")
 
 
 @dataclass(frozen=True)
@@ -375,6 +375,7 @@ class SlackEmulator:
         self.expected_token = bot_token  # None: any bearer token is accepted
         self.calls: list[ApiCall] = []
         self.ephemerals: list[Ephemeral] = []
+        self.homes: dict[str, dict[str, Any]] = {}  # user -> the App Home view last published for them
         self.responses: list[dict[str, Any]] = []  # bodies POSTed to response_url endpoints
         self.response_log: list[Response] = []  # the same, with who and what they answer
         self.rejected: list[tuple[dict[str, Any], str]] = []  # messages and response_url bodies refused, and why
@@ -417,6 +418,7 @@ class SlackEmulator:
             "conversations.replies": self._replies,
             "conversations.history": self._history,
             "assistant.threads.setStatus": self._set_status,
+            "views.publish": self._views_publish,
         }
         self.add_user(BOT_USER_ID, BOT_NAME, "Helpdesk", is_bot=True)
         self.add_user("U_CUSTOMER", "casey", "Casey Customer")
@@ -480,7 +482,7 @@ class SlackEmulator:
         """Forget messages, recordings, faults and holds; users and channels stay."""
         for event in self._holds.values():
             event.set()
-        for store in (self.calls, self.ephemerals, self.responses, self.response_log, self.deliveries):
+        for store in (self.calls, self.ephemerals, self.responses, self.response_log, self.deliveries, self.homes):
             store.clear()
         self._messages.clear()
         self._reply_index.clear()
@@ -812,6 +814,38 @@ class SlackEmulator:
             raise SlackApiFailure("no_such_subteam")
         return {"users": list(group)}
 
+    def _views_publish(self, params: dict[str, Any]) -> dict[str, Any]:
+        """A Home tab view for one user (docs.slack.dev/reference/methods/views.publish): `home` views only, with
+        at most 100 blocks, each within Block Kit's limits."""
+        user = _require(params, "user_id", "invalid_arguments")
+        if user not in self.users:
+            raise SlackApiFailure("user_not_found")
+        view = params.get("view")
+        if not isinstance(view, dict) or view.get("type") != "home":
+            raise SlackApiFailure("invalid_arguments")
+        blocks = view.get("blocks")
+        if (
+            not isinstance(blocks, list)
+            or len(blocks) > 100
+            or block_kit_problem(blocks[:50])
+            or (block_kit_problem(blocks[50:]))
+        ):
+            raise SlackApiFailure("invalid_arguments")
+        self.homes[user] = view
+        return {"view": {"id": f"V{len(self.homes):08d}", "type": "home", "blocks": blocks}}
+
+    async def app_home_opened(self, user: str) -> DeliveryResult:
+        """The `app_home_opened` event of `user` opening the app's Home tab."""
+        return await self.deliver_event(
+            {
+                "type": "app_home_opened",
+                "user": user,
+                "channel": f"D_{user}",
+                "tab": "home",
+                "event_ts": self._next_ts(),
+            }
+        )
+
     def _conversations_info(self, params: dict[str, Any]) -> dict[str, Any]:
         return {"channel": self._channel_param(params).to_api()}
 
@@ -1066,12 +1100,14 @@ class SlackEmulator:
         channel: str = "C_STAFF",
         user: str = "U_STAFF",
         block_id: str = "b",
+        element: str = "button",
     ) -> DeliveryResult:
-        """A ``block_actions`` interactivity payload for a button click on message ``message_ts``."""
+        """A ``block_actions`` interactivity payload for a click on message ``message_ts``: a button, or with
+        `element="feedback_buttons"` one of a feedback pair (its value is the pressed button's)."""
         chan = self._channel(channel)
         name = self.users[user].name if user in self.users else user
         msg = self.message(chan.id, message_ts)
-        action = {"type": "button", "action_id": action_id, "block_id": block_id, "value": value}
+        action = {"type": element, "action_id": action_id, "block_id": block_id, "value": value}
         payload: dict[str, Any] = {
             "type": "block_actions",
             "user": {"id": user, "username": name, "name": name, "team_id": self._team_of(user)},

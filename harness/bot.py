@@ -58,6 +58,9 @@ def bot_config(database_url: str, llm: FakeOpenAI, slack: SlackEmulator, **overr
         # rate limits switch them on.
         "rate_limit_user_per_minute": 0,
         "rate_limit_channel_per_minute": 0,
+        # A rating question after every Resolve would be one more post in every takeover test: the tests of CSAT
+        # switch it on.
+        "csat": False,
     } | overrides
 
 

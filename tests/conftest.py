@@ -26,7 +26,7 @@ from harness.database import postgres_server, throwaway_database
 TABLES = (
     "conversations, inbound, messages, handoffs, tool_runs, llm_calls, escalations, refunds, slack_events, outbox, "
     "kb_collections, kb_documents, kb_chunks, pauses, admin_actions, send_leases, rate_counters, "
-    "teams_service_urls"
+    "teams_service_urls, answer_feedback, csat"
 )
 
 

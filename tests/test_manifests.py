@@ -20,6 +20,7 @@ import yaml
 from slack_sdk.web import async_client
 
 from bot.settings import Settings
+from bot.slack_app import DIRECT_EVENTS
 from bot.slack_events import Ignored, Policy, classify
 from tests import ROOT
 
@@ -49,6 +50,7 @@ METHOD_SCOPES: dict[str, tuple[frozenset[str], ...]] = {
     # The history scope of the conversation's type (public, private, DM, group DM).
     "conversations.history": (HISTORY,),
     "conversations.replies": (HISTORY,),
+    "views.publish": (),  # no scope (https://docs.slack.dev/reference/methods/views.publish)
 }
 
 # (method, keyword argument) -> the scope that argument needs on top of the method's own.
@@ -77,15 +79,17 @@ EVENT_SUBSCRIPTIONS: dict[str, tuple[str, ...]] = {
     # The bot answers in every kind of conversation it is in.
     "message": ("message.channels", "message.groups", "message.im", "message.mpim"),
     "app_mention": ("app_mention",),
+    "app_home_opened": ("app_home_opened",),  # needs no scope
 }
 
-# Event subscription -> the scope it needs.
-EVENT_SCOPES: dict[str, str] = {
+# Event subscription -> the scope it needs (None: none).
+EVENT_SCOPES: dict[str, str | None] = {
     "message.channels": "channels:history",
     "message.groups": "groups:history",
     "message.im": "im:history",
     "message.mpim": "mpim:history",
     "app_mention": "app_mentions:read",
+    "app_home_opened": None,
 }
 
 # Scopes that no method, event or slash command needs but are kept anyway, with the reason. Keep it small.
@@ -310,7 +314,7 @@ def needed_scopes(manifest: dict[str, Any]) -> list[tuple[frozenset[str], str]]:
             if (call.method, argument) in ARGUMENT_SCOPES
         ]
     needs += [
-        (frozenset({EVENT_SCOPES[sub]}), f"{sub} events") for sub in needed_subscriptions() if sub in EVENT_SCOPES
+        (frozenset({scope}), f"{sub} events") for sub in needed_subscriptions() if (scope := EVENT_SCOPES.get(sub))
     ]
     if manifest.get("features", {}).get("slash_commands"):
         needs.append((frozenset({"commands"}), "slash commands"))
@@ -381,7 +385,8 @@ def test_the_scan_finds_the_known_calls_and_events() -> None:
 
 def test_classify_handles_exactly_the_scanned_event_types() -> None:
     """The inbox stores every event and `classify` picks what to act on: the scan read it right if a found type
-    gets past the type filter and any other type is ignored for its type."""
+    gets past the type filter and any other type is ignored for its type. Events a listener answers directly
+    (DIRECT_EVENTS: the App Home) never reach the inbox."""
     policy = Policy(bot_user_id="UBOT", staff_channel="CSTAFF")
 
     def envelope(kind: str) -> dict[str, Any]:
@@ -395,7 +400,7 @@ def test_classify_handles_exactly_the_scanned_event_types() -> None:
         }
         return {"type": "event_callback", "team_id": "T1", "event_id": "Ev1", "event": event}
 
-    for kind in sorted(handled_events()):
+    for kind in sorted(handled_events() - DIRECT_EVENTS):
         result = classify(envelope(kind), policy)
         assert not (isinstance(result, Ignored) and result.reason.startswith("event type")), (kind, result)
     for kind in sorted({"reaction_added", "app_home_opened", "member_joined_channel", "team_join"} - handled_events()):

@@ -144,7 +144,7 @@ class AdminCommands:
                 return True, views.help_reply(topic)
             case p.Status():
                 health, llm, knowledge, staff = await asyncio.gather(
-                    self._health(), self.probe(), self._knowledge(), self._staff_channel()
+                    self.database_health(), self.probe(), self.knowledge_status(), self._staff_channel()
                 )
                 uptime = time.monotonic() - self._started_monotonic
                 reply = views.status_reply(
@@ -186,7 +186,7 @@ class AdminCommands:
             case p.Stats(days):
                 return True, views.usage_stats_reply(await self.queries.usage(days))
 
-    async def _knowledge(self) -> KnowledgeStatus | str:
+    async def knowledge_status(self) -> KnowledgeStatus | str:
         try:
             return await self.knowledge.status()
         except Exception as exc:  # the database is down: status still answers, saying so
@@ -195,7 +195,7 @@ class AdminCommands:
     async def _staff_channel(self) -> str | None:
         return None if self.staff_channel is None else await self.staff_channel()
 
-    async def _health(self) -> Health | str:
+    async def database_health(self) -> Health | str:
         """The database's view, or why there is none: when the database is down, status must still answer."""
         try:
             return await self.queries.health()

@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Float, cast, extract, func, or_, select, true
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import InstrumentedAttribute
 
 from agents.address import DM, Address
 from agents.conversations import SET_ASIDE, ResultKind
@@ -70,6 +71,9 @@ class ConversationDetail:
     cases: tuple[CaseRow, ...]
     tool_runs: int
     history_from: int | None
+    feedback: tuple[FeedbackLine, ...] = ()
+    csat: tuple[tuple[int, int | None], ...] = ()
+    """(case, rating or None while unanswered) of each case whose customer was asked."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,32 @@ class Health:
 
 
 @dataclass(frozen=True)
+class Tally:
+    """👍 and 👎 of one agent's answers."""
+
+    name: str
+    good: int
+    bad: int
+
+
+@dataclass(frozen=True)
+class Score:
+    """CSAT ratings of one group (an agent, a trigger, a colleague)."""
+
+    name: str
+    rated: int
+    mean: float
+
+
+@dataclass(frozen=True)
+class FeedbackLine:
+    user: str
+    rating: str
+    agent: str | None
+    at: datetime
+
+
+@dataclass(frozen=True)
 class Usage:
     days: int
     conversations: int
@@ -119,6 +149,29 @@ class Usage:
     cached_tokens: int
     rate_limited: tuple[tuple[str, int], ...] = ()
     """Customer messages no agent answered, being over a rate limit, by limit."""
+    feedback: tuple[Tally, ...] = ()
+    """👍/👎 on answers rated in the period, by agent (the rating of each answer and person as it is now)."""
+    csat_asked: int = 0
+    csat_by_agent: tuple[Score, ...] = ()
+    csat_by_trigger: tuple[Score, ...] = ()
+    csat_by_staff: tuple[Score, ...] = ()
+    """Ratings given in the period, by the agent that escalated, by escalation trigger, by who resolved."""
+
+    @property
+    def good(self) -> int:
+        return sum(t.good for t in self.feedback)
+
+    @property
+    def bad(self) -> int:
+        return sum(t.bad for t in self.feedback)
+
+    @property
+    def csat(self) -> Score | None:
+        """Every rating of the period together."""
+        rated = sum(c.rated for c in self.csat_by_agent)
+        if not rated:
+            return None
+        return Score("all", rated, sum(c.mean * c.rated for c in self.csat_by_agent) / rated)
 
 
 def _conversation_rows(rows: Sequence[tuple[m.Conversation, int]]) -> list[ConversationRow]:
@@ -207,6 +260,19 @@ class AdminQueries:
             )
             cases = await self._cases(s, m.Escalation.conversation_id == conversation.id, limit=3)
             tool_runs = await s.scalar(select(func.count()).where(m.ToolRun.conversation_id == conversation.id))
+            feedback = await s.execute(
+                select(m.AnswerFeedback.user_id, m.AnswerFeedback.rating, m.AnswerFeedback.agent)
+                .add_columns(m.AnswerFeedback.updated_at)
+                .where(m.AnswerFeedback.conversation_id == conversation.id)
+                .order_by(m.AnswerFeedback.updated_at.desc())
+                .limit(10)
+            )
+            csat = await s.execute(
+                select(m.Csat.escalation_id, m.Csat.rating)
+                .where(m.Csat.conversation_id == conversation.id)
+                .order_by(m.Csat.id.desc())
+                .limit(3)
+            )
             return ConversationDetail(
                 row=_conversation_rows([(conversation, count)])[0],
                 created_at=conversation.created_at,
@@ -215,6 +281,8 @@ class AdminQueries:
                 cases=tuple(cases),
                 tool_runs=tool_runs or 0,
                 history_from=conversation.history_from,
+                feedback=tuple(FeedbackLine(*row) for row in feedback),
+                csat=tuple((row[0], row[1]) for row in csat),
             )
 
     async def open_cases(self, *, limit: int = 25) -> tuple[int, list[CaseRow]]:
@@ -364,6 +432,19 @@ class AdminQueries:
                     ).where(m.LLMCall.created_at > since)
                 )
             ).one()
+            by_agent = func.coalesce(m.AnswerFeedback.agent, "?")
+            feedback = await s.execute(
+                select(
+                    by_agent,
+                    func.count().filter(m.AnswerFeedback.rating == "good"),
+                    func.count().filter(m.AnswerFeedback.rating == "bad"),
+                )
+                .where(m.AnswerFeedback.updated_at > since)
+                .group_by(by_agent)
+                .order_by(by_agent)
+            )
+            asked = await s.scalar(select(func.count()).where(m.Csat.asked_at > since))
+            scores = [await _scores(s, column, since) for column in (m.Csat.agent, m.Csat.trigger, m.Csat.resolved_by)]
         by_trigger = tuple(triggers.all())
         return Usage(
             days=days,
@@ -383,7 +464,24 @@ class AdminQueries:
             completion_tokens=int(llm[4]),
             cached_tokens=int(llm[5]),
             rate_limited=tuple(limited.all()),
+            feedback=tuple(Tally(*row) for row in feedback),
+            csat_asked=asked or 0,
+            csat_by_agent=scores[0],
+            csat_by_trigger=scores[1],
+            csat_by_staff=scores[2],
         )
+
+
+async def _scores(s: AsyncSession, column: InstrumentedAttribute[Any], since: ColumnElement[Any]) -> tuple[Score, ...]:
+    """CSAT ratings given since `since`, grouped by `column`."""
+    group = func.coalesce(column, "?")
+    rows = await s.execute(
+        select(group, func.count(), func.avg(m.Csat.rating))
+        .where(m.Csat.rated_at > since)
+        .group_by(group)
+        .order_by(func.count().desc(), group)
+    )
+    return tuple(Score(name, n, float(mean)) for name, n, mean in rows)
 
 
 def _llm_counts() -> tuple[ColumnElement[int], ColumnElement[int], ColumnElement[int]]:

@@ -5,7 +5,7 @@ enters an answer, so an admin's view of a conversation never pings a channel or 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -14,7 +14,7 @@ from agents.address import Address
 from agents.agent import Roster
 from agents.knowledge.store import Hit, KnowledgeStatus
 from bot.admin.parse import USAGE, UsageError
-from bot.admin.queries import CaseRow, ConversationDetail, ConversationRow, Health, Usage
+from bot.admin.queries import CaseRow, ConversationDetail, ConversationRow, Health, Score, Usage
 from escalation.desk import ActionResult
 from escalation.machine import Mode
 from slacktext.limits import HEADER_TEXT, clip
@@ -23,6 +23,7 @@ from slacktext.text import escape, inert
 MAX_TEXT = 2900  # a section's text may hold 3,000 characters
 MAX_FIELD = 1900  # a section field 2,000
 MAX_BLOCKS = 45  # a message 50
+RATING_ICON = {"good": "👍", "bad": "👎"}
 MODE: dict[str, str] = {
     Mode.BOT: "🤖 with the bot",
     Mode.AWAITING_HUMAN: "⏳ waiting for a person",
@@ -254,12 +255,18 @@ def detail_reply(detail: ConversationDetail, domain: str | None) -> Reply:
         for line in detail.lines
     ]
     handoffs = [f"{f} → {t}" + (f" ({_quote(r, 80)})" if r else "") for f, t, r, _ in detail.handoffs]
+    feedback = [
+        f"{RATING_ICON.get(f.rating, f.rating)} <@{f.user}> on {escape(f.agent or '?')}'s answer, {ago(f.at)} ago"
+        for f in detail.feedback
+    ]
+    csat = [f"case #{case}: " + (f"rated {rating}/5" if rating else "asked, not rated") for case, rating in detail.csat]
     return _reply(
         "Conversation",
         _section(head),
         _sections(["*Last messages*", *(lines or ["none"])]),
         _sections(["*Handoffs*", *(handoffs or ["none"])]),
         _sections(["*Cases*", *(case_line(c, domain) for c in detail.cases)]) if detail.cases else [],
+        _sections(["*Feedback*", *feedback, *csat]) if feedback or csat else [],
     )
 
 
@@ -319,4 +326,76 @@ def usage_stats_reply(u: Usage) -> Reply:
         + (f"\n{u.offline_answers} answered offline" if u.offline_answers else ""),
     ]
     title = f"Last {u.days} day{'s' if u.days != 1 else ''}"
-    return _fields_reply(title, fields, _section(f"*Handoffs*\n{pairs}"))
+    return _fields_reply(
+        title, [*fields, feedback_field(u), csat_field(u)], _section(f"*Handoffs*\n{pairs}"), *satisfaction(u)
+    )
+
+
+def feedback_field(u: Usage) -> str:
+    return f"*Answer feedback*\n👍 {u.good} · 👎 {u.bad}"
+
+
+def csat_field(u: Usage) -> str:
+    overall = u.csat
+    rated = f"{overall.mean:.1f}/5 from {overall.rated} rating(s)" if overall else "no ratings"
+    return f"*CSAT*\n{rated}, {u.csat_asked} asked"
+
+
+def satisfaction(u: Usage) -> list[dict[str, Any]]:
+    """Feedback by agent, and CSAT by agent, escalation trigger and colleague (only what has numbers)."""
+
+    def scores(title: str, rows: Sequence[Score], name: Callable[[str], str] = escape) -> str:
+        return f"*CSAT by {title}*: " + ", ".join(f"{name(r.name)} {r.mean:.1f} ({r.rated})" for r in rows)
+
+    lines = []
+    if u.feedback:
+        lines.append(
+            "*Feedback by agent*: " + ", ".join(f"{escape(t.name)} 👍 {t.good} 👎 {t.bad}" for t in u.feedback)
+        )
+    if u.csat_by_agent:
+        lines.append(scores("agent", u.csat_by_agent))
+        lines.append(scores("trigger", u.csat_by_trigger))
+        lines.append(scores("staff member", u.csat_by_staff, lambda user: f"<@{user}>" if user != "?" else user))
+    return [_section("\n".join(lines))] if lines else []
+
+
+def home_blocks(
+    usage: Usage, health: Health | str, *, llm: str, knowledge: KnowledgeStatus | str
+) -> list[dict[str, Any]]:
+    """The App Home of admins and staff: the last day's numbers and the bot's state (`/support stats` and
+    `status` in brief)."""
+    if isinstance(health, str):
+        cases, pauses = f"*Escalations*\n⚠️ database down: {escape(health)}", "*Paused*\nunknown"
+    else:
+        cases = (
+            f"*Escalations*\n{usage.escalations} today · {health.open_cases} open, "
+            f"{health.open_cases - health.unclaimed_cases} claimed"
+        )
+        pauses = "*Paused*\n" + (", ".join(label for label, _ in health.pauses) or "none")
+    numbers = [
+        f"*Conversations*\n{usage.conversations} active, {usage.new_conversations} new",
+        cases,
+        f"*Median time to claim*\n{duration(usage.median_to_claim_s)}",
+        feedback_field(usage),
+        csat_field(usage),
+    ]
+    state = [f"*LLM provider*\n{llm}", knowledge_field(knowledge), pauses]
+    return [
+        _header("Helpdesk today"),
+        _fields(numbers),
+        *satisfaction(usage),
+        {"type": "divider"},
+        _header("The bot"),
+        _fields(state),
+        _context("The last 24 hours. `/support help` lists what admins can do."),
+    ]
+
+
+def plain_home_blocks() -> list[dict[str, Any]]:
+    return [
+        _header("Helpdesk"),
+        _section(
+            "This is the helpdesk bot. Ask your question in a support channel or in a direct message here, and our "
+            "assistant answers; a colleague joins when it cannot help."
+        ),
+    ]

@@ -2,7 +2,7 @@
 them), so that the turn reads them after the acknowledgement; their text goes into the transcript, not here
 
 Revision ID: 0015
-Revises: 0013
+Revises: 0014
 """
 
 from collections.abc import Sequence
@@ -12,7 +12,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0015"
-down_revision: str | None = "0013"
+down_revision: str | None = "0014"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
