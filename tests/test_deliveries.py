@@ -39,6 +39,8 @@ def examples(conversation_id: int = 1, escalation_id: int = 1) -> list[Delivery]
         d.RelayDelete(c, e, "2.000003"),
         d.Reminder(c, e, "Case #1 has waited 16 min"),
         d.StaffNotice(c, e, "U_GUEST", "Only the support team can reply."),
+        d.FilesToStaff(c, e, "U_CUSTOMER", "my receipt", "1.000005"),
+        d.FilesToCustomer(c, e, "C_SUPPORT", "1.000006", "U_STAFF", "2.000004"),
     ]
 
 
