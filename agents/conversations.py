@@ -203,6 +203,8 @@ class TurnCommit:
     text: str
     """The message as it came in (a customer's, or a colleague's for `staff` results)."""
     result: MessageResult
+    files: tuple[FileRef, ...] = ()
+    """The files it carried, for the host to relay."""
 
 
 TurnHook = Callable[[AsyncSession, TurnCommit], Awaitable[None]]
@@ -265,11 +267,13 @@ class Conversations:
         external_id: str | None = None,
         order_key: str | None = None,
         kind: InboundKind = "customer",
+        files: tuple[FileRef, ...] = (),
     ) -> Submitted:
         """Store a customer message inside the caller's transaction (so it can be one write with the caller's
         own rows). `order_key` orders messages of one conversation when arrival order may differ from the
         order they were written in (Slack's ts); messages without one run in arrival order."""
-        row = (await s.execute(_SUBMIT, self.store_params(key, text, author, external_id, order_key, kind))).one()
+        params = self.store_params(key, text, author, external_id, order_key, kind, files=files)
+        row = (await s.execute(_SUBMIT, params)).one()
         if row.inbound_id is not None:
             return Submitted(row.conversation_id, row.inbound_id, duplicate=False)
         existing = await s.scalar(
@@ -669,7 +673,13 @@ class Conversations:
                 await self.after_turn(
                     s,
                     TurnCommit(
-                        started.key, lease.conversation_id, inbound.external_id, inbound.author, inbound.text, result
+                        started.key,
+                        lease.conversation_id,
+                        inbound.external_id,
+                        inbound.author,
+                        inbound.text,
+                        result,
+                        inbound.files,
                     ),
                 )
         return _Done(result, kept=bool(row.kept))

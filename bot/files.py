@@ -80,6 +80,18 @@ class SlackFiles:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as http:
             return tuple([await self._one(http, ref) for ref in files])
 
+    async def fetch(self, ref: FileRef) -> bytes | None:
+        """A file's bytes, to relay it (`bot.outbox`); None when it is larger than the limit. Raises when Slack does
+        not give it (`Unreadable`) or the download fails, so the relay is tried again later."""
+        if self.too_big(ref):
+            return None
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as http:
+            return await self._download(http, ref.url)
+
+    def too_big(self, ref: FileRef) -> bool:
+        """Not relayed: larger than the limit, as Slack declared it."""
+        return ref.size is not None and ref.size > self.limits.max_bytes
+
     async def _one(self, http: aiohttp.ClientSession, ref: FileRef) -> Attachment:
         kind = kind_of(ref)
         if kind == Kind.OTHER:

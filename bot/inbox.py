@@ -253,6 +253,7 @@ class Inbox:
                     external_id=message.ts,
                     order_key=message.ts,
                     kind="staff",
+                    files=message.files,
                 )
                 return "duplicate" if submitted.duplicate else "stored"
             case StaffReply():

@@ -9,7 +9,7 @@ trying again can post nothing twice); any other exception means the outcome is u
 from __future__ import annotations
 
 from datetime import datetime
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from agents.address import Platform
 from escalation.views import Message
@@ -67,4 +67,22 @@ class Messenger(Protocol):
 
     async def direct(self, user: str, text: str) -> None:
         """A direct message to a person (the admins' alerts)."""
+        ...
+
+
+@runtime_checkable
+class FileSharing(Protocol):
+    """A platform the bot can share files into (Slack): files are uploaded first, then shared in one message with
+    a comment. Another platform gets the comment and the files' names as a post instead."""
+
+    async def upload(self, name: str, data: bytes) -> str:
+        """Upload a file, shared nowhere yet; returns its id."""
+        ...
+
+    async def share(self, where: Where, file_ids: list[str], comment: str) -> str | None:
+        """Share uploaded files in one message; the message's id when the platform says it already."""
+        ...
+
+    async def find_share(self, where: Where, file_ids: list[str]) -> str | None:
+        """The message that shares these files in `where`, if there is one (after an unknown outcome)."""
         ...

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -36,11 +37,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from agents.address import Address, Platform
 from agents.agent import Roster
+from agents.attachments import FileRef
 from agents.conversations import ResultKind, TurnCommit
 from agents.leases import keep_renewed, process_owner
 from bot.answers import answer_message
 from bot.csat import csat_question
-from bot.messenger import Messenger, Refused, Where
+from bot.files import SlackFiles
+from bot.messenger import FileSharing, Messenger, Refused, Where
 from bot.slack_messenger import SlackMessenger
 from db import models as m
 from db.deliveries import (
@@ -51,6 +54,9 @@ from db.deliveries import (
     Change,
     CsatAsk,
     Delivery,
+    FileRelay,
+    FilesToCustomer,
+    FilesToStaff,
     NewMessage,
     Outcome,
     Post,
@@ -67,7 +73,7 @@ from db.deliveries import (
 )
 from escalation.policy import EscalationPolicy
 from escalation.render import CaseRenderer
-from escalation.views import Message, case_given_up, case_problem, relay_text
+from escalation.views import Message, case_given_up, case_problem, files_not_shared, relay_text
 from slacktext.limits import MESSAGE_TEXT, clip, split_text
 from slacktext.text import escape, from_markdown
 from teamstext.limits import split_text as teams_split
@@ -149,7 +155,12 @@ def turn_outbox(
         if result.kind == ResultKind.STAFF:
             if escalation_id is not None:
                 source = commit.external_id
-                owed.append(RelayToCustomer(cid, escalation_id, channel, thread, commit.author, commit.text, source))
+                if commit.text.strip() or not commit.files:
+                    owed.append(
+                        RelayToCustomer(cid, escalation_id, channel, thread, commit.author, commit.text, source)
+                    )
+                if commit.files and source:
+                    owed.append(FilesToCustomer(cid, escalation_id, channel, thread, commit.author, source))
                 owed.append(CaseUpdate(cid, escalation_id))
         elif result.reply and result.kind == ResultKind.REPLY:
             owed += answers(conversation_id=cid, address=address, body=result.reply)
@@ -161,7 +172,10 @@ def turn_outbox(
                 owed += posts(conversation_id=cid, address=address, body=notice)
             owed.append(CasePost(cid, escalation_id, policy.staff_channel))
         if result.kind == ResultKind.HUMAN and escalation_id is not None and policy.staff_channel:
-            owed.append(RelayToStaff(cid, escalation_id, commit.author, commit.text))
+            if commit.files and commit.external_id:  # the files, shared with the words
+                owed.append(FilesToStaff(cid, escalation_id, commit.author, commit.text, commit.external_id))
+            else:
+                owed.append(RelayToStaff(cid, escalation_id, commit.author, commit.text))
         if result.kind == ResultKind.TAKEN_OVER and escalation_id is not None and policy.staff_channel:
             # Staff learn of it from the case alone (posted, or showing its new owner); the words stay in the thread.
             if result.escalation_reason is not None:  # opened for them
@@ -205,6 +219,8 @@ PERMANENT_ERRORS = frozenset(
 
 LAYOUT_ERRORS = frozenset({"invalid_blocks", "invalid_blocks_format", "msg_too_long", "invalid_attachments"})
 """Slack refused a message's layout, not the message: the words alone are posted instead."""
+FILES_NOT_SHARED = "files are relayed only between Slack threads"
+"""Why a file relay to or from Teams carries the files' names only."""
 FIXABLE_BY_ADMINS = frozenset({"not_in_channel", "channel_not_found", "is_archived", "restricted_action"})
 """A case post refused for these waits (retried, the admins told) for `case_patience`: someone may invite the bot
 or correct STAFF_CHANNEL_ID meanwhile."""
@@ -233,8 +249,11 @@ class OutboxSender:
         owner: str = "",
         lease_s: float = 30.0,
         feedback_buttons: bool = True,
+        files: SlackFiles | None = None,
     ) -> None:
         self.engine = engine
+        self.files = files
+        """Downloads the files that file relays share again (within MAX_FILE_BYTES); None: only their names go."""
         self.owner = owner or process_owner()
         self.lease_s = lease_s
         """How long a send lease lasts unrenewed: a crashed sender's conversations wait this long."""
@@ -379,9 +398,9 @@ class OutboxSender:
 
     def _messenger(self, delivery: Delivery, customer_platform: str) -> Messenger:
         """The customer's platform for what the customer sees, the staff channel's for the case's side."""
-        staff_side = isinstance(delivery, CasePost | CaseUpdate | RelayToStaff | Reminder | StaffNotice) or (
-            isinstance(delivery, AddReaction | RemoveReaction) and delivery.channel == self.staff_channel
-        )
+        staff_side = isinstance(
+            delivery, CasePost | CaseUpdate | RelayToStaff | FilesToStaff | Reminder | StaffNotice
+        ) or (isinstance(delivery, AddReaction | RemoveReaction) and delivery.channel == self.staff_channel)
         platform = self.staff_platform if staff_side else customer_platform
         messenger = self.messengers.get(platform)
         if messenger is None:
@@ -397,6 +416,8 @@ class OutboxSender:
             return await self._give_up(row, str(exc))
         try:
             messenger = self._messenger(delivery, platform)
+            if isinstance(delivery, FileRelay) and isinstance(messenger, FileSharing) and self.files is not None:
+                return await self._share_once(row, key, delivery, messenger)
             if isinstance(delivery, NewMessage):
                 return await self._post_once(row, key, delivery, messenger)
             await self._change(delivery, messenger)
@@ -468,6 +489,50 @@ class OutboxSender:
             await self._renderer().case_posted(delivery.escalation_id, channel=where.channel, ts=ts)
         return await self._done(row, Outcome.SENT, result_ts=ts)
 
+    async def _share_once(self, row: Row[Any], key: int, relay: FileRelay, messenger: Messenger) -> Outcome | None:
+        """Relay a message's files: download each, upload it again, record the uploaded ids on the row, then share
+        them in one message with the relayed words. After an unknown outcome the files' shares are looked at
+        (files.info) before sharing again. A row in doubt without uploads tried the words alone (`_post_once`)."""
+        assert isinstance(messenger, FileSharing) and self.files is not None
+        uploaded: list[str] = list(row.uploaded or ())
+        in_doubt = row.attempted_at is not None
+        if in_doubt and not uploaded:
+            return await self._post_once(row, key, relay, messenger)
+        where = await self._where(relay)
+        if in_doubt and (ts := await messenger.find_share(where, uploaded)) is not None:
+            return await self._done(row, Outcome.SENT, result_ts=ts)
+        shared = await self._renderer().shared_files(relay)
+        if shared is None:
+            return await self._done(row, Outcome.SKIPPED, last_error="deleted before it was relayed")
+        left_out = [ref for ref in shared.files if self.files.too_big(ref)]
+        if not uploaded:
+            for ref in shared.files:
+                data = None if ref in left_out else await self.files.fetch(ref)
+                if data is None:  # larger than the limit, as Slack declared it or as it turned out
+                    left_out += [] if ref in left_out else [ref]
+                    continue
+                uploaded.append(await messenger.upload(ref.name, data))
+            if not uploaded:  # nothing to share: the words go alone, with the files' names
+                return await self._post_once(row, key, relay, messenger)
+        comment = shared.comment.text
+        if left_out:
+            comment = files_not_shared(comment, [(ref.name, self._not_shared(ref)) for ref in left_out])
+        if not await self._attempt(row, key, uploaded=uploaded):
+            return None
+        try:
+            ts = await messenger.share(where, uploaded, comment)
+        except Refused as exc:
+            if exc.certain:  # not shared: the next try shares the same uploads again, without looking
+                await self._settled(row, key)
+            raise
+        return await self._done(row, Outcome.SENT, result_ts=ts)
+
+    def _not_shared(self, ref: FileRef) -> str:
+        """Why a file of a file relay goes as its name only."""
+        if self.files is not None and self.files.too_big(ref):
+            return f"larger than {self.files.limits.max_bytes / 1_000_000:g} MB"
+        return FILES_NOT_SHARED
+
     async def _unknowable(self, row: Row[Any], delivery: NewMessage) -> Outcome:
         """A post whose outcome is unknown on a platform that cannot be looked in: posting it again could show it
         twice, so it is given up, counted, and the admins are told what may be missing."""
@@ -479,7 +544,7 @@ class OutboxSender:
         return await self._give_up(row, error)
 
     def _platform_name(self, delivery: NewMessage) -> str:
-        staff_side = isinstance(delivery, CasePost | RelayToStaff | Reminder)
+        staff_side = isinstance(delivery, CasePost | RelayToStaff | FilesToStaff | Reminder)
         return "the staff channel" if staff_side else "the customer"
 
     async def _case_failed(self, row: Row[Any], case: CasePost, error: str, *, transient: bool) -> Outcome | None:
@@ -546,11 +611,16 @@ class OutboxSender:
                 | Answer(channel=channel, thread=thread)
                 | RelayToCustomer(channel=channel, thread=thread)
                 | CsatAsk(channel=channel, thread=thread)
+                | FilesToCustomer(channel=channel, thread=thread)
             ):
                 return Where(channel, thread)
             case CasePost(channel=channel):
                 return Where(channel, None)
-            case RelayToStaff(escalation_id=escalation_id) | Reminder(escalation_id=escalation_id):
+            case (
+                RelayToStaff(escalation_id=escalation_id)
+                | FilesToStaff(escalation_id=escalation_id)
+                | Reminder(escalation_id=escalation_id)
+            ):
                 # The case's thread: known once the case message is out, which it always is by now (it was queued
                 # earlier in the same conversation).
                 where = await self._renderer().case_thread(escalation_id)
@@ -574,6 +644,8 @@ class OutboxSender:
                 return self._renderer().reminder(delivery)
             case CsatAsk(escalation_id=escalation_id, text=question):
                 return csat_question(escalation_id, question)
+            case FilesToStaff() | FilesToCustomer():
+                return await self._renderer().files_as_text(delivery, why=self._not_shared)
 
     def _renderer(self) -> CaseRenderer:
         if self.cases is None:
@@ -627,18 +699,25 @@ class OutboxSender:
             ).first()
         return None if copy is None else (Where(copy.channel, copy.thread_ts), copy.result_ts, copy.author)
 
-    async def _attempt(self, row: Row[Any], key: int) -> bool:
+    async def _attempt(self, row: Row[Any], key: int, *, uploaded: list[str] | None = None) -> bool:
         """Record the attempt before a post, only while this sender still holds the lease and nobody else has
         tried the row meanwhile: if the process dies waiting for Slack's answer, the next sender looks for the
         post first. Changes are safe to repeat and need no such record (one commit fewer each)."""
         async with self.engine.begin() as conn:
             done = await conn.execute(
                 text(
-                    "UPDATE outbox SET attempts = attempts + 1, attempted_at = now() "
+                    "UPDATE outbox SET attempts = attempts + 1, attempted_at = now(), "
+                    "uploaded = coalesce(CAST(:uploaded AS jsonb), uploaded) "
                     f"WHERE id = :id AND done_at IS NULL AND attempts = :seen AND {HOLDING_SEND_LEASE} "
                     "RETURNING id"
                 ),
-                {"id": row.id, "seen": row.attempts, "k": key, "o": self.owner},
+                {
+                    "id": row.id,
+                    "seen": row.attempts,
+                    "k": key,
+                    "o": self.owner,
+                    "uploaded": None if uploaded is None else json.dumps(uploaded),
+                },
             )
             return done.first() is not None
 

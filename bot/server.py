@@ -146,6 +146,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
     token = settings.slack_bot_token.get_secret_value() if settings.slack_bot_token else ""
     api = settings.slack_api_url
     client = slack_client(token=token, base_url=api) if slack else None
+    files = SlackFiles(token=token, limits=file_limits(settings)) if slack else None
     async with runtime.open_database(settings) as db, AsyncExitStack() as closing:
         brain = await runtime.brain(settings, db)
         roster, model = brain.roster, brain.model
@@ -159,7 +160,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             after_turn=turn_outbox(roster, style, policy, clock=now),
             leases=leases,
             limits=runtime.limits(settings),
-            attachments=SlackFiles(token=token, limits=file_limits(settings)) if slack else None,
+            attachments=files,
         )
         metrics = Metrics()
         # Reads only: the Slack client that retries is safe here.
@@ -202,6 +203,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             hand_back=lambda escalation_id: desk.apply(escalation_id=escalation_id, action="hand_back", user=BOT_ACTOR),
             lease_s=settings.lease_seconds,
             feedback_buttons=settings.feedback_buttons,
+            files=files,
         )
         workers = Workers(
             conversations=conversations,

@@ -65,6 +65,8 @@ class StaffReply:
     """The author's organisation where the message says (Slack Connect), to compare with ours."""
     platform: Platform = Platform.SLACK
     name: str | None = None
+    files: tuple[FileRef, ...] = ()
+    """Relayed to the customer with the words; a message of files alone is relayed too."""
 
     @property
     def author(self) -> Author:
@@ -194,8 +196,11 @@ def _classify_staff(event: Mapping[str, Any], channel: str, team: str) -> Incomi
         case None | "file_share" | "thread_broadcast" if isinstance(message.get("user"), str):
             text = str(message.get("text") or "").strip()
             own = message.get("user_team") or message.get("source_team") or message.get("team")
-            reply = StaffReply(channel, thread, ts, str(message["user"]), text, team, None if own is None else str(own))
-            return reply if text else Ignored("no text")
+            files = files_of(message)
+            reply = StaffReply(
+                channel, thread, ts, str(message["user"]), text, team, None if own is None else str(own), files=files
+            )
+            return reply if text or files else Ignored("no text")
     return Ignored(f"staff channel subtype {subtype}")
 
 

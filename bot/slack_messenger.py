@@ -6,9 +6,11 @@ whether the post is already in its thread.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from datetime import datetime
+from typing import Any
 
+import aiohttp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
@@ -21,6 +23,7 @@ from slacktext.limits import MESSAGE_TEXT, clip
 METADATA_TYPE = "helpdesk_outbox"
 MAYBE_DONE = frozenset({"internal_error", "fatal_error", "request_timeout", "service_unavailable"})
 """Slack's errors that do not say the call was not done."""
+UPLOAD_TIMEOUT_S = 60.0
 
 
 class SlackMessenger:
@@ -68,6 +71,37 @@ class SlackMessenger:
                 return str(message["ts"])
         return None
 
+    async def upload(self, name: str, data: bytes) -> str:
+        """files.getUploadURLExternal, then the bytes POSTed to the URL it gave (Slack answers 200 when it has
+        them). Nothing is shared yet: an upload never completed is discarded by Slack."""
+        got = await self._call(self.client.files_getUploadURLExternal(filename=name, length=len(data)))
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=UPLOAD_TIMEOUT_S)) as http:
+            form = aiohttp.FormData()
+            form.add_field("file", data, filename=name)
+            async with http.post(str(got["upload_url"]), data=form) as response:
+                response.raise_for_status()  # an outcome like a lost answer: tried again after a backoff
+        return str(got["file_id"])
+
+    async def share(self, where: Where, file_ids: list[str], comment: str) -> str | None:
+        response = await self._call(
+            self.client.files_completeUploadExternal(
+                files=[{"id": file_id} for file_id in file_ids],
+                channel_id=where.channel,
+                thread_ts=where.thread,
+                initial_comment=comment,
+            )
+        )
+        # Slack shares asynchronously: the share's ts is in the answer only when it is done already.
+        for file in response.get("files") or []:
+            if (ts := _share_ts(file, where)) is not None:
+                return ts
+        return None
+
+    async def find_share(self, where: Where, file_ids: list[str]) -> str | None:
+        """files.info of the first file: its `shares` name every channel (and thread) it was shared in."""
+        response = await self._call(self.client.files_info(file=file_ids[0]))
+        return _share_ts(response.get("file") or {}, where)
+
     async def update(self, where: Where, message_id: str, message: Message) -> None:
         await self._call(
             self.client.chat_update(channel=where.channel, ts=message_id, text=message.text, blocks=message.blocks)
@@ -103,3 +137,13 @@ class SlackMessenger:
             if error == "ratelimited":
                 retry_after = float(exc.response.headers.get("Retry-After", 1) or 1)
             raise Refused(error, retry_after=retry_after, certain=error not in MAYBE_DONE) from exc
+
+
+def _share_ts(file: Mapping[str, Any], where: Where) -> str | None:
+    """The ts of the message sharing `file` in `where`, from its `shares` (`public` and `private`, by channel)."""
+    shares = file.get("shares") or {}
+    for kind in ("public", "private"):
+        for share in (shares.get(kind) or {}).get(where.channel) or []:
+            if share.get("thread_ts") == where.thread:
+                return str(share["ts"])
+    return None

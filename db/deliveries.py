@@ -190,7 +190,36 @@ class CsatAsk(_OfCase):
     """The question."""
 
 
-NewMessage = Post | Answer | CasePost | RelayToStaff | RelayToCustomer | Reminder | CsatAsk
+@dataclass(frozen=True)
+class FilesToStaff(_OfCase):
+    """A customer's message with files, copied into the case's thread: the files uploaded again and shared there
+    with the relayed text (a file from a customer's Slack Connect channel cannot be shared into ours)."""
+
+    kind: ClassVar[str] = "files_to_staff"
+    author: str | None
+    text: str
+    source: str
+    """The customer's message (its ts), whose files (`inbound.files`) are relayed."""
+
+
+@dataclass(frozen=True)
+class FilesToCustomer(_OfCase):
+    """A colleague's files from the case's thread, shared with the customer (their words go as a `RelayToCustomer`,
+    which edits and deletions follow)."""
+
+    kind: ClassVar[str] = "files_to_customer"
+    channel: str
+    thread: str | None
+    author: str | None
+    source: str
+    """The colleague's message, whose files are relayed; none once it was deleted."""
+
+
+FileRelay = FilesToStaff | FilesToCustomer
+"""Shared as files where the other side is Slack; elsewhere the text goes with the files' names."""
+NewMessage = (
+    Post | Answer | CasePost | RelayToStaff | RelayToCustomer | Reminder | CsatAsk | FilesToStaff | FilesToCustomer
+)
 Change = AddReaction | RemoveReaction | Typing | CaseUpdate | RelayEdit | RelayDelete | StaffNotice
 Delivery = NewMessage | Change
 
@@ -211,6 +240,8 @@ KINDS: dict[str, type[Delivery]] = {
         Reminder,
         StaffNotice,
         CsatAsk,
+        FilesToStaff,
+        FilesToCustomer,
     )
 }
 

@@ -245,6 +245,9 @@ class Outbox(Base):
     outcome: Mapped[str | None] = mapped_column(Text)
     """sent, skipped or given_up (`db.deliveries.Outcome`); None while owed."""
     result_ts: Mapped[str | None] = mapped_column(Text)
+    uploaded: Mapped[list[str] | None] = mapped_column(JSONB)
+    """A file relay's uploaded file ids, recorded before they are shared (`bot.outbox`): looked for, not uploaded
+    again, after an unknown outcome."""
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
 

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.address import Address
+from agents.attachments import FileRef
 from db import models as m
-from db.deliveries import RelayToCustomer, RelayToStaff, Reminder
+from db.deliveries import FileRelay, FilesToCustomer, FilesToStaff, RelayToCustomer, RelayToStaff, Reminder
 from escalation import views
 from escalation.views import CaseView, Message, Person
 from slacktext.limits import clip
@@ -36,6 +38,13 @@ class Directory(Protocol):
     async def permalink(self, channel: str, message: str) -> str | None:
         """A link to a message, None when there is none to be had."""
         ...
+
+
+@dataclass(frozen=True)
+class SharedFiles:
+    comment: Message
+    """The message the files are shared with (the relayed words, who sent them)."""
+    files: tuple[FileRef, ...]
 
 
 class CaseRenderer:
@@ -84,6 +93,35 @@ class CaseRenderer:
                 )
             ).first()
         return None if row is None or row.deleted_at is not None else str(row.text)
+
+    async def shared_files(self, relay: FileRelay) -> SharedFiles | None:
+        """The files of a relayed message and what introduces them; None when the message is gone (a colleague's,
+        deleted or edited into a note before its files went out)."""
+        async with self.sessions() as s:
+            row = (
+                await s.execute(
+                    select(m.Inbound.files, m.Inbound.deleted_at).where(
+                        m.Inbound.conversation_id == relay.conversation_id, m.Inbound.external_id == relay.source
+                    )
+                )
+            ).first()
+        if row is None or row.deleted_at is not None or not row.files:
+            return None
+        files = tuple(FileRef.from_json(f) for f in row.files)
+        match relay:
+            case FilesToStaff():
+                return SharedFiles(views.relay_to_staff(await self._person(relay.author), relay.text), files)
+            case FilesToCustomer():
+                return SharedFiles(
+                    views.files_from_colleague(await self._person(relay.author), suffix=self.name_suffix), files
+                )
+
+    async def files_as_text(self, relay: FileRelay, *, why: Callable[[FileRef], str]) -> Message | None:
+        """A file relay whose files cannot go: the relayed words, and each file's name with `why`."""
+        shared = await self.shared_files(relay)
+        if shared is None:
+            return None
+        return Message(views.files_not_shared(shared.comment.text, [(f.name, why(f)) for f in shared.files]))
 
     def reminder(self, reminder: Reminder) -> Message:
         return views.reminder(reminder.text)

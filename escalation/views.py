@@ -6,6 +6,7 @@ inert (`slacktext.text`) where it enters a message, and the blocks are clipped t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +123,19 @@ def relay_to_customer(colleague: Person, text: str, *, suffix: str) -> Message:
     """`suffix` follows the colleague's name (STAFF_NAME_SUFFIX), so the customer sees who speaks for the company."""
     # The username is plain text to Slack (no mentions, no links), so the colleague's name goes in as it is.
     return Message(relay_text(text), shown_as=Person(f"{colleague.name}{suffix}", colleague.avatar))
+
+
+def files_from_colleague(colleague: Person, *, suffix: str) -> Message:
+    """What introduces a colleague's files to the customer: a file share cannot carry another name and avatar, so
+    the name their relays are shown under goes in its text."""
+    shown = relay_to_customer(colleague, "", suffix=suffix).shown_as
+    return Message(f"*{escape(shown.name if shown else colleague.name)}*:")
+
+
+def files_not_shared(comment: str, left_out: Sequence[tuple[str, str]]) -> str:
+    """A relay with the names of the files that did not go with it, each with why (name, why)."""
+    listed = ", ".join(f"{escape(name)} ({why})" for name, why in left_out)
+    return clip(f"{comment}\n_Files not relayed: {listed}_", MESSAGE_TEXT)
 
 
 _FIXES = {

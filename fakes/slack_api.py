@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import mimetypes
 import secrets
 import time
 from collections import deque
@@ -321,6 +322,10 @@ class SlackApiFailure(Exception):
         self.error = error
 
 
+def _mimetype(name: str) -> str:
+    return mimetypes.guess_type(name)[0] or "application/octet-stream"
+
+
 def _flag(value: Any) -> bool:
     # Booleans arrive as JSON true, or as "1"/"true" in query strings and forms.
     return value is True or str(value).lower() in ("1", "true")
@@ -395,6 +400,7 @@ class SlackEmulator:
         self._last_ts_us = 0
         self.files: dict[str, tuple[dict[str, Any], bytes]] = {}  # id -> (Slack's file object, its bytes)
         self.downloads: list[tuple[str, int]] = []  # (file id, HTTP status) of every url_private request
+        self.uploads: dict[str, tuple[str, int, bytes | None]] = {}  # id -> (filename, declared length, bytes sent)
         self._response_ids = itertools.count(1)
         self._verifier = SignatureVerifier(signing_secret)
         self._requested_port = port
@@ -419,6 +425,9 @@ class SlackEmulator:
             "conversations.history": self._history,
             "assistant.threads.setStatus": self._set_status,
             "views.publish": self._views_publish,
+            "files.getUploadURLExternal": self._upload_url,
+            "files.completeUploadExternal": self._complete_upload,
+            "files.info": self._files_info,
         }
         self.add_user(BOT_USER_ID, BOT_NAME, "Helpdesk", is_bot=True)
         self.add_user("U_CUSTOMER", "casey", "Casey Customer")
@@ -433,6 +442,7 @@ class SlackEmulator:
         app.router.add_route("*", "/api/{method}", self._api)
         app.router.add_post("/response_url/{id}", self._response_url)
         app.router.add_get("/files-pri/{key}/{name}", self._download)
+        app.router.add_post("/upload/{file_id}", self._receive_upload)
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self._requested_port).start()
@@ -488,6 +498,7 @@ class SlackEmulator:
         self._reply_index.clear()
         self.files.clear()
         self.downloads.clear()
+        self.uploads.clear()
         self._faults.clear()
         self._holds.clear()
         self._drops.clear()
@@ -519,10 +530,12 @@ class SlackEmulator:
         channel = self.channels[id] = Channel(id, name.lstrip("#"), is_im, **flags)
         return channel
 
-    def add_file(self, name: str, mimetype: str, content: bytes, *, user: str = "U_CUSTOMER") -> dict[str, Any]:
+    def add_file(
+        self, name: str, mimetype: str, content: bytes, *, user: str = "U_CUSTOMER", file_id: str | None = None
+    ) -> dict[str, Any]:
         """A file someone uploaded: its file object as message events carry it (pass it to ``user_says(files=...)``),
         downloadable from ``url_private`` with the bot token, as Slack serves it."""
-        file_id = f"F{len(self.files) + 1:06d}"
+        file_id = file_id or self._new_file_id()
         url = f"{self.url}/files-pri/{TEAM_ID}-{file_id}/{name}"
         obj = {
             "id": file_id,
@@ -555,6 +568,106 @@ class SlackEmulator:
         self.downloads.append((file_id, 200))
         obj, content = stored
         return web.Response(body=content, content_type=str(obj["mimetype"]))
+
+    def shared_files(self, channel: str, thread_ts: str | None = None) -> list[tuple[Msg, bytes]]:
+        """Every file shared by the bot in a channel (or one thread), with its message, in order."""
+        return [
+            (msg, self.files[f["id"]][1])
+            for msg in self.posts(channel, thread_ts)
+            for f in msg.files or ()
+            if f["id"] in self.files
+        ]
+
+    def _upload_url(self, params: dict[str, Any]) -> dict[str, Any]:
+        """files.getUploadURLExternal: a file id and where to POST its bytes (served here, as Slack's is)."""
+        filename = _require(params, "filename", "invalid_arguments")
+        length = int(params.get("length") or 0)
+        if length <= 0:
+            raise SlackApiFailure("missing_argument")  # Slack's answer to a length of 0
+        file_id = self._new_file_id()
+        self.uploads[file_id] = (filename, length, None)
+        return {"upload_url": f"{self.url}/upload/{file_id}", "file_id": file_id}
+
+    async def _receive_upload(self, request: web.Request) -> web.Response:
+        """The upload URL: the bytes as a multipart form's file or raw; Slack answers 200 when it has them."""
+        file_id = request.match_info["file_id"]
+        if file_id not in self.uploads:
+            return web.Response(status=404, text="Not found")
+        if request.content_type.startswith("multipart/"):
+            form = await request.post()
+            part = next((v for v in form.values() if isinstance(v, web.FileField)), None)
+            data = part.file.read() if part is not None else b""
+        else:
+            data = await request.read()
+        name, length, _ = self.uploads[file_id]
+        self.uploads[file_id] = (name, length, data)
+        return web.Response(text=f"OK - {len(data)}")
+
+    def _complete_upload(self, params: dict[str, Any]) -> dict[str, Any]:
+        """files.completeUploadExternal: uploaded files shared in one message (with ``initial_comment``) in a
+        channel or thread. Completing files again shares them again, so a sender that repeats itself shows."""
+        raw = params.get("files")
+        listed = json.loads(raw) if isinstance(raw, str) else raw
+        if not isinstance(listed, list) or not listed:
+            raise SlackApiFailure("invalid_arguments")
+        ids = [str(f.get("id")) for f in listed if isinstance(f, dict)]
+        if any(self.uploads.get(i, ("", 0, None))[2] is None and i not in self.files for i in ids):
+            raise SlackApiFailure("file_not_found")  # never uploaded (or its bytes never sent)
+        channel_id = _str(params, "channel_id")
+        if channel_id is None:  # shared nowhere: private to the uploader
+            return {"files": [{"id": i, "title": self._uploaded(i)["title"]} for i in ids]}
+        channel = self._channel(channel_id)
+        if channel.is_archived:
+            raise SlackApiFailure("is_archived")
+        if not channel.is_member:
+            raise SlackApiFailure("not_in_channel")
+        thread_ts = _str(params, "thread_ts")
+        if thread_ts is not None:
+            self._find(channel.id, thread_ts, error="thread_not_found")
+        if len(_str(params, "initial_comment") or "") > MESSAGE_TEXT_LIMIT:
+            raise SlackApiFailure("msg_too_long")
+        objs = [self._uploaded(i) for i in ids]
+        msg = self._store(
+            Msg(
+                channel.id,
+                self._next_ts(),
+                BOT_USER_ID,
+                _str(params, "initial_comment") or "",
+                bot_id=BOT_ID,
+                thread_ts=thread_ts,
+                files=objs,
+            )
+        )
+        share = {"ts": msg.ts, "channel_name": channel.name, "team_id": TEAM_ID} | (
+            {"thread_ts": thread_ts} if thread_ts else {}
+        )
+        for obj in objs:
+            where = obj["shares"].setdefault("private" if channel.is_private or channel.is_im else "public", {})
+            where.setdefault(channel.id, []).append(share)
+        event = self._render(msg, metadata=False) | {"subtype": "file_share", "bot_profile": {"id": BOT_ID}}
+        self._echo(event | self._event_fields(channel, msg.ts))
+        # As Slack: the ids and titles only (the share is processed asynchronously; files.info shows it).
+        return {"files": [{"id": obj["id"], "title": obj["title"]} for obj in objs]}
+
+    def _uploaded(self, file_id: str) -> dict[str, Any]:
+        """The file object of an upload, made (and downloadable) once it is completed."""
+        if file_id not in self.files:
+            name, _, data = self.uploads.pop(file_id)
+            obj = self.add_file(name, _mimetype(name), data or b"", user=BOT_USER_ID, file_id=file_id)
+            obj["shares"] = {}
+        return self.files[file_id][0]
+
+    def _new_file_id(self) -> str:
+        number = len(self.files) + len(self.uploads) + 1
+        while f"F{number:06d}" in self.files or f"F{number:06d}" in self.uploads:  # uploads and files share them
+            number += 1
+        return f"F{number:06d}"
+
+    def _files_info(self, params: dict[str, Any]) -> dict[str, Any]:
+        file_id = _require(params, "file", "file_not_found")
+        if file_id not in self.files:
+            raise SlackApiFailure("file_not_found")
+        return {"file": self.files[file_id][0]}
 
     def add_usergroup(self, id: str, members: list[str]) -> None:
         self.usergroups[id] = tuple(members)

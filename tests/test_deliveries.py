@@ -41,6 +41,8 @@ def examples(conversation_id: int = 1, escalation_id: int = 1) -> list[Delivery]
         d.Reminder(c, e, "Case #1 has waited 16 min"),
         d.StaffNotice(c, e, "U_GUEST", "Only the support team can reply."),
         d.CsatAsk(c, e, "C_SUPPORT", "1.000005", "How did we do?"),
+        d.FilesToStaff(c, e, "U_CUSTOMER", "my receipt", "1.000015"),
+        d.FilesToCustomer(c, e, "C_SUPPORT", "1.000016", "U_STAFF", "2.000004"),
     ]
 
 

@@ -51,6 +51,10 @@ METHOD_SCOPES: dict[str, tuple[frozenset[str], ...]] = {
     "conversations.history": (HISTORY,),
     "conversations.replies": (HISTORY,),
     "views.publish": (),  # no scope (https://docs.slack.dev/reference/methods/views.publish)
+    # File relays (bot/slack_messenger.py): upload again, share, and look for a share after a lost answer.
+    "files.getUploadURLExternal": (frozenset({"files:write"}),),
+    "files.completeUploadExternal": (frozenset({"files:write"}),),
+    "files.info": (frozenset({"files:read"}),),
 }
 
 # (method, keyword argument) -> the scope that argument needs on top of the method's own.
