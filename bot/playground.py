@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -134,6 +134,7 @@ class _Click(BaseModel):
     action_id: str
     value: str
     block_id: str = "b"
+    element: Literal["button", "feedback_buttons"] = "button"
 
 
 class _Command(BaseModel):
@@ -218,6 +219,7 @@ def page_app(pg: Playground) -> web.Application:
             channel=body.channel,
             user=body.user,
             block_id=body.block_id,
+            element=body.element,
         )
         if result.status != 200:
             pg.acks.append(_failure("The button", result, body.user, body.channel))

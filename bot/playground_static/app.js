@@ -78,6 +78,13 @@ function blocks(list, msg) {
         `<button class="b-button ${esc(e.style || "")}" data-action-id="${esc(e.action_id)}" data-value="${esc(e.value)}"` +
         ` data-block-id="${esc(b.block_id || "b")}" data-channel="${esc(msg.channel)}" data-ts="${esc(msg.ts)}"` +
         `${msg.ephemeral ? " disabled" : ""}>${textObj(e.text)}</button>`).join("")}</div>`;
+      // An answer: its Markdown shown through the mrkdwn fallback (the page's renderer), and the 👍/👎 pair.
+      case "markdown": return `<div class="text">${mrkdwn(msg.text)}</div>`;
+      case "context_actions": return `<div class="b-actions">${(b.elements || []).filter((e) => e.type === "feedback_buttons")
+        .flatMap((e) => [e.positive_button, e.negative_button].filter(Boolean).map((button) =>
+          `<button class="b-button" data-element="feedback_buttons" data-action-id="${esc(e.action_id)}"` +
+          ` data-value="${esc(button.value)}" data-block-id="${esc(b.block_id || "b")}" data-channel="${esc(msg.channel)}"` +
+          ` data-ts="${esc(msg.ts)}">${textObj(button.text)}</button>`)).join("")}</div>`;
       default: return "";
     }
   }).join("");
@@ -256,7 +263,8 @@ document.addEventListener("click", async (e) => {
     t.disabled = true;
     try {
       await post("/api/click", {user: me(), channel: t.dataset.channel, message_ts: t.dataset.ts,
-        action_id: t.dataset.actionId, value: t.dataset.value, block_id: t.dataset.blockId});
+        action_id: t.dataset.actionId, value: t.dataset.value, block_id: t.dataset.blockId,
+        element: t.dataset.element || "button"});
     } catch (err) {
       t.disabled = false;
       alert(err.message);
