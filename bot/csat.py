@@ -1,6 +1,7 @@
 """Customer satisfaction after a resolved case: the question (1 to 5, as Block Kit buttons) is queued through the
 outbox in the transaction that resolves the case, so it is posted exactly once, after the "resolved" notice; the
-customer's click is stored with the case's agent, trigger and the colleague who resolved it.
+customer's click is stored with the case's agent, trigger and the colleague who resolved it, and a modal (opened
+with the click's trigger_id) asks for an optional comment, stored on the same row when the customer submits it.
 
 Asked only of Slack customers (the buttons are Slack's), in a sample of cases (`sample_rate`), and at most once
 per customer per `cooldown`."""
@@ -32,6 +33,14 @@ FACES = {1: "😞", 2: "🙁", 3: "😐", 4: "🙂", 5: "😄"}
 QUESTION = "How did we do? Please rate the help you got from our team."
 THANKS = "Thank you for your rating!"
 NOT_YOURS = "Only the customer whose conversation it was can rate it."
+COMMENT_CALLBACK = "csat_comment"
+"""The comment modal's callback_id; its private_metadata is the case's id."""
+COMMENT_BLOCK, COMMENT_INPUT = "csat_comment", "comment"
+COMMENT_TITLE = "Thanks for rating us"
+COMMENT_LABEL = "Anything we could do better?"
+COMMENT_MAX = 2000
+"""Characters a comment may have (the input refuses more; a longer one is cut, should it arrive)."""
+COMMENT_NOT_YOURS = "Only the customer who rated this case can comment on it."
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,8 @@ class CsatClick:
     escalation_id: int
     rating: int
     user: str
+    trigger: str | None = None
+    """The click's trigger_id: what opens the comment modal (once, within 3 seconds)."""
 
 
 def csat_click_of(body: Mapping[str, Any]) -> CsatClick | None:
@@ -59,7 +70,54 @@ def csat_click_of(body: Mapping[str, Any]) -> CsatClick | None:
     value = str(action.get("value", ""))
     if not (rating.isdigit() and int(rating) in RATINGS and value.isdigit() and user):
         return None
-    return CsatClick(int(value), int(rating), str(user))
+    trigger = body.get("trigger_id")
+    return CsatClick(int(value), int(rating), str(user), str(trigger) if trigger else None)
+
+
+@dataclass(frozen=True)
+class CsatComment:
+    escalation_id: int
+    user: str
+    text: str
+    """Stripped, never empty."""
+
+
+def csat_comment_of(body: Mapping[str, Any]) -> CsatComment | None:
+    """The comment a `view_submission` of the comment modal carries, or None (another view, or left empty)."""
+    view = body.get("view") or {}
+    metadata = str(view.get("private_metadata") or "")
+    user = (body.get("user") or {}).get("id")
+    values = ((view.get("state") or {}).get("values") or {}).get(COMMENT_BLOCK) or {}
+    text = str((values.get(COMMENT_INPUT) or {}).get("value") or "").strip()
+    if view.get("callback_id") != COMMENT_CALLBACK or not metadata.isdigit() or not user or not text:
+        return None
+    return CsatComment(int(metadata), str(user), text[:COMMENT_MAX])
+
+
+def comment_modal(escalation_id: int) -> dict[str, Any]:
+    """The modal that thanks the customer for their rating and asks for an optional comment."""
+    return {
+        "type": "modal",
+        "callback_id": COMMENT_CALLBACK,
+        "private_metadata": str(escalation_id),
+        "title": {"type": "plain_text", "text": COMMENT_TITLE},
+        "submit": {"type": "plain_text", "text": "Send"},
+        "close": {"type": "plain_text", "text": "Skip"},
+        "blocks": [
+            {
+                "type": "input",
+                "block_id": COMMENT_BLOCK,
+                "optional": True,
+                "label": {"type": "plain_text", "text": COMMENT_LABEL},
+                "element": {
+                    "type": "plain_text_input",
+                    "action_id": COMMENT_INPUT,
+                    "multiline": True,
+                    "max_length": COMMENT_MAX,
+                },
+            }
+        ],
+    }
 
 
 def csat_question(escalation_id: int, question: str) -> Message:
@@ -122,8 +180,8 @@ class Csat:
         if asked is not None:
             await enqueue(s, [CsatAsk(conversation.id, case.id, address.channel, address.thread, policy.question)])
 
-    async def rate(self, click: CsatClick) -> str:
-        """Store the customer's rating (the last click kept); what they are told."""
+    async def rate(self, click: CsatClick) -> bool:
+        """Store the customer's rating (the last click kept); False when the clicker is not the case's customer."""
         async with self.sessions() as s, s.begin():
             rated = await s.scalar(
                 update(m.Csat)
@@ -131,4 +189,20 @@ class Csat:
                 .values(rating=click.rating, rated_at=func.now())
                 .returning(m.Csat.id)
             )
-        return THANKS if rated is not None else NOT_YOURS
+        return rated is not None
+
+    async def comment(self, comment: CsatComment) -> bool:
+        """Store the comment on the row its author rated (the last one kept); False when the author is not the
+        case's customer, or has not rated it."""
+        async with self.sessions() as s, s.begin():
+            stored = await s.scalar(
+                update(m.Csat)
+                .where(
+                    m.Csat.escalation_id == comment.escalation_id,
+                    m.Csat.customer == comment.user,
+                    m.Csat.rating.is_not(None),
+                )
+                .values(comment=comment.text)
+                .returning(m.Csat.id)
+            )
+        return stored is not None

@@ -27,7 +27,17 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from agents.identity import Author
 from bot.csat import ACTION_PREFIX as CSAT_PREFIX
-from bot.csat import Csat, csat_click_of
+from bot.csat import (
+    COMMENT_BLOCK,
+    COMMENT_CALLBACK,
+    COMMENT_NOT_YOURS,
+    NOT_YOURS,
+    THANKS,
+    Csat,
+    comment_modal,
+    csat_click_of,
+    csat_comment_of,
+)
 from bot.feedback import ACTION_FEEDBACK, Feedback, feedback_click_of
 from bot.home import Home
 from bot.inbox import Inbox
@@ -218,17 +228,45 @@ def build_app(
             log.exception("could not record feedback on %s %s", click.channel, click.message_ts)
 
     @app.action(re.compile(f"^{CSAT_PREFIX}"))
-    async def csat_rating(ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond) -> None:
+    async def csat_rating(ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond, client: AsyncWebClient) -> None:
         await ack()
         click = csat_click_of(body)
         if click is None or csat is None:
             return
         try:
-            answer = await csat.rate(click)
+            rated = await csat.rate(click)
         except Exception:
             log.exception("could not record the rating of case %s", click.escalation_id)
-            answer = "Your rating could not be saved just now; please try again."
-        await respond(text=answer, response_type="ephemeral", replace_original=False)
+            rated = None
+        if not rated:
+            answer = NOT_YOURS if rated is False else "Your rating could not be saved just now; please try again."
+            await respond(text=answer, response_type="ephemeral", replace_original=False)
+            return
+        # The rating is stored before the modal is asked for: a modal Slack will not open (the trigger_id used or
+        # past its 3 seconds) costs only the comment, and the customer is thanked in the thread instead.
+        try:
+            await client.views_open(trigger_id=click.trigger, view=comment_modal(click.escalation_id))
+        except Exception:
+            log.warning("could not open the CSAT comment modal of case %s", click.escalation_id, exc_info=True)
+            await respond(text=THANKS, response_type="ephemeral", replace_original=False)
+
+    @app.view(COMMENT_CALLBACK)
+    async def csat_comment(ack: AsyncAck, body: dict[str, Any]) -> None:
+        """Stored before the ack (Slack waits 3 seconds for it), so that a refusal shows in the modal."""
+        comment = csat_comment_of(body)
+        if comment is None or csat is None:
+            await ack()  # left empty: nothing to store, the modal closes
+            return
+        try:
+            problem = None if await csat.comment(comment) else COMMENT_NOT_YOURS
+        except Exception:
+            log.exception("could not store the comment on case %s", comment.escalation_id)
+            problem = "Your comment could not be saved just now; please try again."
+        if problem is None:
+            await ack()
+        else:
+            log.warning("CSAT comment on case %s by %s not stored: %s", comment.escalation_id, comment.user, problem)
+            await ack(response_action="errors", errors={COMMENT_BLOCK: problem})
 
     @app.event("app_home_opened")
     async def home_opened(event: dict[str, Any], body: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ pauses         where admins paused the bot: conversations there go to humans
 admin_actions  every admin command: who, what, when, allowed or refused, and its outcome
 rate_counters  per customer and per channel: messages answered this minute, tokens spent today (agents.limits)
 answer_feedback  👍/👎 on the bot's answers, one per answer per person (the last click kept)
-csat           the customer's rating of a resolved case, asked once after Resolve
+csat           the customer's rating of a resolved case (and optional comment), asked once after Resolve
 """
 
 from __future__ import annotations
@@ -432,3 +432,5 @@ class Csat(Base):
     rating: Mapped[int | None] = mapped_column(Integer)
     asked_at: Mapped[datetime] = _now()
     rated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    comment: Mapped[str | None] = mapped_column(Text)
+    """What the customer wrote in the modal that follows their rating (other people's text: escaped where shown)."""

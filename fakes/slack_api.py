@@ -316,6 +316,64 @@ def _text_problem(obj: Any, most: int, *, plain: bool = False) -> str | None:
     return None
 
 
+TRIGGER_LIFETIME_S = 3.0
+"""A trigger_id opens a view once, within 3 seconds of the interaction (docs.slack.dev, views.open and modals)."""
+
+
+@dataclass(frozen=True)
+class Modal:
+    """A modal the app opened with `views.open`, for the user whose interaction's trigger_id it exchanged."""
+
+    id: str
+    user: str
+    view: dict[str, Any]
+
+
+def modal_problem(view: Any) -> str | None:
+    """What Slack would refuse in a modal view (docs.slack.dev/reference/views/modal-views), or None: a plain_text
+    title, submit and close of at most 24 characters (submit required with an input block), private_metadata of at
+    most 3,000 and callback_id of at most 255 characters, 1 to 100 blocks: input blocks (a plain_text_input), or
+    the message blocks `block_kit_problem` knows."""
+    if not isinstance(view, dict) or view.get("type") != "modal":
+        return "not a modal"
+    blocks = view.get("blocks")
+    if not isinstance(blocks, list) or not 1 <= len(blocks) <= 100:
+        return "not 1 to 100 blocks"
+    inputs = [b for b in blocks if isinstance(b, dict) and b.get("type") == "input"]
+    for key, required in (("title", True), ("submit", bool(inputs)), ("close", False)):
+        if (view.get(key) is not None or required) and (problem := _text_problem(view.get(key), 24, plain=True)):
+            return f"{key} {problem}"
+    for key, most in (("private_metadata", 3000), ("callback_id", 255), ("external_id", 255)):
+        if len(str(view.get(key) or "")) > most:
+            return f"{key} over {most} characters"
+    others = [b for b in blocks if b not in inputs]
+    problem = next((p for b in inputs if (p := _input_problem(b)) is not None), None)
+    return problem or (block_kit_problem(others[:50]) if others else None)
+
+
+def _input_problem(block: dict[str, Any]) -> str | None:
+    """An input block with a plain_text_input (the only element the bot asks for)."""
+    if len(str(block.get("block_id") or "")) > 255:
+        return "input: block_id over 255 characters"
+    if (problem := _text_problem(block.get("label"), 2000, plain=True)) is not None:
+        return f"input: label {problem}"
+    if block.get("hint") is not None and (problem := _text_problem(block.get("hint"), 2000, plain=True)):
+        return f"input: hint {problem}"
+    element = block.get("element")
+    if not isinstance(element, dict) or element.get("type") != "plain_text_input":
+        return "input: an element the emulator does not know"
+    if len(str(element.get("action_id") or "")) > 255:
+        return "input: action_id over 255 characters"
+    placeholder = element.get("placeholder")
+    if placeholder is not None and (problem := _text_problem(placeholder, 150, plain=True)):
+        return f"input: placeholder {problem}"
+    for key, least in (("min_length", 0), ("max_length", 1)):
+        value = element.get(key)
+        if value is not None and not (isinstance(value, int) and least <= value <= 3000):
+            return f"input: {key} not {least} to 3000"
+    return None
+
+
 class SlackApiFailure(Exception):
     def __init__(self, error: str) -> None:
         super().__init__(error)
@@ -402,6 +460,11 @@ class SlackEmulator:
         self.downloads: list[tuple[str, int]] = []  # (file id, HTTP status) of every url_private request
         self.uploads: dict[str, tuple[str, int, bytes | None]] = {}  # id -> (filename, declared length, bytes sent)
         self._response_ids = itertools.count(1)
+        self._triggers: dict[str, tuple[float, str]] = {}  # trigger_id -> (issued, monotonic; the user's id)
+        self._exchanged: set[str] = set()  # trigger_ids a view was opened with
+        self.trigger_lifetime_s = TRIGGER_LIFETIME_S
+        """How long a trigger_id can open a view (a test sets 0 to play an app that answered too late)."""
+        self.modals: dict[str, Modal] = {}  # view id -> the modal opened
         self._verifier = SignatureVerifier(signing_secret)
         self._requested_port = port
         self._connection_limit = connection_limit
@@ -425,6 +488,7 @@ class SlackEmulator:
             "conversations.history": self._history,
             "assistant.threads.setStatus": self._set_status,
             "views.publish": self._views_publish,
+            "views.open": self._views_open,
             "files.getUploadURLExternal": self._upload_url,
             "files.completeUploadExternal": self._complete_upload,
             "files.info": self._files_info,
@@ -494,6 +558,7 @@ class SlackEmulator:
             event.set()
         for store in (self.calls, self.ephemerals, self.responses, self.response_log, self.deliveries, self.homes):
             store.clear()
+        self.modals.clear()
         self._messages.clear()
         self._reply_index.clear()
         self.files.clear()
@@ -959,6 +1024,58 @@ class SlackEmulator:
             }
         )
 
+    def _views_open(self, params: dict[str, Any]) -> dict[str, Any]:
+        """A modal for the user whose interaction handed out `trigger_id` (docs.slack.dev/reference/methods/
+        views.open): a trigger opens one view, within 3 seconds; a malformed view is `invalid_arguments`."""
+        trigger = _require(params, "trigger_id", "invalid_arguments")
+        issued = self._triggers.get(trigger)
+        if issued is None:
+            raise SlackApiFailure("invalid_trigger_id")
+        if trigger in self._exchanged:
+            raise SlackApiFailure("exchanged_trigger_id")
+        if time.monotonic() - issued[0] > self.trigger_lifetime_s:
+            raise SlackApiFailure("expired_trigger_id")
+        view = params.get("view")
+        if not isinstance(view, dict) or modal_problem(view) is not None:
+            raise SlackApiFailure("invalid_arguments")
+        self._exchanged.add(trigger)
+        modal = Modal(f"V{len(self.modals) + 1:08d}M", issued[1], dict(view))
+        self.modals[modal.id] = modal
+        return {"view": modal.view | {"id": modal.id, "team_id": TEAM_ID, "app_id": APP_ID, "bot_id": BOT_ID}}
+
+    async def submit_view(
+        self, view_id: str, values: Mapping[str, Mapping[str, str | None]] | None = None, *, user: str | None = None
+    ) -> DeliveryResult:
+        """The ``view_submission`` of modal ``view_id``: ``values`` by block_id and action_id (an input not given
+        is left empty, which Slack sends as null). ``user`` other than the modal's plays a forged payload."""
+        modal = self.modals[view_id]
+        who = modal.user if user is None else user
+        given = values or {}
+        state = {
+            block["block_id"]: {
+                block["element"]["action_id"]: {
+                    "type": block["element"]["type"],
+                    "value": given.get(block["block_id"], {}).get(block["element"]["action_id"]) or None,
+                }
+            }
+            for block in modal.view["blocks"]
+            if block.get("type") == "input"
+        }
+        name = self.users[who].name if who in self.users else who
+        payload: dict[str, Any] = {
+            "type": "view_submission",
+            "team": {"id": TEAM_ID, "domain": TEAM_DOMAIN},
+            "user": {"id": who, "username": name, "name": name, "team_id": self._team_of(who)},
+            "api_app_id": APP_ID,
+            "token": VERIFICATION_TOKEN,
+            "trigger_id": self._new_trigger(who),
+            "view": modal.view
+            | {"id": modal.id, "team_id": TEAM_ID, "app_id": APP_ID, "bot_id": BOT_ID, "state": {"values": state}},
+            "response_urls": [],
+            "is_enterprise_install": False,
+        }
+        return await self._deliver_form(payload, {"payload": json.dumps(payload)})
+
     def _conversations_info(self, params: dict[str, Any]) -> dict[str, Any]:
         return {"channel": self._channel_param(params).to_api()}
 
@@ -1175,6 +1292,11 @@ class SlackEmulator:
         known = self.users.get(user)
         return TEAM_ID if known is None else known.team_id
 
+    def _new_trigger(self, user: str) -> str:
+        trigger = f"{secrets.randbelow(10**10)}.{secrets.token_hex(8)}"
+        self._triggers[trigger] = (time.monotonic(), user)
+        return trigger
+
     def _new_response_url(self, user: str, channel: str, source: str) -> str:
         url_id = str(next(self._response_ids))
         self._response_urls[url_id] = (user, channel, source)
@@ -1200,7 +1322,7 @@ class SlackEmulator:
             "text": text,
             "api_app_id": APP_ID,
             "response_url": self._new_response_url(user, chan.id, command),
-            "trigger_id": f"{secrets.randbelow(10**10)}.{secrets.token_hex(8)}",
+            "trigger_id": self._new_trigger(user),
         }
         return await self._deliver_form(dict(form), form)
 
@@ -1227,7 +1349,7 @@ class SlackEmulator:
             "api_app_id": APP_ID,
             "token": VERIFICATION_TOKEN,
             "container": {"type": "message", "message_ts": message_ts, "channel_id": chan.id, "is_ephemeral": False},
-            "trigger_id": f"{secrets.randbelow(10**10)}.{secrets.token_hex(8)}",
+            "trigger_id": self._new_trigger(user),
             "team": {"id": TEAM_ID, "domain": TEAM_DOMAIN},
             "channel": {"id": chan.id, "name": chan.name},
             "message": self._render(msg) if msg is not None else {"type": "message", "ts": message_ts},

@@ -383,3 +383,54 @@ async def test_slash_command_click_and_url_verification(live: SlackEmulator, bot
 
     verification = await live.url_verification("abc123")
     assert verification.json() == {"challenge": "abc123"}
+
+
+async def test_views_open_exchanges_a_trigger_once_within_3_seconds_and_submissions_are_signed(
+    live: SlackEmulator, bot: RecordingBot
+) -> None:
+    posted = await client(live).chat_postMessage(channel="C_SUPPORT", text="Rate us")
+    modal = {
+        "type": "modal",
+        "callback_id": "rate",
+        "private_metadata": "7",
+        "title": {"type": "plain_text", "text": "Thanks"},
+        "submit": {"type": "plain_text", "text": "Send"},
+        "blocks": [
+            {
+                "type": "input",
+                "block_id": "b",
+                "optional": True,
+                "label": {"type": "plain_text", "text": "Anything else?"},
+                "element": {"type": "plain_text_input", "action_id": "a", "multiline": True, "max_length": 2000},
+            }
+        ],
+    }
+
+    async def trigger() -> str:
+        await live.click("rate_1", "7", message_ts=posted["ts"], channel="C_SUPPORT", user="U_CUSTOMER")
+        return str(json.loads(bot.received[-1].form["payload"])["trigger_id"])
+
+    async def refusal(trigger_id: str, view: dict[str, Any]) -> str:
+        with pytest.raises(SlackApiError) as refused:
+            await client(live).views_open(trigger_id=trigger_id, view=view)
+        return str(refused.value.response["error"])
+
+    fresh = await trigger()
+    no_submit = {k: v for k, v in modal.items() if k != "submit"}
+    long_title = modal | {"title": {"type": "plain_text", "text": "x" * 25}}
+    assert [await refusal(fresh, view) for view in (no_submit, long_title)] == ["invalid_arguments"] * 2
+    opened = (await client(live).views_open(trigger_id=fresh, view=modal))["view"]
+    assert live.modals[opened["id"]].user == "U_CUSTOMER" and opened["private_metadata"] == "7"
+    assert await refusal(fresh, modal) == "exchanged_trigger_id"
+    assert await refusal("123.abc", modal) == "invalid_trigger_id"
+    live.trigger_lifetime_s = 0
+    assert await refusal(await trigger(), modal) == "expired_trigger_id"
+
+    await live.submit_view(opened["id"], {"b": {"a": "more tea"}})
+    submitted = bot.received[-1]
+    payload = json.loads(submitted.form["payload"])
+    assert submitted.valid and payload["type"] == "view_submission" and payload["user"]["id"] == "U_CUSTOMER"
+    assert payload["view"]["callback_id"] == "rate" and payload["view"]["private_metadata"] == "7"
+    assert payload["view"]["state"]["values"] == {"b": {"a": {"type": "plain_text_input", "value": "more tea"}}}
+    await live.submit_view(opened["id"])
+    assert json.loads(bot.received[-1].form["payload"])["view"]["state"]["values"]["b"]["a"]["value"] is None

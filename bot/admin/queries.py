@@ -72,8 +72,8 @@ class ConversationDetail:
     tool_runs: int
     history_from: int | None
     feedback: tuple[FeedbackLine, ...] = ()
-    csat: tuple[tuple[int, int | None], ...] = ()
-    """(case, rating or None while unanswered) of each case whose customer was asked."""
+    csat: tuple[CsatLine, ...] = ()
+    """Each case whose customer was asked, the latest first."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,16 @@ class Score:
 
 
 @dataclass(frozen=True)
+class CsatLine:
+    case: int
+    customer: str
+    rating: int | None
+    """None while unanswered."""
+    comment: str | None
+    """The customer's own words (other people's text)."""
+
+
+@dataclass(frozen=True)
 class FeedbackLine:
     user: str
     rating: str
@@ -156,6 +166,8 @@ class Usage:
     csat_by_trigger: tuple[Score, ...] = ()
     csat_by_staff: tuple[Score, ...] = ()
     """Ratings given in the period, by the agent that escalated, by escalation trigger, by who resolved."""
+    csat_comments: tuple[CsatLine, ...] = ()
+    """The latest comments of ratings given in the period."""
 
     @property
     def good(self) -> int:
@@ -268,10 +280,7 @@ class AdminQueries:
                 .limit(10)
             )
             csat = await s.execute(
-                select(m.Csat.escalation_id, m.Csat.rating)
-                .where(m.Csat.conversation_id == conversation.id)
-                .order_by(m.Csat.id.desc())
-                .limit(3)
+                select(*CSAT_LINE).where(m.Csat.conversation_id == conversation.id).order_by(m.Csat.id.desc()).limit(3)
             )
             return ConversationDetail(
                 row=_conversation_rows([(conversation, count)])[0],
@@ -282,7 +291,7 @@ class AdminQueries:
                 tool_runs=tool_runs or 0,
                 history_from=conversation.history_from,
                 feedback=tuple(FeedbackLine(*row) for row in feedback),
-                csat=tuple((row[0], row[1]) for row in csat),
+                csat=tuple(CsatLine(*row) for row in csat),
             )
 
     async def open_cases(self, *, limit: int = 25) -> tuple[int, list[CaseRow]]:
@@ -445,6 +454,12 @@ class AdminQueries:
             )
             asked = await s.scalar(select(func.count()).where(m.Csat.asked_at > since))
             scores = [await _scores(s, column, since) for column in (m.Csat.agent, m.Csat.trigger, m.Csat.resolved_by)]
+            comments = await s.execute(
+                select(*CSAT_LINE)
+                .where(m.Csat.rated_at > since, m.Csat.comment.is_not(None))
+                .order_by(m.Csat.rated_at.desc())
+                .limit(CSAT_COMMENTS_SHOWN)
+            )
         by_trigger = tuple(triggers.all())
         return Usage(
             days=days,
@@ -469,7 +484,13 @@ class AdminQueries:
             csat_by_agent=scores[0],
             csat_by_trigger=scores[1],
             csat_by_staff=scores[2],
+            csat_comments=tuple(CsatLine(*row) for row in comments),
         )
+
+
+CSAT_LINE = (m.Csat.escalation_id, m.Csat.customer, m.Csat.rating, m.Csat.comment)
+"""The columns of a `CsatLine`, in its order."""
+CSAT_COMMENTS_SHOWN = 5
 
 
 async def _scores(s: AsyncSession, column: InstrumentedAttribute[Any], since: ColumnElement[Any]) -> tuple[Score, ...]:

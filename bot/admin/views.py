@@ -14,7 +14,7 @@ from agents.address import Address
 from agents.agent import Roster
 from agents.knowledge.store import Hit, KnowledgeStatus
 from bot.admin.parse import USAGE, UsageError
-from bot.admin.queries import CaseRow, ConversationDetail, ConversationRow, Health, Score, Usage
+from bot.admin.queries import CaseRow, ConversationDetail, ConversationRow, CsatLine, Health, Score, Usage
 from escalation.desk import ActionResult
 from escalation.machine import Mode
 from slacktext.limits import HEADER_TEXT, clip
@@ -259,7 +259,10 @@ def detail_reply(detail: ConversationDetail, domain: str | None) -> Reply:
         f"{RATING_ICON.get(f.rating, f.rating)} <@{f.user}> on {escape(f.agent or '?')}'s answer, {ago(f.at)} ago"
         for f in detail.feedback
     ]
-    csat = [f"case #{case}: " + (f"rated {rating}/5" if rating else "asked, not rated") for case, rating in detail.csat]
+    csat = [
+        f"case #{c.case}: " + (f"rated {c.rating}/5" if c.rating else "asked, not rated") + _comment(c, 300)
+        for c in detail.csat
+    ]
     return _reply(
         "Conversation",
         _section(head),
@@ -335,6 +338,11 @@ def feedback_field(u: Usage) -> str:
     return f"*Answer feedback*\n👍 {u.good} · 👎 {u.bad}"
 
 
+def _comment(line: CsatLine, limit: int) -> str:
+    """The customer's comment, quoted inert (their words must not ping anyone or hide a link)."""
+    return f"\n>{_quote(line.comment, limit)}" if line.comment else ""
+
+
 def csat_field(u: Usage) -> str:
     overall = u.csat
     rated = f"{overall.mean:.1f}/5 from {overall.rated} rating(s)" if overall else "no ratings"
@@ -356,6 +364,9 @@ def satisfaction(u: Usage) -> list[dict[str, Any]]:
         lines.append(scores("agent", u.csat_by_agent))
         lines.append(scores("trigger", u.csat_by_trigger))
         lines.append(scores("staff member", u.csat_by_staff, lambda user: f"<@{user}>" if user != "?" else user))
+    if u.csat_comments:
+        lines.append("*Latest CSAT comments*")
+        lines += [f"{c.rating}/5 from <@{c.customer}> on case #{c.case}{_comment(c, 200)}" for c in u.csat_comments]
     return [_section("\n".join(lines))] if lines else []
 
 
