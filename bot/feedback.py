@@ -89,6 +89,19 @@ class Feedback:
             if post is None or post.conversation_id is None:
                 log.warning("feedback on %s %s: not an answer the bot posted", click.channel, click.message_ts)
                 return None
+            # A bystander's or a colleague's click is not a customer's verdict (and must not open their case).
+            asked = await s.scalar(
+                select(m.Inbound.id)
+                .where(
+                    m.Inbound.conversation_id == post.conversation_id,
+                    m.Inbound.author == click.user,
+                    m.Inbound.kind == "customer",
+                )
+                .limit(1)
+            )
+            if asked is None:
+                log.info("feedback by %s on %s: not a customer of that conversation", click.user, click.message_ts)
+                return None
             # The answer's words were queued in the transaction that wrote its assistant message: the latest one
             # written by then is it.
             answer = (

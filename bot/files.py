@@ -9,11 +9,13 @@ import asyncio
 import io
 import logging
 import re
+import sys
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import PurePath
+from urllib.parse import urlsplit
 from xml.etree import ElementTree
 
 import aiohttp
@@ -22,6 +24,11 @@ from agents.attachments import Attachment, FileRef, Image
 from bot.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+SLACK_FILES_HOST = "files.slack.com"
+MAX_IMAGES = 4
+"""Images of one message shown to the model: each is sent (as a data URL) with every call of the turn."""
 
 
 class Kind(StrEnum):
@@ -71,14 +78,27 @@ def file_limits(settings: Settings) -> FileLimits:
 class SlackFiles:
     """`agents.attachments.AttachmentReader` for Slack."""
 
-    def __init__(self, *, token: str, limits: FileLimits, timeout_s: float = 20.0) -> None:
+    def __init__(
+        self, *, token: str, limits: FileLimits, api_url: str = "https://slack.com/api/", timeout_s: float = 20.0
+    ) -> None:
         self.token = token
         self.limits = limits
         self.timeout_s = timeout_s
+        api = urlsplit(api_url)
+        self.hosts = frozenset({SLACK_FILES_HOST, api.netloc})
+        """Where the bot token may go: Slack's file host, and the Web API's (the emulator serves both)."""
+        self.plain_http = api.scheme == "http"
 
     async def read(self, files: Sequence[FileRef]) -> tuple[Attachment, ...]:
+        read: list[Attachment] = []
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as http:
-            return tuple([await self._one(http, ref) for ref in files])
+            for ref in files:
+                images = sum(1 for done in read if done.image is not None)
+                if kind_of(ref) == Kind.IMAGE and images >= MAX_IMAGES:  # each goes into every call of the turn
+                    read.append(Attachment(ref.name, ref.mime, problem=f"only {MAX_IMAGES} images are shown"))
+                    continue
+                read.append(await self._one(http, ref))
+        return tuple(read)
 
     async def fetch(self, ref: FileRef) -> bytes | None:
         """A file's bytes, to relay it (`bot.outbox`); None when it is larger than the limit. Raises when Slack does
@@ -107,8 +127,10 @@ class SlackFiles:
                 return Attachment(ref.name, ref.mime, problem=too_big)
             if kind == Kind.IMAGE:
                 return Attachment(ref.name, ref.mime, image=Image(ref.mime, data))
-            # Parsing is CPU work: off the event loop, so acks keep their time.
-            text = await asyncio.to_thread(extract_text, kind, data)
+            if kind == Kind.PDF:
+                text = await pdf_text(data, max_chars=self.limits.max_chars)
+            else:  # parsing is CPU work: off the event loop, so acks keep their time
+                text = await asyncio.to_thread(extract_text, kind, data)
         except Unreadable as exc:
             return Attachment(ref.name, ref.mime, problem=str(exc))
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -118,8 +140,12 @@ class SlackFiles:
 
     async def _download(self, http: aiohttp.ClientSession, url: str) -> bytes | None:
         """The file's bytes, or None when it turns out larger than the limit (the declared size can be absent)."""
+        where = urlsplit(url)
+        if where.netloc not in self.hosts or not (where.scheme == "https" or self.plain_http):
+            # A remote file's url_private is whatever its app said (anyone's server): the bot token never goes there.
+            raise Unreadable("it is not stored in Slack")
         headers = {"Authorization": f"Bearer {self.token}"}
-        async with http.get(url, headers=headers, allow_redirects=True) as response:
+        async with http.get(url, headers=headers, allow_redirects=False) as response:
             if response.status != 200 or response.content_type == "text/html":
                 # Slack answers a request it does not authorise with its sign-in page, not an error status.
                 raise Unreadable(f"Slack did not give it to the bot (HTTP {response.status}, {response.content_type})")
@@ -139,9 +165,7 @@ def clip(text: str, max_chars: int) -> str:
 
 
 def extract_text(kind: Kind, data: bytes) -> str:
-    match kind:
-        case Kind.PDF:
-            text = _pdf_text(data)
+    match kind:  # a PDF is read by `pdf_text`, in a process of its own
         case Kind.DOCX:
             text = _docx_text(data)
         case _:
@@ -151,17 +175,46 @@ def extract_text(kind: Kind, data: bytes) -> str:
     return text.replace("\x00", "")
 
 
-def _pdf_text(data: bytes) -> str:
-    from pypdf import PdfReader  # imported when a PDF arrives: most processes never read one
-    from pypdf.errors import PyPdfError
+MAX_PDF_PAGES = 50
+PDF_SECONDS = 10.0
+_PDF_READER = """
+import io, sys
+from pypdf import PdfReader
+reader = PdfReader(io.BytesIO(sys.stdin.buffer.read()))
+if reader.is_encrypted:
+    sys.exit(3)
+most, texts, length = int(sys.argv[1]), [], 0
+for page in reader.pages[: int(sys.argv[2])]:
+    texts.append(page.extract_text() or "")
+    length += len(texts[-1])
+    if length > most:
+        break
+sys.stdout.write("\\n".join(texts))
+"""
 
+
+async def pdf_text(data: bytes, *, max_chars: int) -> str:
+    """A PDF's text, read in a process of its own with a deadline: a small PDF can cost minutes of CPU (pages that
+    share one huge content stream), which must neither hold the event loop's GIL nor outlive its welcome. At most
+    MAX_PDF_PAGES pages, and no more once `max_chars` are read."""
+    reader = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _PDF_READER, str(max_chars), str(MAX_PDF_PAGES),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
     try:
-        reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted:
-            raise Unreadable("the PDF is password-protected")
-        return "\n".join(page.extract_text() or "" for page in reader.pages)
-    except (PyPdfError, ValueError, KeyError, TypeError) as exc:
-        raise Unreadable("not a readable PDF") from exc
+        out, _ = await asyncio.wait_for(reader.communicate(data), timeout=PDF_SECONDS)
+    except TimeoutError:
+        reader.kill()
+        await reader.wait()
+        raise Unreadable(f"the PDF took more than {PDF_SECONDS:g} s to read") from None
+    if reader.returncode == 3:
+        raise Unreadable("the PDF is password-protected")
+    if reader.returncode != 0:
+        raise Unreadable("not a readable PDF")
+    text = out.decode("utf-8", errors="replace")
+    if not text.strip():
+        raise Unreadable("it holds no text (a scan, or empty)")
+    return text.replace("\x00", "")
 
 
 _W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"

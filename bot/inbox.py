@@ -138,7 +138,8 @@ class Inbox:
         try:
             async with asyncio.timeout(IDENTIFY_WITHIN_S):
                 author = await self.people.identify(author)
-                if not self.colleagues.worth_asking(shared=message.shared):
+                # A direct message is someone asking the bot, a colleague included: never a takeover.
+                if message.is_dm or not self.colleagues.worth_asking(shared=message.shared):
                     return author, False
                 member = await self.people.member(author.user)
                 return author, self.colleagues.includes(author, member, team=message.team, shared=message.shared)

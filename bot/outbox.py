@@ -42,7 +42,7 @@ from agents.conversations import ResultKind, TurnCommit
 from agents.leases import keep_renewed, process_owner
 from bot.answers import answer_message
 from bot.csat import csat_question
-from bot.files import SlackFiles
+from bot.files import SlackFiles, Unreadable
 from bot.messenger import FileSharing, Messenger, Refused, Where
 from bot.slack_messenger import SlackMessenger
 from db import models as m
@@ -451,6 +451,8 @@ class OutboxSender:
                 return await self._give_up(row, repr(exc))
             if isinstance(delivery, CasePost):
                 return await self._case_failed(row, delivery, repr(exc), transient=True)
+            if datetime.now(UTC) - row.created_at > self.give_up_after:  # nothing holds a conversation for good
+                return await self._give_up(row, repr(exc))
             await self._backoff(row, repr(exc))
             return None
 
@@ -507,7 +509,11 @@ class OutboxSender:
         left_out = [ref for ref in shared.files if self.files.too_big(ref)]
         if not uploaded:
             for ref in shared.files:
-                data = None if ref in left_out else await self.files.fetch(ref)
+                try:
+                    data = None if ref in left_out else await self.files.fetch(ref)
+                except Unreadable as exc:  # deleted since, or refused: its name goes instead, nothing waits on it
+                    log.warning("file %s not relayed: %s", ref.name, exc)
+                    data = None
                 if data is None:  # larger than the limit, as Slack declared it or as it turned out
                     left_out += [] if ref in left_out else [ref]
                     continue

@@ -146,7 +146,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
     token = settings.slack_bot_token.get_secret_value() if settings.slack_bot_token else ""
     api = settings.slack_api_url
     client = slack_client(token=token, base_url=api) if slack else None
-    files = SlackFiles(token=token, limits=file_limits(settings)) if slack else None
+    files = SlackFiles(token=token, limits=file_limits(settings), api_url=api) if slack else None
     async with runtime.open_database(settings) as db, AsyncExitStack() as closing:
         brain = await runtime.brain(settings, db)
         roster, model = brain.roster, brain.model

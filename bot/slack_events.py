@@ -266,6 +266,8 @@ def files_of(event: Mapping[str, Any]) -> tuple[FileRef, ...]:
     for raw in event.get("files") or ():
         if not isinstance(raw, Mapping) or not isinstance(raw.get("url_private"), str):
             continue
+        if raw.get("is_external") or raw.get("mode") == "external":
+            continue  # a remote file (Google Drive, ...): its url_private is another server's, not Slack's
         size = raw.get("size") if isinstance(raw.get("size"), int) else None
         name = str(raw.get("name") or raw.get("title") or raw.get("id") or "file")
         mime = str(raw.get("mimetype") or "application/octet-stream")

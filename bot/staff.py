@@ -130,9 +130,11 @@ class Colleagues:
         answer), `team` our workspace, `shared` whether the channel is shared with another organisation."""
         if member is None or member.guest:
             return False
-        if shared and author.workspace == team and member.outsider(team) is None:
+        if author.workspace in self.teams:  # listed by the operator: their people may be outside our workspace
             return True
-        if author.workspace in self.teams:
+        if member.outsider(team) is not None:  # another organisation's member, whatever email their profile shows
+            return False
+        if shared and author.workspace == team:
             return True
         _, at, domain = (author.email or "").rpartition("@")
         return bool(at) and domain.lower() in self.email_domains

@@ -33,8 +33,18 @@ from agents.loop import Event, HandoffRecord, ToolStarted, TurnStarted
 
 log = logging.getLogger(__name__)
 
-PASSING = frozenset({"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"})
-"""Errors that say nothing about whether status works here: the next turn asks again."""
+REFUSED_FOR_GOOD = frozenset(
+    {
+        "missing_scope",
+        "not_allowed_token_type",
+        "invalid_auth",
+        "not_allowed",
+        "no_permission",
+        "team_access_not_granted",
+    }
+)
+"""Errors that say status cannot work for this app (its scopes, its token, the workspace's settings): not asked
+again. Any other error (a rate limit, a deleted thread, a channel the bot left) concerns that call alone."""
 ANSWERED = frozenset({ResultKind.REPLY, ResultKind.ESCALATED})
 """Turns whose outcome posts in the customer's thread, which clears the status."""
 
@@ -101,6 +111,8 @@ class SlackStatus:
         self.unavailable: set[ChannelKind] = set()
         """Channel kinds where Slack refused status for good: not asked again by this process."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._last: dict[tuple[str, str], asyncio.Task[None]] = {}
+        """Each thread's latest call, which its next one waits for."""
 
     def turn(self) -> TurnStatus:
         return TurnStatus(self)
@@ -111,9 +123,19 @@ class SlackStatus:
             return  # a direct message answered outside a thread has no thread to show it under
         if ChannelKind.of(address.channel) in self.unavailable:
             return
-        task = asyncio.create_task(self._call(address.channel, address.thread, step), name="slack-status")
+        # One thread's calls go in order: a clear must never overtake the set before it (which would then linger).
+        thread = (address.channel, address.thread)
+        previous = self._last.get(thread)
+        task = asyncio.create_task(self._after(previous, *thread, step), name="slack-status")
+        self._last[thread] = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda done: self._last.pop(thread, None) if self._last.get(thread) is done else None)
+
+    async def _after(self, previous: asyncio.Task[None] | None, channel: str, thread: str, step: Step) -> None:
+        if previous is not None:
+            await asyncio.wait({previous})
+        await self._call(channel, thread, step)
 
     async def drain(self) -> None:
         """Wait for the calls in flight (at shutdown, and in tests)."""
@@ -129,7 +151,7 @@ class SlackStatus:
         except SlackApiError as exc:
             error = str(exc.response.get("error") or "error")
             self.failures.labels(error).inc()
-            if error in PASSING:
+            if error not in REFUSED_FOR_GOOD:
                 log.debug("status in %s not shown: %s", channel, error)
                 return
             kind = ChannelKind.of(channel)

@@ -219,6 +219,7 @@ class Outbox(Base):
         Index("ix_outbox_unsent", "id", postgresql_where="done_at IS NULL"),
         Index("ix_outbox_unsent_by_conversation", "conversation_id", "id", postgresql_where="done_at IS NULL"),
         Index("ix_outbox_given_up", "id", postgresql_where="outcome = 'given_up'"),
+        Index("ix_outbox_posted", "channel", "result_ts", postgresql_where="result_ts IS NOT NULL"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)

@@ -40,8 +40,6 @@ _MD_LINK = re.compile(
     r"|<((?:https?://|mailto:)[^\s<>|]+)(?:\|([^<>\n]*))?>"
 )
 """A Markdown link or image `[label](url "title")`, or an autolink / Slack link `<url>`, `<url|label>`."""
-_DEFINITION = re.compile(r"^( {0,3})\[(?=[^\]\n]+\]:)", re.MULTILINE)
-"""The start of a reference-style link definition (`[ref]: url`), which gives `[label][ref]` a hidden target."""
 _QUOTED = re.compile(r"((?:^|(?<=\n))[ \t]*(?:>[ \t]*)*)([^\n]*\n?)")
 
 
@@ -82,7 +80,6 @@ def inert_markdown(markdown: str) -> str:
 
 
 def _markdown_prose(text: str) -> str:
-    text = _DEFINITION.sub(lambda m: m[1] + "\\[", text)
     parts: list[str] = []
     at = 0
     for link in _MD_LINK.finditer(text):
@@ -94,8 +91,11 @@ def _markdown_prose(text: str) -> str:
 
 
 def _markdown_escape(text: str) -> str:
-    """`escape`, except a block quote's `>` at the start of a line, which is Markdown's own."""
-    return "".join(quote + escape(rest) for quote, rest in _QUOTED.findall(text))
+    """`escape`, except a block quote's `>` at the start of a line, which is Markdown's own; and every square
+    bracket left in prose escaped, so that no link Markdown might still see (nested or multi-line labels, other
+    title quotes, reference definitions, `[label][ref]`) can hide its target."""
+    escaped = "".join(quote + escape(rest) for quote, rest in _QUOTED.findall(text))
+    return escaped.replace("[", "\\[").replace("]", "\\]")
 
 
 def _markdown_link(url: str, label: str) -> str:

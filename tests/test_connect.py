@@ -131,27 +131,31 @@ async def test_a_colleague_claims_the_open_case_of_the_thread(
 async def test_staff_teams_and_email_domains_are_colleagues(
     database_url: str, sessions: Sessions, fake_llm: FakeOpenAI, emulator: SlackEmulator
 ) -> None:
+    """A listed workspace's member is a colleague; a staff-domain email counts only for a member of our own
+    workspace: another organisation's member (whose profile email that organisation controls) stays a customer."""
     connect(emulator)
     emulator.add_user("U_PARTNER", "pat", "Pat Partner", team_id="T_PARTNER")
-    emulator.add_user("U_CONTRACT", "jo", "Jo Contractor", team_id="T_AGENCY", email="jo@Driftwing.example")
+    emulator.add_user("U_OUTSIDER", "jo", "Jo Outsider", team_id="T_AGENCY", email="jo@Driftwing.example")
+    emulator.add_user("U_EMP", "em", "Em Employee", email="em@Driftwing.example")
     settings = bot_settings(
         database_url, fake_llm, emulator, staff_team_ids="T_PARTNER", staff_email_domains="driftwing.example"
     )
     async with serving(settings, emulator):
         threads = [await asks(emulator, fake_llm, f"Question {n}") for n in range(3)]
-        # A guest whose email is at a staff domain stays a customer.
-        fake_llm.script(reply("Hello Gil"))
-        await emulator.user_says(SHARED, "Any news?", user="U_GUEST", thread_ts=threads[2])
-        await emulator.wait_for(lambda: emulator.posts(SHARED, threads[2])[-1].text == "Hello Gil")
-        for user, thread in zip(("U_PARTNER", "U_CONTRACT"), threads, strict=False):
+        # A guest whose email is at a staff domain stays a customer; so does another organisation's member.
+        for user, name in (("U_GUEST", "Gil"), ("U_OUTSIDER", "Jo")):
+            fake_llm.script(reply(f"Hello {name}"))
+            await emulator.user_says(SHARED, "Any news?", user=user, thread_ts=threads[2])
+            await emulator.wait_for(lambda n=name: emulator.posts(SHARED, threads[2])[-1].text == f"Hello {n}")
+        for user, thread in zip(("U_PARTNER", "U_EMP"), threads, strict=False):
             await emulator.user_says(SHARED, "Our team has this.", user=user, thread_ts=thread)
         await emulator.wait_for(lambda: len(case_posts(emulator)) == 2)
         await settle(sessions)
     assert [(c.claimed_by, c.customer) for c in await cases(sessions)] == [
         ("U_PARTNER", "U_ACME"),
-        ("U_CONTRACT", "U_ACME"),
+        ("U_EMP", "U_ACME"),
     ]
-    assert fake_llm.calls == 4
+    assert fake_llm.calls == 5
     assert [await mode_of(sessions, t) for t in threads] == ["human", "human", "bot"]
 
 

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from aiohttp import web
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -159,3 +160,38 @@ async def test_url_private_wants_the_bot_token(emulator: SlackEmulator) -> None:
             assert anonymous.content_type == "text/html"
         async with http.get(note["url_private"], headers={"Authorization": "Bearer xoxb-test"}) as bot:
             assert await bot.read() == b"hello"
+
+
+async def test_the_bot_token_never_goes_to_a_url_that_is_not_slacks(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI
+) -> None:
+    """A file whose url_private names another server (a remote file's, which its app chose) is named to the agent,
+    and not downloaded: the bot token would go with the request."""
+    received: list[str] = []
+
+    async def collect(request: web.Request) -> web.Response:
+        received.append(request.headers.get("Authorization", ""))
+        return web.Response(body=minimal_pdf("secret"), content_type="application/pdf")
+
+    app = web.Application()
+    app.router.add_get("/{path:.*}", collect)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "localhost", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        foreign = emulator.add_file("invoice.pdf", "application/pdf", minimal_pdf("x")) | {
+            "url_private": f"http://localhost:{port}/steal/invoice.pdf"
+        }
+        remote = emulator.add_file("notes.pdf", "application/pdf", minimal_pdf("y")) | {"is_external": True}
+        fake_llm.script(reply("I could not open those."))
+        said = await emulator.user_says("C_SUPPORT", "see attached", files=[foreign, remote])
+        await replies_in(emulator, "C_SUPPORT", said.ts, 1)
+        assert received == []
+        assert (
+            "invoice.pdf" in fake_llm.requests[-1].last_user
+            and "not stored in Slack" in fake_llm.requests[-1].last_user
+        )
+    finally:
+        await runner.cleanup()

@@ -119,5 +119,21 @@ def test_markdown_for_the_markdown_block_keeps_its_layout_and_nothing_in_it_work
     )
     assert inert_markdown(text) == (
         "## Title\n| a | b |\n|---|---|\n| &lt;!here&gt; | &amp; |\n> quoted &lt;@U1&gt;\n"
-        "our site ([https://evil.example](https://evil.example)) `<@U2>`\n\\[ref]: https://evil.example"
+        "our site ([https://evil.example](https://evil.example)) `<@U2>`\n\\[ref\\]: https://evil.example"
     )
+
+
+@pytest.mark.parametrize(
+    "sneaky",
+    [
+        "[a [b] c](https://evil.example)",
+        "[Click\nhere](https://evil.example)",
+        "[x]( https://evil.example 't')",
+        "> [r]: https://evil.example\n[click][r]",
+        "- [r]: https://evil.example\n\n[click][r]",
+    ],
+)
+def test_no_markdown_link_hides_its_target_in_a_markdown_block(sneaky: str) -> None:
+    """What a link regex misses stays text: every bracket left in prose is escaped, so Markdown sees no link."""
+    shown = inert_markdown(sneaky)
+    assert "[" not in shown.replace("\\[", "") and "]" not in shown.replace("\\]", "")
