@@ -51,6 +51,7 @@ METHOD_SCOPES: dict[str, tuple[frozenset[str], ...]] = {
     "conversations.history": (HISTORY,),
     "conversations.replies": (HISTORY,),
     "views.publish": (),  # no scope (https://docs.slack.dev/reference/methods/views.publish)
+    "views.open": (),  # no scope: the CSAT comment modal (https://docs.slack.dev/reference/methods/views.open)
     # File relays (bot/slack_messenger.py): upload again, share, and look for a share after a lost answer.
     "files.getUploadURLExternal": (frozenset({"files:write"}),),
     "files.completeUploadExternal": (frozenset({"files:write"}),),
