@@ -7,13 +7,12 @@ import json
 import sys
 import uuid
 
-from agents.conversations import Conversations, ResultKind
+from agents.conversations import ResultKind
 from agents.identity import Author
 from agents.loop import Escalate, Event, HandoffRecord, Reply, ToolRecord, ToolStarted, TurnStarted
 from agents.shop import DEMO_CUSTOMER, ORDERS
 from bot import runtime
 from bot.settings import Settings
-from escalation.machine import TAKEOVER
 
 OFFLINE = """Offline mode: no LLM provider is configured, so answers are the knowledge base's best passages.
 For the agents themselves, set one of:
@@ -51,13 +50,7 @@ async def chat(settings: Settings, *, conversation: str | None) -> int:
         brain = await runtime.brain(settings, db)
         if brain.offline:
             print(OFFLINE, file=sys.stderr)
-        service = Conversations(
-            takeover=TAKEOVER,
-            sessions=db.sessions,
-            roster=brain.roster,
-            model=brain.model,
-            config=runtime.loop_config(settings, token_budget=brain.token_budget),
-        )
+        service = runtime.terminal_engine(settings, db, brain)
         print(f"Conversation {key!r} (resume it with --conversation {key[4:]}). Ctrl-D to quit.")
         orders = ", ".join(o.order_id for o in ORDERS.values() if o.customer == DEMO_CUSTOMER)
         print(f"You write as {TERMINAL.name} <{TERMINAL.email}>, whose orders are {orders}.")

@@ -10,6 +10,7 @@ import sys
 from pydantic import ValidationError
 
 from agents.logcontext import current_conversation
+from bot import eval as evaluation
 from bot import kb, teams_package
 from bot.preflight import RefusedToStart
 from bot.settings import Settings, get_settings
@@ -26,6 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("run", help="run the bot with what is configured (what `make run` calls)")
     sub.add_parser("playground", help="the whole bot with a Slack-like workspace in the browser, no Slack needed")
     kb.add_commands(sub)
+    evaluation.add_command(sub)
     teams_package.add_command(sub)
     return parser
 
@@ -95,6 +97,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
             return asyncio.run(serve(settings, socket_mode=True))
         case "kb":
             return asyncio.run(kb.run(settings, args))
+        case "eval":
+            return asyncio.run(evaluation.run(settings, args))
         case "run" if nothing:
             # Neither Slack nor Teams is configured: the whole bot in the browser. Partly configured is a mistake that
             # `serve` names, rather than a silent playground.

@@ -18,6 +18,7 @@ from yarl import URL
 
 from agents.agent import Roster
 from agents.context_window import context_window, history_budget
+from agents.conversations import Conversations
 from agents.knowledge.documents import find_documents
 from agents.knowledge.embedders import OpenAIEmbedder, Precomputed, Unavailable, probe
 from agents.knowledge.local import MODEL as LOCAL_MODEL
@@ -32,6 +33,7 @@ from bot.settings import Settings
 from db import migrate
 from db.embedded import start_embedded
 from db.engine import make_engine, make_sessions
+from escalation.machine import TAKEOVER
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +247,17 @@ async def brain(settings: Settings, db: Database) -> Brain:
     budget = await fitted_budget(settings)
     return Brain(
         roster, FallbackModel(chat, offline), knowledge, offline=False, provider=chat.client, token_budget=budget
+    )
+
+
+def terminal_engine(settings: Settings, db: Database, brain: Brain) -> Conversations:
+    """The engine as the terminal commands (chat, eval) run it: no platform to deliver to, no rate limits."""
+    return Conversations(
+        takeover=TAKEOVER,
+        sessions=db.sessions,
+        roster=brain.roster,
+        model=brain.model,
+        config=loop_config(settings, token_budget=brain.token_budget),
     )
 
 
