@@ -34,8 +34,7 @@ class Agent:
 
 def escalate_tool() -> Tool:
     async def escalate_to_human(reason: str) -> EscalateTo:
-        """Hand the conversation to a human colleague. Use it when the customer asks for a person, is upset,
-        or needs something no tool of yours can do. Give a short reason for the colleague."""
+        """Bring in a human colleague."""
         return EscalateTo(reason=reason)
 
     tool: Tool = function_tool(escalate_to_human)
@@ -49,8 +48,8 @@ def handoff_tool(target: Agent) -> Tool:
     tool: Tool = function_tool(
         transfer,
         name=f"transfer_to_{target.name}",
-        description=f"Transfer the conversation to {target.title}: {target.description} "
-        "Say nothing to the customer first; they will answer in this same turn. Optionally give a reason.",
+        # One short line: the instructions say what goes to whom and not to announce it; every call pays for this.
+        description=f"Transfer to {target.title}.",
     )
     return tool
 

@@ -22,7 +22,8 @@ from agents.messages import ToolCall
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    cached_tokens: int = 0
+    cached_tokens: int | None = None
+    """Of the prompt tokens, those served from the provider's prompt cache; None when the provider does not say."""
 
 
 @dataclass(frozen=True)
@@ -146,5 +147,4 @@ def _usage(raw: Any) -> Usage:
     if raw is None:
         return Usage()
     details = getattr(raw, "prompt_tokens_details", None)
-    cached = getattr(details, "cached_tokens", 0) or 0
-    return Usage(raw.prompt_tokens or 0, raw.completion_tokens or 0, cached)
+    return Usage(raw.prompt_tokens or 0, raw.completion_tokens or 0, getattr(details, "cached_tokens", None))

@@ -35,10 +35,8 @@ def _greeting(context: Mapping[str, Any]) -> str:
 
 
 @function_tool
-async def record_customer_name(
-    ctx: ToolContext, name: Annotated[str, Field(min_length=1, max_length=80, description="The customer's name")]
-) -> str:
-    """Remember the customer's name for the whole conversation (every colleague will see it)."""
+async def record_customer_name(ctx: ToolContext, name: Annotated[str, Field(min_length=1, max_length=80)]) -> str:
+    """Remember the customer's name for the conversation."""
     ctx.state["customer_name"] = name.strip()
     return f"Recorded the customer's name: {name.strip()}."
 

@@ -93,8 +93,8 @@ def _money(cents: int) -> str:
 
 
 @function_tool
-async def find_product(query: Annotated[str, Field(description="A product code or words from its name")]) -> str:
-    """Look up products in the catalogue by code or name; returns price and key specifications."""
+async def find_product(query: Annotated[str, Field(description="A product code or words of its name")]) -> str:
+    """Find catalogue products: price and specifications."""
     words = query.lower().split()
     hits = [
         p
@@ -125,10 +125,8 @@ def _not_found(ctx: ToolContext, order_id: str) -> str:
 
 
 @function_tool
-async def lookup_order(
-    ctx: ToolContext, order_id: Annotated[str, Field(description="The order number, like DW-1001")]
-) -> str:
-    """Look up one of the customer's own orders: item, price, status and date."""
+async def lookup_order(ctx: ToolContext, order_id: Annotated[str, Field(description="Like DW-1001")]) -> str:
+    """The customer's order: item, price, status, date."""
     order = _asker_order(ctx, order_id)
     if order is None:
         return _not_found(ctx, order_id)
@@ -173,13 +171,10 @@ class _Question:
 @function_tool
 async def issue_refund(
     ctx: ToolContext,
-    order_id: Annotated[str, Field(description="The order to refund in full")],
-    confirmed: Annotated[
-        bool, Field(description="True only after the customer explicitly said yes to this exact refund")
-    ] = False,
+    order_id: str,
+    confirmed: Annotated[bool, Field(description="Only after the customer said yes")] = False,
 ) -> str:
-    """Refund one of the customer's own orders in full. First call without `confirmed` to get the confirmation
-    question for the customer; call again with confirmed=true only after they have said yes in a later message."""
+    """Refund the customer's order in full; without confirmed, gives the question to ask."""
     asked = _Question.of(ctx.state.get("pending_refund"))
     if (
         confirmed

@@ -3,6 +3,8 @@
 A tool is `async def f(ctx: ToolContext, a: int, b: str = "x") -> str | HandoffTo | EscalateTo`.
 The first parameter, when annotated `ToolContext`, is injected and hidden from the model; the rest are
 built into a pydantic model that both produces the JSON schema and validates the model's arguments.
+The schema sent to the model is pydantic's made compact (`compact_schema`): every call pays for it in prompt tokens,
+and pydantic's titles, null unions and `additionalProperties` tell the model nothing the validator does not enforce.
 Returning `HandoffTo` or `EscalateTo` is how a tool moves the conversation: the loop acts on the value.
 """
 
@@ -12,7 +14,8 @@ import inspect
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, get_type_hints
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -64,8 +67,7 @@ class Tool:
     wants_context: bool
 
     def schema(self) -> dict[str, Any]:
-        parameters = self.params.model_json_schema()
-        parameters.pop("title", None)
+        parameters = compact_schema(self.params.model_json_schema())
         return {
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": parameters},
@@ -90,6 +92,54 @@ class Tool:
         return await (self.fn(ctx, **kwargs) if self.wants_context else self.fn(**kwargs))
 
 
+_KEPT = frozenset({"type", "description", "enum", "items", "properties", "required"})
+"""What the model is shown of an argument: what Ollama keeps of a property, and enough for every model. The rest is
+enforced on the way in (and a refusal goes back to the model): titles repeat the names, a default applies by
+itself ("optional" is said by leaving the argument out of `required`), limits like `maxLength`, and
+`additionalProperties: false`."""
+
+
+def compact_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """Pydantic's JSON schema in the subset every provider we serve accepts (OpenAI and Azure validate the schema,
+    vLLM hands it to its grammar, Ollama keeps only `type`, `description`, `enum` and `items` of each property):
+    `$ref`s inlined, no titles, and an optional argument as its own type rather than `anyOf` with null."""
+    defs = schema.get("$defs", {})
+
+    def walk(node: Any, seen: tuple[str, ...]) -> Any:
+        if isinstance(node, list):
+            return [walk(n, seen) for n in node]
+        if not isinstance(node, dict):
+            return node
+        node = dict(node)
+        if "$ref" in node:
+            name = node.pop("$ref").rsplit("/", 1)[-1]
+            if name in seen:
+                raise ConfigError(f"tool schema: {name} refers to itself, which not every provider accepts")
+            node = {**defs[name], **node}
+            seen = (*seen, name)
+        branches = node.get("anyOf")
+        if isinstance(branches, list) and {"type": "null"} in branches:
+            rest = [b for b in branches if b != {"type": "null"}]
+            if len(rest) == 1:
+                # The argument is optional (function_tool makes sure it has a default): not `required` says so.
+                del node["anyOf"]
+                node = {**rest[0], **node}
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key not in _KEPT:
+                continue
+            if key == "properties":
+                out[key] = {name: walk(sub, seen) for name, sub in value.items()}
+            elif key == "description":
+                out[key] = " ".join(str(value).split())
+            else:
+                out[key] = walk(value, seen)
+        return out
+
+    compact: dict[str, Any] = walk(schema, ())
+    return compact
+
+
 class ToolArgumentsError(AgentsError):
     """The model's arguments did not fit the tool's signature; the message goes back to the model."""
 
@@ -108,9 +158,13 @@ def function_tool(fn: ToolFn | None = None, *, name: str | None = None, descript
             if p.name not in hints:
                 raise ConfigError(f"tool {f.__name__}: parameter {p.name} needs a type hint")
             default = ... if p.default is inspect.Parameter.empty else p.default
+            if default is ... and _nullable(hints[p.name]):
+                # The compact schema leaves null out and says "optional" by leaving the argument out of
+                # `required`; a required argument that may be null cannot be said that way.
+                raise ConfigError(f"tool {f.__name__}: parameter {p.name} may be None, so it needs a default")
             fields[p.name] = (hints[p.name], default)
         model = create_model(f"{f.__name__}_args", __config__=ConfigDict(extra="forbid"), **fields)
-        doc = inspect.cleandoc(f.__doc__ or "").strip()
+        doc = " ".join((f.__doc__ or "").split())
         return Tool(
             name=name or f.__name__,
             description=description or doc or f.__name__.replace("_", " "),
@@ -120,3 +174,9 @@ def function_tool(fn: ToolFn | None = None, *, name: str | None = None, descript
         )
 
     return build(fn) if fn is not None else build
+
+
+def _nullable(hint: Any) -> bool:
+    if get_origin(hint) is Annotated:
+        hint = get_args(hint)[0]
+    return get_origin(hint) in (Union, UnionType) and type(None) in get_args(hint)

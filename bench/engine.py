@@ -9,7 +9,9 @@ Figures
     overhead     wall time of handle() minus the LLM's own time (the sum of llm_calls.latency_ms of that
                  message, i.e. the client's HTTP calls), sequentially and with 50 conversations at once
     throughput   customer messages (turns) per second, sequentially and with 50 conversations at once
-    cost         LLM calls and prompt tokens per customer message over the scripted conversations
+    cost         LLM calls and prompt tokens per customer message over the scripted conversations, the tool
+                 schemas' share of each call, and the prompt tokens a provider's prompt cache would serve
+                 (the fake LLM plays one: what a prompt shares from its start with a recent one)
     growth       prompt tokens along one 50-message conversation, which the token budget should bound
     llm_client   (side figure) one LLM call through the openai SDK vs a plain HTTP POST, and the time spent
                  rebuilding tool schemas per call: CPU that the overhead figure counts as "LLM time"
@@ -310,6 +312,7 @@ async def _load_figures(
 async def cost(bench: Bench) -> dict[str, Any]:
     """Figure 3: the scripted conversations, one after another."""
     await reset(bench)
+    bench.fake.prompt_cache = True
     conversations: list[dict[str, Any]] = []
     for script in SCRIPTS:
         samples = [await timed(bench, f"cost:{script.name}", say.text, script.author) for say in script.messages]
@@ -355,9 +358,14 @@ async def cost(bench: Bench) -> dict[str, Any]:
                 "mismatches": mismatches,
             }
         )
+    bench.fake.prompt_cache = False
     messages = sum(c["messages"] for c in conversations)
     calls_total = sum(c["llm_calls"] for c in conversations)
     tokens_total = sum(c["prompt_tokens"] for c in conversations)
+    # Counted as the fake LLM counts prompt tokens (4 characters of JSON a token), so the share is comparable.
+    schema_tokens = [-(-len(json.dumps(r.tools)) // 4) for r in bench.fake.requests if r.tools]
+    async with bench.sessions() as s:
+        cached_total = int(await s.scalar(select(func.coalesce(func.sum(m.LLMCall.cached_tokens), 0))) or 0)
     return {
         "conversations": len(conversations),
         "customer_messages": messages,
@@ -368,6 +376,9 @@ async def cost(bench: Bench) -> dict[str, Any]:
         "llm_calls_per_message": round(calls_total / messages, 2),
         "prompt_tokens_per_message": round(tokens_total / messages, 1),
         "prompt_tokens_per_call": round(tokens_total / calls_total, 1),
+        "tool_schema_tokens_per_call": round(sum(schema_tokens) / max(len(schema_tokens), 1), 1),
+        "cached_prompt_tokens_per_message": round(cached_total / messages, 1),
+        "cached_share": round(cached_total / tokens_total, 3) if tokens_total else 0.0,
         "mismatches": sum(len(c["mismatches"]) for c in conversations),
         "per_conversation": conversations,
     }
@@ -567,6 +578,11 @@ def print_cost(figures: dict[str, Any]) -> None:
         )
     )
     print(table(("conversation", "msgs", "calls", "handoffs", "tools", "calls/msg", "tokens/msg", "tokens/call"), rows))
+    print(
+        f"tool schemas: {figures['tool_schema_tokens_per_call']} tokens per call; prompt cache (played by the fake "
+        f"LLM): {figures['cached_prompt_tokens_per_message']} tokens per message, {figures['cached_share']:.0%} of "
+        "prompt tokens"
+    )
     for c in figures["per_conversation"]:
         for problem in c["mismatches"]:
             print(f"WARNING: {c['name']}: {problem}")

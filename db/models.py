@@ -154,7 +154,8 @@ class LLMCall(Base):
     error: Mapped[str | None] = mapped_column(Text)
     prompt_tokens: Mapped[int] = mapped_column(Integer, server_default="0")
     completion_tokens: Mapped[int] = mapped_column(Integer, server_default="0")
-    cached_tokens: Mapped[int] = mapped_column(Integer, server_default="0")
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)
+    """Prompt tokens served from the provider's prompt cache; NULL when the provider does not say."""
     latency_ms: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = _now()
 

@@ -55,6 +55,8 @@ class FakeReply:
     status: int = 200
     delay: float = 0.0
     error_message: str = "fake openai error"
+    cached_tokens: int | None = 0
+    """`usage.prompt_tokens_details.cached_tokens`; None leaves `prompt_tokens_details` out, as Ollama does."""
 
 
 def reply(content: str) -> FakeReply:
@@ -73,8 +75,25 @@ def error(status: int, message: str = "fake openai error") -> FakeReply:
     return FakeReply(status=status, error_message=message)
 
 
+def cached(tokens: int | None, then: FakeReply) -> FakeReply:
+    """`then`, reporting `tokens` of its prompt as served from the provider's prompt cache."""
+    return replace(then, cached_tokens=tokens)
+
+
 def slow(seconds: float, then: FakeReply | None = None) -> FakeReply:
     return replace(then if then is not None else reply(""), delay=seconds)
+
+
+def _shared_start(a: str, b: str) -> int:
+    """Length of the longest common prefix, by bisection on slices (C-speed comparisons, not a loop per char)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def _text_of(content: Any) -> str:
@@ -233,6 +252,10 @@ class FakeOpenAI:
         {"context_on_load": N} (the context a model gets when POST /api/generate loads it). None: no such API."""
         self.lmstudio: dict[str, Any] | None = None
         """Play LM Studio's GET /api/v0/models: fields of the model's entry, e.g. {"loaded_context_length": N}."""
+        self.prompt_cache = False
+        """Play a provider's prompt cache in the answers of `rule`: each prompt (tools, then messages, as
+        providers render them) reports as cached what it shares from the start with a recent earlier prompt."""
+        self._prompts: deque[str] = deque(maxlen=64)
         self._queue: deque[FakeReply] = deque()
         # Ids never repeat over the server's life, so a multi-turn conversation
         # never sees two tool calls with the same id (as with the real API).
@@ -297,6 +320,8 @@ class FakeOpenAI:
         self.models_delay, self.models_status = 0.0, 200
         self.embedding_dim, self.embeddings_status, self.model_fields = EMBEDDING_DIM, 200, {}
         self.ollama = self.lmstudio = None
+        self.prompt_cache = False
+        self._prompts.clear()
 
     def _next_reply(self, recorded: RecordedRequest) -> FakeReply:
         if self._queue:
@@ -304,9 +329,16 @@ class FakeOpenAI:
         if self.rule is None:
             return error(500, NO_REPLY_MESSAGE)
         try:
-            return self.rule(recorded)
+            answer = self.rule(recorded)
         except Exception as exc:  # a buggy rule must fail the test loudly, not hang it
             return error(500, f"fake openai: rule raised {exc!r}")
+        return cached(self._cached_prefix(recorded), answer) if self.prompt_cache else answer
+
+    def _cached_prefix(self, recorded: RecordedRequest) -> int:
+        prompt = json.dumps(recorded.tools) + json.dumps(recorded.messages)
+        shared = max((_shared_start(prompt, p) for p in self._prompts), default=0)
+        self._prompts.append(prompt)
+        return shared // 4
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -329,12 +361,13 @@ class FakeOpenAI:
             prompt_text += json.dumps(recorded.tools)
         prompt_tokens = _ceil_div4(len(prompt_text))
         completion_tokens = max(1, _ceil_div4(completion_chars))
-        usage = {
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": 0},
         }
+        if fake.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": min(fake.cached_tokens, prompt_tokens)}
         head = {
             "id": f"chatcmpl-fake-{next(self._completion_ids)}",
             "created": int(time.time()),

@@ -26,7 +26,7 @@ from bot.admin.parse import (
     parse,
 )
 from db import models as m
-from fakes.openai_server import FakeOpenAI, error, reply, slow, tool_call, tools
+from fakes.openai_server import FakeOpenAI, cached, error, reply, slow, tool_call, tools
 from fakes.slack_api import SlackEmulator
 from harness.bot import bot_settings, serving
 from harness.database import settle
@@ -365,6 +365,21 @@ async def test_stats_counts_the_period(
     assert "to claim " in text and "to claim n/a" not in text and "first human reply n/a" not in text
     assert "3 call(s), 0 failed" in text and "prompt" in text
     assert "Last 1 day" in shown(await support(emulator, "stats 1"))
+
+
+async def test_stats_show_the_tokens_the_providers_cache_served(
+    admin_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    fake_llm.script(cached(None, reply("Hello!")))  # a provider that does not say (Ollama, vLLM)
+    said = await emulator.user_says(SUPPORT, "hi")
+    await replies_in(emulator, SUPPORT, said.ts, 1)
+    await settle(sessions)
+    assert "(cache not reported)" in shown(await support(emulator, "stats 1"))
+    fake_llm.script(cached(384, reply("Anything else?")))
+    await emulator.user_says(SUPPORT, "thanks", thread_ts=said.ts)
+    await replies_in(emulator, SUPPORT, said.ts, 2)
+    await settle(sessions)
+    assert "(384 cached)" in shown(await support(emulator, "stats 1"))
 
 
 async def test_every_admin_command_is_recorded(admin_bot: Any, emulator: SlackEmulator, sessions: Sessions) -> None:

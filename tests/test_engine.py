@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from typing import Any
 
@@ -16,7 +17,7 @@ from agents.shop import ORDERS
 from agents.tools import HandoffTo
 from db import models as m
 from escalation.machine import TAKEOVER
-from fakes.openai_server import FakeOpenAI, RecordedRequest, error, reply, slow, tool_call, tools
+from fakes.openai_server import FakeOpenAI, RecordedRequest, cached, error, reply, slow, tool_call, tools
 from tests.conftest import CONFIG, make_model
 
 Sessions = async_sessionmaker[AsyncSession]
@@ -580,3 +581,31 @@ async def test_first_messages_of_a_new_conversation_stored_at_once_share_it(serv
     assert len({s.conversation_id for s in stored}) == 1
     assert len({s.inbound_id for s in stored}) == 4
     assert sum(not s.duplicate for s in stored) == 4
+
+
+async def test_cached_tokens_are_stored_and_none_when_the_provider_does_not_say(
+    service: Conversations, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    fake_llm.script(
+        cached(256, tools(tool_call("transfer_to_sales", {"reason": "wants a drone"}))),
+        cached(None, reply("Which budget?")),  # as Ollama answers: no prompt_tokens_details
+    )
+    await service.handle("t:1", "I want a drone")
+    assert [c.cached_tokens for c in await rows(sessions, m.LLMCall)] == [256, None]
+
+
+async def test_the_prompt_prefix_is_stable_from_call_to_call(
+    service: Conversations, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    """What a provider's prompt cache serves: the tools, the instructions and the history up to the new message
+    are the same bytes as in the call before (no timestamp or other per-turn text ahead of the history)."""
+    fake_llm.prompt_cache = True
+    fake_llm.rule = lambda request: reply(f"Answer {len(request.messages)}.")
+    for n in range(3):
+        await service.handle("t:1", f"question {n}")
+    requests = fake_llm.requests
+    for before, after in itertools.pairwise(requests):
+        assert after.tools == before.tools and after.messages[: len(before.messages)] == before.messages
+    # Each call after the first finds all of the call before it in the cache, but its closing bracket.
+    earlier = [len(json.dumps(r.tools) + json.dumps(r.messages)) - 1 for r in requests[:-1]]
+    assert [c.cached_tokens for c in await rows(sessions, m.LLMCall)] == [0] + [n // 4 for n in earlier]

@@ -45,7 +45,7 @@ def search_knowledge_tool(
     scope = ", ".join(collections) or "all collections"
 
     async def search_knowledge(
-        query: Annotated[str, Field(min_length=2, description="What to look up, in the customer's terms")],
+        query: Annotated[str, Field(min_length=2, description="In the customer's terms")],
     ) -> str:
         hits = relevant(await kb.search(query, collections=collections, k=k), query, min_similarity)
         if not hits:
@@ -57,7 +57,6 @@ def search_knowledge_tool(
 
     tool: Tool = function_tool(
         search_knowledge,
-        description=f"Search the company's documents ({scope}) for facts to answer the customer. "
-        "Returns passages with their sources.",
+        description=f"Search our documents ({scope}): passages to answer from and cite.",
     )
     return tool

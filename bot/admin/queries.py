@@ -156,7 +156,8 @@ class Usage:
     offline_answers: int
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int
+    cached_tokens: int | None
+    """None when no provider answering in the period said how much its prompt cache served."""
     rate_limited: tuple[tuple[str, int], ...] = ()
     """Customer messages no agent answered, being over a rate limit, by limit."""
     feedback: tuple[Tally, ...] = ()
@@ -437,7 +438,7 @@ class AdminQueries:
                         *_llm_counts(),
                         func.coalesce(func.sum(m.LLMCall.prompt_tokens), 0),
                         func.coalesce(func.sum(m.LLMCall.completion_tokens), 0),
-                        func.coalesce(func.sum(m.LLMCall.cached_tokens), 0),
+                        func.sum(m.LLMCall.cached_tokens),
                     ).where(m.LLMCall.created_at > since)
                 )
             ).one()
@@ -477,7 +478,7 @@ class AdminQueries:
             offline_answers=llm[2],
             prompt_tokens=int(llm[3]),
             completion_tokens=int(llm[4]),
-            cached_tokens=int(llm[5]),
+            cached_tokens=None if llm[5] is None else int(llm[5]),
             rate_limited=tuple(limited.all()),
             feedback=tuple(Tally(*row) for row in feedback),
             csat_asked=asked or 0,

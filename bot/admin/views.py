@@ -315,7 +315,8 @@ def usage_stats_reply(u: Usage) -> Reply:
     rate = f"{u.escalations / u.conversations:.0%}" if u.conversations else "n/a"
     pairs = ", ".join(f"{f} → {t}: {n}" for f, t, n in u.handoffs) or "none"
     triggers = ", ".join(f"{t}: {n}" for t, n in u.escalations_by_trigger)
-    tokens = f"{u.prompt_tokens:,} prompt ({u.cached_tokens:,} cached) + {u.completion_tokens:,} completion"
+    cached = "cache not reported" if u.cached_tokens is None else f"{u.cached_tokens:,} cached"
+    tokens = f"{u.prompt_tokens:,} prompt ({cached}) + {u.completion_tokens:,} completion"
     limited = sum(n for _, n in u.rate_limited)
     by_limit = ", ".join(f"{limit}: {n}" for limit, n in u.rate_limited)
     fields = [
