@@ -229,7 +229,7 @@ async def evaluate(service: Conversations, spec: EvalFile, *, run_id: str) -> li
                 llm_calls=sum(1 for c in calls if c.ok),
                 prompt_tokens=sum(c.usage.prompt_tokens for c in calls),
                 completion_tokens=sum(c.usage.completion_tokens for c in calls),
-                cached_tokens=sum(c.usage.cached_tokens for c in calls),
+                cached_tokens=sum(c.usage.cached_tokens or 0 for c in calls),  # None: not reported
                 tokens_by_model=by_model,
             )
         )
