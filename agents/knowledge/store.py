@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +40,8 @@ Mode = Literal["hybrid", "vector", "text"]
 RRF_K = 60
 TEXT_WEIGHT = 0.5
 CANDIDATES = 40
+MAX_TERMS = 64
+"""The most word combinations a "at least m of the words" query may OR (beyond, that step is skipped)."""
 ENOUGH_TEXT = 10
 """When all the question's words (AND) find fewer passages than this, any of them (OR) are searched too."""
 SCAN_TUPLES = 20_000
@@ -516,22 +520,27 @@ class KnowledgeBase:
         return [tuple(r) for r in result]
 
     async def _text(self, s: AsyncSession, query: str, collections: list[str]) -> list[tuple]:  # type: ignore[type-arg]
-        """Passages with all the question's words first (few, in a large collection: cheap to rank); when they
-        are fewer than ENOUGH_TEXT, those with any of its words after them (a customer's sentence rarely has
-        every word of the passage that answers it)."""
-        ranked = await self._text_ranked(s, query, collections, "plainto_tsquery('english', :query)", [])
-        if len(ranked) < ENOUGH_TEXT:
-            any_word = "to_tsquery('english', replace(plainto_tsquery('english', :query)::text, '&', '|'))"
-            ranked += await self._text_ranked(s, query, collections, any_word, [row[0] for row in ranked])
+        """Passages with all the question's words first; while fewer than ENOUGH_TEXT are found, those with at
+        least half of them, then with any of them (a customer's sentence rarely has every word of the passage
+        that answers it). Ranking every passage with any word is what made full text slow in a large
+        collection; the stricter queries match few passages, so the common case ranks few."""
+        words = await s.scalar(text("SELECT plainto_tsquery('english', :query)::text"), {"query": query})
+        ranked: list[tuple] = []  # type: ignore[type-arg]
+        for tsquery in relaxed(str(words or "").split(" & ") if words else []):
+            if len(ranked) >= ENOUGH_TEXT:
+                break
+            ranked += await self._text_ranked(s, query, collections, tsquery, [row[0] for row in ranked])
         return ranked
 
     async def _text_ranked(
         self, s: AsyncSession, query: str, collections: list[str], tsquery: str, skip: list[int]
     ) -> list[tuple]:  # type: ignore[type-arg]
+        """The passages matching `tsquery` (tsquery syntax, of the question's stemmed words), best first."""
         # `matched` (the share of the question's words a passage holds) only for the passages kept.
         result = await s.execute(
             text(
-                f"WITH q AS (SELECT {tsquery} AS tsq, tsvector_to_array(to_tsvector('english', :query)) AS words), "
+                "WITH q AS (SELECT CAST(:tsq AS tsquery) AS tsq, "
+                "tsvector_to_array(to_tsvector('english', :query)) AS words), "
                 "best AS (SELECT c.id, ts_rank_cd(c.tsv, q.tsq) AS rank FROM kb_chunks c, q "
                 "WHERE c.collection = ANY(:collections) AND c.tsv @@ q.tsq AND c.id <> ALL(:skip) "
                 f"ORDER BY rank DESC LIMIT {CANDIDATES}) "
@@ -541,7 +550,7 @@ class KnowledgeBase:
                 "FROM best JOIN kb_chunks c ON c.id = best.id JOIN kb_documents d ON d.id = c.document_id, q "
                 "ORDER BY best.rank DESC, c.id"
             ),
-            {"query": query, "collections": collections, "skip": skip},
+            {"query": query, "tsq": tsquery, "collections": collections, "skip": skip},
         )
         return [tuple(r) for r in result]
 
@@ -616,3 +625,13 @@ class KnowledgeBase:
 def _named(codes: set[str], row: tuple) -> tuple[int, int]:  # type: ignore[type-arg]
     """How many of the question's identifiers the passage names, and how many in its title or heading."""
     return int(row[6]), len(codes & in_document(f"{row[2]} {row[3] or ''}"))
+
+
+def relaxed(words: Sequence[str]) -> list[str]:
+    """tsqueries for all the words, at least half of them, and any of them (`words` in tsquery syntax)."""
+    steps = sorted({len(words), (len(words) + 1) // 2, 1} - {0}, reverse=True)
+    return [
+        " | ".join(f"({' & '.join(c)})" for c in itertools.combinations(words, m))
+        for m in steps
+        if math.comb(len(words), m) <= MAX_TERMS
+    ]
