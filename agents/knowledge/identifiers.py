@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import re
 
-IN_DOCUMENT = re.compile(r"\b[A-Z][A-Z0-9]{0,4}-[A-Z0-9]{1,6}\b")
+IN_DOCUMENT = re.compile(r"\b[A-Z][A-Z0-9]{0,4}(?:-[A-Z0-9]{1,6})+\b")
 """As documents write them: capitals and digits around a hyphen. The migration (0020) that filled the column
 for passages stored before it used the same pattern in SQL."""
-IN_QUESTION = re.compile(r"\b[A-Za-z][A-Za-z0-9]{0,4}-?[A-Za-z0-9]{1,6}\b")
+IN_QUESTION = re.compile(r"\b[A-Za-z][A-Za-z0-9]{0,4}(?:-?[A-Za-z0-9]{1,6})(?:-[A-Za-z0-9]{1,6})*\b")
 """As customers type them: any case, the hyphen optional; a candidate counts when it has a digit, or is
 written in capitals with its hyphen (`HXB-C`), so that words such as `wi-fi` are not taken for codes."""
 

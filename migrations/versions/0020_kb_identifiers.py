@@ -27,7 +27,7 @@ def upgrade() -> None:
         "UPDATE kb_chunks SET identifiers = ARRAY("
         "SELECT DISTINCT replace(m[1], '-', '') FROM regexp_matches("
         "coalesce(title, '') || ' ' || coalesce(heading, '') || ' ' || text, "
-        "'\\y([A-Z][A-Z0-9]{0,4}-[A-Z0-9]{1,6})\\y', 'g') AS m)"
+        "'\\y([A-Z][A-Z0-9]{0,4}(?:-[A-Z0-9]{1,6})+)\\y', 'g') AS m)"
     )
     op.create_index("ix_kb_chunks_identifiers", "kb_chunks", ["identifiers"], postgresql_using="gin")
 
