@@ -41,6 +41,10 @@ RRF_K = 60
 TEXT_WEIGHT = 0.5
 CANDIDATES = 40
 MAX_TERMS = 64
+RANKED_AT_MOST = 1000
+"""The most passages one full-text query ranks: ranking costs about 10 µs a passage, and a few common words
+match most of a large collection. Beyond it, those ranked are the first found, not the best (rare: the
+stricter queries come first, and the vector ranking is fused with this one)."""
 """The most word combinations a "at least m of the words" query may OR (beyond, that step is skipped)."""
 ENOUGH_TEXT = 10
 """When all the question's words (AND) find fewer passages than this, any of them (OR) are searched too."""
@@ -541,8 +545,10 @@ class KnowledgeBase:
             text(
                 "WITH q AS (SELECT CAST(:tsq AS tsquery) AS tsq, "
                 "tsvector_to_array(to_tsvector('english', :query)) AS words), "
-                "best AS (SELECT c.id, ts_rank_cd(c.tsv, q.tsq) AS rank FROM kb_chunks c, q "
+                "matching AS MATERIALIZED (SELECT c.id, c.tsv FROM kb_chunks c, q "
                 "WHERE c.collection = ANY(:collections) AND c.tsv @@ q.tsq AND c.id <> ALL(:skip) "
+                f"LIMIT {RANKED_AT_MOST}), "
+                "best AS (SELECT m.id, ts_rank_cd(m.tsv, q.tsq) AS rank FROM matching m, q "
                 f"ORDER BY rank DESC LIMIT {CANDIDATES}) "
                 "SELECT c.id, d.source, c.title, c.heading, c.text, c.collection, best.rank, "
                 "c.dim, (SELECT count(*) FILTER (WHERE c.tsv @@ plainto_tsquery('simple', w))::float "
