@@ -33,7 +33,7 @@ from sqlalchemy import (
     UniqueConstraint,
     func,
 )
-from sqlalchemy.dialects.postgresql import JSONB, TSVECTOR
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSVECTOR
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.sql import text as sql  # `text` is also a column name below
 
@@ -291,6 +291,7 @@ class KnowledgeChunk(Base):
         Index("ix_kb_chunks_tsv", "tsv", postgresql_using="gin"),
         Index("ix_kb_chunks_collection", "collection"),
         Index("ix_kb_chunks_unembedded", "collection", postgresql_where=sql("dim IS NULL")),
+        Index("ix_kb_chunks_identifiers", "identifiers", postgresql_using="gin"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -302,6 +303,8 @@ class KnowledgeChunk(Base):
     text: Mapped[str] = mapped_column(Text)
     dim: Mapped[int | None] = mapped_column(Integer)
     embedding: Mapped[Any] = mapped_column(Vector(), nullable=True)
+    identifiers: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=sql("'{}'"))
+    """The model numbers, part and error codes the passage names, normalised (agents.knowledge.identifiers)."""
     tsv: Mapped[Any] = mapped_column(
         TSVECTOR,
         Computed(

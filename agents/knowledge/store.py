@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ from agents.errors import AgentsError, ProviderError
 from agents.knowledge.chunking import Chunk, chunk_document
 from agents.knowledge.documents import Document, find_documents, read_document
 from agents.knowledge.embedders import Embedder, Unavailable
+from agents.knowledge.identifiers import in_document, in_question
 from db import models as m
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,16 @@ Mode = Literal["hybrid", "vector", "text"]
 RRF_K = 60
 TEXT_WEIGHT = 0.5
 CANDIDATES = 40
+MAX_TERMS = 64
+RANKED_AT_MOST = 1000
+"""The most passages one full-text query ranks: ranking costs about 10 µs a passage, and a few common words
+match most of a large collection. Beyond it, those ranked are the first found, not the best (rare: the
+stricter queries come first, and the vector ranking is fused with this one)."""
+"""The most word combinations a "at least m of the words" query may OR (beyond, that step is skipped)."""
+ENOUGH_TEXT = 10
+"""When all the question's words (AND) find fewer passages than this, any of them (OR) are searched too."""
+SCAN_TUPLES = 20_000
+"""How many index entries an iterative HNSW scan may visit to fill a filtered query (pgvector's default)."""
 REPROBE_S = 60.0
 
 
@@ -51,7 +64,7 @@ class Hit:
     heading: str | None
     text: str
     score: float
-    """The fused score (hybrid), cosine similarity (vector) or text rank (text)."""
+    """The fused score (hybrid), cosine similarity (vector) or 1 / place in the full-text ranking (text)."""
     similarity: float | None
     """Cosine similarity of the passage to the question, when the vector search saw it."""
     collection: str
@@ -127,6 +140,8 @@ class KnowledgeBase:
         self._background: asyncio.Task[None] | None = None
         self._backfilling = asyncio.Lock()
         self.text_weight = text_weight
+        self._iterative: bool | None = None
+        """Whether pgvector (0.8 or later) scans HNSW iteratively; asked once, at the first vector search."""
         """The full-text ranking's weight in the fusion, the vector ranking's being 1 (see README for the
         evaluation that chose it)."""
 
@@ -323,6 +338,7 @@ class KnowledgeBase:
                             "text": c.text,
                             "dim": self.embedder.dim if vector is not None else None,
                             "embedding": vector,
+                            "identifiers": sorted(in_document(f"{c.title} {c.heading or ''} {c.text}")),
                         }
                         for c, vector in zip(pieces, vectors, strict=True)
                     ],
@@ -430,30 +446,36 @@ class KnowledgeBase:
             mode = "text" if mode == "hybrid" else mode
         if not names:
             return []
+        codes = in_question(query)
         async with self.sessions() as s:
             vector_ranked = await self._vector(s, vector, by_vector) if vector is not None and mode != "text" else []
             text_ranked = await self._text(s, query, names) if mode != "vector" else []
+            exact = await self._identified(s, codes, names) if codes and mode != "vector" else []
         similarity = {row[0]: float(row[6]) for row in vector_ranked}
         match = {row[0]: float(row[8]) for row in text_ranked}
         vectorless = {row[0] for row in text_ranked if row[7] is None}
-        found = {row[0]: row for row in [*vector_ranked, *text_ranked]}
+        found = {row[0]: row for row in [*exact, *vector_ranked, *text_ranked]}
         scores: dict[int, float] = {}
         if mode == "vector":
             scores = dict(similarity)
         elif mode == "text":
-            scores = {row[0]: float(row[6]) for row in text_ranked}
+            # By place, not ts_rank_cd: a passage with all the words ranks above any with some of them.
+            scores = {row[0]: 1.0 / (rank + 1) for rank, row in enumerate(text_ranked)}
         else:
             for weight, ranking in ((1.0, vector_ranked), (self.text_weight, text_ranked)):
                 for rank, row in enumerate(ranking):
                     scores[row[0]] = scores.get(row[0], 0.0) + weight / (RRF_K + rank + 1)
-        best = sorted(scores, key=lambda chunk_id: -scores[chunk_id])[:k]
+        # Passages naming the question's identifiers come first: most of them, then named in the title or
+        # heading (the passage about that product rather than one that lists it), then by score.
+        named = {row[0]: _named(codes, row) for row in exact}
+        best = sorted({*scores, *named}, key=lambda i: (named.get(i, (0, 0)), scores.get(i, 0.0)), reverse=True)[:k]
         return [
             Hit(
                 source=found[i][1],
                 title=found[i][2],
                 heading=found[i][3],
                 text=found[i][4],
-                score=scores[i],
+                score=scores.get(i, 0.0),
                 similarity=similarity.get(i),
                 collection=found[i][5],
                 vector_searched=found[i][5] in by_vector and i not in vectorless,
@@ -473,37 +495,83 @@ class KnowledgeBase:
 
     async def _vector(self, s: AsyncSession, vector: list[float], collections: list[str]) -> list[tuple]:  # type: ignore[type-arg]
         dim = int(self.embedder.dim)
-        # A cached generic plan walks the HNSW index over every collection and filters afterwards, losing
-        # candidates (to none, beside a large collection): plan per query, and let the index look further.
+        # The HNSW index is shared by every collection of a dimension, and filtered afterwards: beside a large
+        # collection, the nearest ef_search entries may hold none of a small one's. pgvector's iterative scan
+        # (0.8) keeps walking the index until the filter has let CANDIDATES through (or SCAN_TUPLES were seen);
+        # in relaxed order, so the candidates are sorted again below. A cached generic plan would not see the
+        # collection's size: plan per query.
         await s.execute(text("SET LOCAL plan_cache_mode = force_custom_plan"))
         await s.execute(text("SET LOCAL hnsw.ef_search = 100"))
+        if self._iterative is None:
+            version = await s.scalar(text("SELECT extversion FROM pg_extension WHERE extname = 'vector'"))
+            self._iterative = tuple(int(n) for n in str(version).split(".")[:2]) >= (0, 8)
+        if self._iterative:
+            await s.execute(text("SET LOCAL hnsw.iterative_scan = relaxed_order"))
+            await s.execute(text(f"SET LOCAL hnsw.max_scan_tuples = {SCAN_TUPLES}"))
         distance = f"(c.embedding::vector({dim}) <=> CAST(:q AS vector({dim})))"
         result = await s.execute(
             text(
+                "WITH nearest AS MATERIALIZED ("
                 f"SELECT c.id, d.source, c.title, c.heading, c.text, c.collection, 1 - {distance} AS similarity, "
                 "c.dim, NULL AS matched "
                 "FROM kb_chunks c JOIN kb_documents d ON d.id = c.document_id "
                 f"WHERE c.dim = {dim} AND c.collection = ANY(:collections) "
-                f"ORDER BY {distance} LIMIT {CANDIDATES}"
+                f"ORDER BY {distance} LIMIT {CANDIDATES}) "
+                "SELECT * FROM nearest ORDER BY similarity DESC"
             ),
             {"q": str(vector), "collections": collections},
         )
         return [tuple(r) for r in result]
 
     async def _text(self, s: AsyncSession, query: str, collections: list[str]) -> list[tuple]:  # type: ignore[type-arg]
-        # The question's words OR-ed: a customer's sentence rarely has every word of the passage that answers it.
+        """Passages with all the question's words first; while fewer than ENOUGH_TEXT are found, those with at
+        least half of them, then with any of them (a customer's sentence rarely has every word of the passage
+        that answers it). Ranking every passage with any word is what made full text slow in a large
+        collection; the stricter queries match few passages, so the common case ranks few."""
+        words = await s.scalar(text("SELECT plainto_tsquery('english', :query)::text"), {"query": query})
+        ranked: list[tuple] = []  # type: ignore[type-arg]
+        for tsquery in relaxed(str(words or "").split(" & ") if words else []):
+            if len(ranked) >= ENOUGH_TEXT:
+                break
+            ranked += await self._text_ranked(s, query, collections, tsquery, [row[0] for row in ranked])
+        return ranked
+
+    async def _text_ranked(
+        self, s: AsyncSession, query: str, collections: list[str], tsquery: str, skip: list[int]
+    ) -> list[tuple]:  # type: ignore[type-arg]
+        """The passages matching `tsquery` (tsquery syntax, of the question's stemmed words), best first."""
+        # `matched` (the share of the question's words a passage holds) only for the passages kept.
         result = await s.execute(
             text(
-                "WITH q AS (SELECT to_tsquery('english', replace(plainto_tsquery('english', :query)::text, '&', '|'))"
-                " AS tsq, tsvector_to_array(to_tsvector('english', :query)) AS words) "
-                "SELECT c.id, d.source, c.title, c.heading, c.text, c.collection, ts_rank_cd(c.tsv, q.tsq) AS rank, "
+                "WITH q AS (SELECT CAST(:tsq AS tsquery) AS tsq, "
+                "tsvector_to_array(to_tsvector('english', :query)) AS words), "
+                "matching AS MATERIALIZED (SELECT c.id, c.tsv FROM kb_chunks c, q "
+                "WHERE c.collection = ANY(:collections) AND c.tsv @@ q.tsq AND c.id <> ALL(:skip) "
+                f"LIMIT {RANKED_AT_MOST}), "
+                "best AS (SELECT m.id, ts_rank_cd(m.tsv, q.tsq) AS rank FROM matching m, q "
+                f"ORDER BY rank DESC LIMIT {CANDIDATES}) "
+                "SELECT c.id, d.source, c.title, c.heading, c.text, c.collection, best.rank, "
                 "c.dim, (SELECT count(*) FILTER (WHERE c.tsv @@ plainto_tsquery('simple', w))::float "
                 "  / greatest(count(*), 1) FROM unnest(q.words) AS w) AS matched "
-                "FROM kb_chunks c JOIN kb_documents d ON d.id = c.document_id, q "
-                "WHERE c.collection = ANY(:collections) AND c.tsv @@ q.tsq "
-                f"ORDER BY rank DESC LIMIT {CANDIDATES}"
+                "FROM best JOIN kb_chunks c ON c.id = best.id JOIN kb_documents d ON d.id = c.document_id, q "
+                "ORDER BY best.rank DESC, c.id"
             ),
-            {"query": query, "collections": collections},
+            {"query": query, "tsq": tsquery, "collections": collections, "skip": skip},
+        )
+        return [tuple(r) for r in result]
+
+    async def _identified(self, s: AsyncSession, codes: set[str], collections: list[str]) -> list[tuple]:  # type: ignore[type-arg]
+        """Passages naming any of the identifiers (the GIN index on `identifiers`), most of them first."""
+        result = await s.execute(
+            text(
+                "SELECT c.id, d.source, c.title, c.heading, c.text, c.collection, "
+                "cardinality(ARRAY(SELECT unnest(c.identifiers) INTERSECT SELECT unnest(CAST(:codes AS text[])))) "
+                "AS rank, c.dim, NULL AS matched "
+                "FROM kb_chunks c JOIN kb_documents d ON d.id = c.document_id "
+                "WHERE c.collection = ANY(:collections) AND c.identifiers && CAST(:codes AS text[]) "
+                f"ORDER BY rank DESC, c.id LIMIT {CANDIDATES}"
+            ),
+            {"codes": sorted(codes), "collections": collections},
         )
         return [tuple(r) for r in result]
 
@@ -558,3 +626,18 @@ class KnowledgeBase:
                 .returning(m.KnowledgeCollection.name)
             )
             return result.first() is not None
+
+
+def _named(codes: set[str], row: tuple) -> tuple[int, int]:  # type: ignore[type-arg]
+    """How many of the question's identifiers the passage names, and how many in its title or heading."""
+    return int(row[6]), len(codes & in_document(f"{row[2]} {row[3] or ''}"))
+
+
+def relaxed(words: Sequence[str]) -> list[str]:
+    """tsqueries for all the words, at least half of them, and any of them (`words` in tsquery syntax)."""
+    steps = sorted({len(words), (len(words) + 1) // 2, 1} - {0}, reverse=True)
+    return [
+        " | ".join(f"({' & '.join(c)})" for c in itertools.combinations(words, m))
+        for m in steps
+        if math.comb(len(words), m) <= MAX_TERMS
+    ]

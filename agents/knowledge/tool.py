@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Annotated
 
 from pydantic import Field
 
+from agents.knowledge.identifiers import in_document, in_question
 from agents.knowledge.store import Hit, KnowledgeBase
 from agents.tools import Tool, function_tool
 
@@ -15,7 +15,6 @@ NOTHING_FOUND = (
     "No article in the knowledge base answers this. Tell the customer plainly that you could not find it, "
     "do not guess, and offer to bring in a colleague (escalate_to_human) if they want."
 )
-_CODE = re.compile(r"\b[A-Z]{1,4}-[A-Z0-9]{1,6}\b")
 MIN_TEXT_MATCH = 0.5
 """A passage found only by full text counts as found when it holds at least this share of the question's words:
 one shared word ("open", "write") is not an answer."""
@@ -25,12 +24,12 @@ def relevant(hits: Sequence[Hit], query: str, min_similarity: float) -> list[Hit
     """Hits close enough to the question in meaning, or that contain a product code the question names
     (embeddings blur codes; an exact match is the strongest evidence there is). A passage that could only be
     searched by full text has no similarity to judge it by: it must hold most of the question's words."""
-    codes = set(_CODE.findall(query.upper()))
+    codes = in_question(query)
     return [
         h
         for h in hits
         if (h.similarity is not None and h.similarity >= min_similarity)
-        or any(c in h.text.upper() for c in codes)
+        or bool(codes & in_document(h.text))
         or (not h.vector_searched and (h.text_match or 0.0) >= MIN_TEXT_MATCH)
     ]
 
