@@ -1,7 +1,7 @@
 """passages keep the identifiers they name (model numbers, part and error codes), for exact matches
 
 Revision ID: 0020
-Revises: 0018
+Revises: 0019
 """
 
 from collections.abc import Sequence
@@ -11,7 +11,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0020"
-down_revision: str | None = "0018"
+down_revision: str | None = "0019"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
