@@ -22,6 +22,13 @@ class Platform(StrEnum):
     TEAMS = "teams"
 
 
+def is_teams_id(value: str) -> bool:
+    """A Teams id (users `29:…`, `8:orgid:…`; conversations `19:…`, `a:…`), as opposed to a Slack one: Teams' ids
+    all hold a colon, Slack's never do. How a mixed set-up (customers on one platform, staff on the other) tells
+    whose an id is."""
+    return ":" in value
+
+
 def _encode(part: str) -> str:
     return part.replace("%", "%25").replace(":", "%3A")
 

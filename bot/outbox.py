@@ -87,16 +87,17 @@ HOLDING_SEND_LEASE = "EXISTS (SELECT FROM send_leases WHERE conversation_id = :k
 """A write by a sender (`:o`) that is valid only while it holds the conversation's (`:k`) send lease."""
 _DUE_CONVERSATIONS = text(
     """
-    SELECT conversation_id FROM (
+    SELECT head.conversation_id, conversations.key FROM (
         SELECT DISTINCT ON (conversation_id) conversation_id, id, next_attempt_at
         FROM outbox WHERE done_at IS NULL ORDER BY conversation_id, id
-    ) head
+    ) head LEFT JOIN conversations ON conversations.id = head.conversation_id
     WHERE head.next_attempt_at IS NULL OR head.next_attempt_at <= now()
     ORDER BY head.id LIMIT 200
     """
 )
-"""Conversations whose next row is due, oldest first: ones waiting out a backoff (their later rows wait behind
-it, in order) take no place in the batch, so a pile of them never starves a healthy conversation."""
+"""Conversations whose next row is due, oldest first, with their keys (which name the customer's platform): ones
+waiting out a backoff (their later rows wait behind it, in order) take no place in the batch, so a pile of them
+never starves a healthy conversation."""
 _SKIP_PAIRS = text(
     f"""
     UPDATE outbox SET done_at = now(), outcome = 'skipped', last_error = 'removed before it was added'
@@ -226,6 +227,12 @@ FIXABLE_BY_ADMINS = frozenset({"not_in_channel", "channel_not_found", "is_archiv
 or correct STAFF_CHANNEL_ID meanwhile."""
 
 
+def _platform(key: str | None) -> str:
+    """The platform of a conversation's key (Slack for keys that are no platform's, such as tests')."""
+    address = Address.parse(key) if key else None
+    return address.platform if address is not None else Platform.SLACK
+
+
 class Undeliverable(Exception):
     """A row that cannot be sent however often it is tried (an unknown kind, a case thread that was never posted)."""
 
@@ -285,25 +292,25 @@ class OutboxSender:
         """Send every due row of every conversation not being sent by someone else; returns rows sent. `pace`
         is awaited before each row (the workers hold sends back while the process is saturated)."""
         async with self.engine.connect() as conn:
-            conversations = [r[0] for r in await conn.execute(_DUE_CONVERSATIONS)]
+            conversations = (await conn.execute(_DUE_CONVERSATIONS)).all()
         limit = asyncio.Semaphore(concurrency)
 
-        async def one(cid: int | None) -> int:
+        async def one(cid: int | None, key: str | None) -> int:
             async with limit:
-                return await self._send_conversation(cid, pace)
+                return await self._send_conversation(cid, _platform(key), pace)
 
-        results = await asyncio.gather(*(one(cid) for cid in conversations), return_exceptions=True)
+        results = await asyncio.gather(*(one(*due) for due in conversations), return_exceptions=True)
         for failure in (r for r in results if isinstance(r, BaseException)):
             log.error("outbox: sending a conversation failed", exc_info=failure)
         return sum(r for r in results if isinstance(r, int))
 
     async def _send_conversation(
-        self, conversation_id: int | None, pace: Callable[[], Awaitable[None]] | None = None
+        self, conversation_id: int | None, platform: str, pace: Callable[[], Awaitable[None]] | None = None
     ) -> int:
+        """`platform`: the customer's, where the conversation's own rows go."""
         key = conversation_id or 0
         if not await self._lease(key):
             return 0
-        platform = await self._platform_of(conversation_id)
         sent = 0
         # Renewed in the background while rows go out, however long one takes (a case summary, a slow Slack):
         # only a sender that is dead or frozen loses the lease.
@@ -386,15 +393,6 @@ class OutboxSender:
                 {"k": key, "o": self.owner, "ttl": self.lease_s},
             )
         return got is not None
-
-    async def _platform_of(self, conversation_id: int | None) -> str:
-        """The customer's platform: where the conversation's own rows go (Slack for keys that are no platform's)."""
-        if conversation_id is None:
-            return Platform.SLACK
-        async with self.engine.connect() as conn:
-            key = await conn.scalar(select(m.Conversation.key).where(m.Conversation.id == conversation_id))
-        address = Address.parse(key) if key else None
-        return address.platform if address is not None else Platform.SLACK
 
     def _messenger(self, delivery: Delivery, customer_platform: str) -> Messenger:
         """The customer's platform for what the customer sees, the staff channel's for the case's side."""

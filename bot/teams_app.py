@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.address import is_teams_id
 from agents.identity import Author
 from bot.admin.command import AdminCommands, Invocation
 from bot.inbox import IDENTIFY_WITHIN_S, STAFF_CHECK_S, Inbox
@@ -39,7 +40,6 @@ from bot.teams_events import AdminMessage, Parsed, TeamsPolicy, parse
 from bot.teams_messenger import BOT_FRAMEWORK, ServiceUrls, TeamsMessenger
 from escalation.desk import CaseDesk
 from escalation.views import Message, Person
-from teamstext.text import from_mrkdwn
 
 log = logging.getLogger(__name__)
 TEAMS_CHANNEL = "msteams"
@@ -87,7 +87,7 @@ class TeamsPeople:
         cached = self._members.get((conversation, user))
         if cached is not None and time.monotonic() - cached[0] < self.cache_s:
             return cached[1]
-        client = await self.messenger._client(conversation)
+        client = await self.messenger.client(conversation)
         try:
             found = await client.conversations.get_conversation_member(conversation, user)
             member: Mapping[str, Any] | None = found.model_dump(by_alias=True, exclude_none=True)
@@ -144,11 +144,6 @@ class TeamsDirectory:
         if not channel.startswith("19:") or not message:
             return None
         return f"https://teams.microsoft.com/l/message/{channel}/{message}"
-
-
-def is_teams_id(value: str) -> bool:
-    """Teams' user (`29:`, `8:orgid:`) and conversation (`19:`, `a:`) ids, as opposed to Slack's."""
-    return value.startswith(("29:", "8:", "19:", "a:"))
 
 
 class EitherDirectory:
@@ -304,7 +299,7 @@ class TeamsEdge:
         if self.admin is None:
             return
         # An Entra object id names an admin only in our own tenant; anyone else is named by their Teams id.
-        ours = parsed.tenant == self.policy.tenant and message.aad_object_id
+        ours = parsed.tenant == self.policy.tenant
         who = message.aad_object_id if ours and message.aad_object_id else message.user
         call = Invocation(who, message.conversation, self.policy.tenant, None, message.text)
         reply = await self.admin.run(call)
@@ -316,10 +311,3 @@ class TeamsEdge:
             await self.messenger.direct(user, words)
         except Exception:
             log.warning("could not tell %s: %s", user, words, exc_info=True)
-
-
-def route(edge: TeamsEdge) -> Callable[[web.Request], Awaitable[web.Response]]:
-    return edge.handle
-
-
-__all__ = ["TeamsAuth", "TeamsEdge", "from_mrkdwn"]

@@ -73,8 +73,6 @@ class Parsed:
     tenant: str | None
     continues_only: bool = False
     """A reply in a channel chain that does not mention the bot: it only continues a conversation."""
-    aad_object_id: str | None = None
-    """The writer's Entra object id: what staff allow-lists and admin lists name."""
 
 
 def _get(value: Any, *path: str) -> Any:
@@ -116,10 +114,8 @@ def parse(body: Mapping[str, Any], policy: TeamsPolicy) -> Parsed:
     sender = body.get("from") or {}
     user, aad = str(_get(sender, "id") or ""), _get(sender, "aadObjectId")
     base, _, root = conversation.partition(CHAIN)
-    common = {"conversation": conversation, "service_url": service_url, "tenant": tenant, "aad_object_id": aad}
-
-    def parsed(incoming: Incoming | CaseAction | AdminMessage, **more: Any) -> Parsed:
-        return Parsed(delivery, incoming, **common, **more)
+    def parsed(incoming: Incoming | CaseAction | AdminMessage, *, continues_only: bool = False) -> Parsed:
+        return Parsed(delivery, incoming, conversation, service_url, tenant, continues_only)
 
     kind = body.get("type")
     if user in (policy.bot_id, policy.app_id) or _get(sender, "role") == "bot":

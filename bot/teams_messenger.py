@@ -116,7 +116,7 @@ class TeamsMessenger:
         await asyncio.gather(*(session.close() for session in self._sessions.values()))
         self._sessions.clear()
 
-    async def _client(self, conversation: str) -> ConnectorClient:
+    async def client(self, conversation: str) -> ConnectorClient:
         """A client for the conversation's service with a fresh token. A failure here (Entra, the database) comes
         before any request, so it is a certain refusal: the post is not in doubt."""
         try:
@@ -162,7 +162,7 @@ class TeamsMessenger:
 
     async def post(self, where: Where, message: Message, *, outbox_id: int) -> str:
         activity = self.activity(message)
-        client = await self._client(where.channel)
+        client = await self.client(where.channel)
         if where.thread is None and is_channel(where.channel):
             # A new post in a channel (a case): Teams makes it the root of a reply chain, which is the case's thread.
             created = await _refusing(
@@ -194,13 +194,13 @@ class TeamsMessenger:
     async def update(self, where: Where, message_id: str, message: Message) -> None:
         activity = self.activity(message)
         activity.id = message_id
-        client = await self._client(where.channel)
+        client = await self.client(where.channel)
         conversation = _around(where, message_id)
         update = client.conversations.update_activity(conversation, message_id, activity)
         await _refusing(update, has_card=bool(message.blocks), missing="message_not_found")
 
     async def delete(self, where: Where, message_id: str) -> None:
-        client = await self._client(where.channel)
+        client = await self.client(where.channel)
         conversation = _around(where, message_id)
         await _refusing(client.conversations.delete_activity(conversation, message_id), missing="message_not_found")
 
@@ -209,7 +209,7 @@ class TeamsMessenger:
         customers; a colleague's note in a Teams staff channel simply gets none)."""
 
     async def typing(self, where: Where) -> None:
-        client = await self._client(where.channel)
+        client = await self.client(where.channel)
         await _refusing(
             client.conversations.send_to_conversation(in_chain(where.channel, where.thread), Activity(type="typing"))
         )
@@ -219,7 +219,7 @@ class TeamsMessenger:
         await self.direct(user, text)
 
     async def direct(self, user: str, text: str) -> None:
-        client = await self._client(f"tenant:{self.tenant}")  # a new chat: its tenant's service
+        client = await self.client(f"tenant:{self.tenant}")  # a new chat: its tenant's service
         created = await _refusing(
             client.conversations.create_conversation(
                 ConversationParameters(

@@ -13,7 +13,7 @@ from typing import Protocol
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from agents.address import Address
+from agents.address import Address, is_teams_id
 from agents.attachments import FileRef
 from db import models as m
 from db.deliveries import FileRelay, FilesToCustomer, FilesToStaff, RelayToCustomer, RelayToStaff, Reminder
@@ -193,7 +193,7 @@ class CaseRenderer:
             names={
                 user: (await self._person(user)).name
                 for user in (escalation.claimed_by, escalation.closed_by)
-                if user is not None and ":" in user
+                if user is not None and is_teams_id(user)
             },
         )
         self._summaries[escalation.id] = view.summary

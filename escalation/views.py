@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agents.address import is_teams_id
 from escalation.machine import OPEN_CASE, CaseStatus
 from slacktext.limits import MESSAGE_TEXT, clip, fit
 from slacktext.text import escape, inert
@@ -67,14 +68,14 @@ class CaseView:
 
 def _person(case: CaseView, user: str | None) -> str:
     """A colleague as the case shows them: a Slack mention (Slack shows their name), else their name."""
-    if user is None or ":" not in user:  # Slack's ids have no colon; Teams' (29:…, 8:orgid:…) do
+    if user is None or not is_teams_id(user):
         return f"<@{user}>"
     return escape((case.names or {}).get(user, "a colleague"))
 
 
 def _where(case: CaseView, *, label: str) -> str:
     """The customer's conversation: a Slack channel mention, or for Teams (whose ids Slack cannot show) a link."""
-    if ":" not in case.channel:
+    if not is_teams_id(case.channel):
         return f"<#{case.channel}>" + (f" · <{escape(case.permalink)}|{label}>" if case.permalink else "")
     return "Microsoft Teams" + (f" · <{escape(case.permalink)}|{label}>" if case.permalink else "")
 
@@ -97,7 +98,7 @@ def case_text(case: CaseView) -> str:
     refused the layout of, a direct message to the admins. The summary is inert already (`CaseRenderer`)."""
     reason = clip(inert(case.reason), REASON_IN_TEXT)
     where = f"<#{case.channel}>" + (f" <{escape(case.permalink)}>" if case.permalink else "")
-    if ":" in case.channel:
+    if is_teams_id(case.channel):
         where = _where(case, label="open the conversation")
     return (
         f"Case #{case.escalation_id}: {escape(case.customer)} needs a person ({reason})\n"
