@@ -38,7 +38,8 @@ ADMIN = "U_ADMIN"
 
 
 @pytest.fixture
-async def admin_bot(database_url: str, fake_llm: FakeOpenAI, emulator: SlackEmulator) -> Any:
+async def admin_bot(database_url: str, sessions: Sessions, fake_llm: FakeOpenAI, emulator: SlackEmulator) -> Any:
+    """`sessions` first: its tables are emptied before the bot starts using them (else the two can deadlock)."""
     emulator.add_user(ADMIN, "ada", "Ada Admin")
     emulator.add_user("U_OWNER", "olga", "Olga Owner", is_admin=True)
     settings = bot_settings(database_url, fake_llm, emulator, admin_user_ids=ADMIN)

@@ -41,7 +41,10 @@ def running(
 
 
 @pytest.fixture
-async def bot(database_url: str, fake_llm: FakeOpenAI, emulator: SlackEmulator) -> AsyncIterator[Bot]:
+async def bot(
+    database_url: str, sessions: Sessions, fake_llm: FakeOpenAI, emulator: SlackEmulator
+) -> AsyncIterator[Bot]:
+    """`sessions` first: its tables are emptied before the bot starts using them (else the two can deadlock)."""
     async with running(database_url, fake_llm, emulator) as started:
         yield started
 

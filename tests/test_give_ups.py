@@ -32,7 +32,8 @@ UNREACHABLE = "I'm sorry: I could not reach a colleague just now."
 
 
 @pytest.fixture
-async def admin_bot(database_url: str, fake_llm: FakeOpenAI, emulator: SlackEmulator) -> Any:
+async def admin_bot(database_url: str, sessions: Sessions, fake_llm: FakeOpenAI, emulator: SlackEmulator) -> Any:
+    """`sessions` first: its tables are emptied before the bot starts using them (else the two can deadlock)."""
     emulator.add_user(ADMIN, "ada", "Ada Admin")
     async with serving(bot_settings(database_url, fake_llm, emulator, admin_user_ids=ADMIN), emulator) as bot:
         yield bot

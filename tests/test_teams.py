@@ -356,7 +356,7 @@ async def test_admins_use_support_commands_in_a_personal_chat_and_others_are_ref
 
 @pytest.fixture
 async def teams_process(
-    database_url: str, fake_llm: FakeOpenAI, emulator: SlackEmulator, teams: TeamsEmulator
+    database_url: str, sessions: Sessions, fake_llm: FakeOpenAI, emulator: SlackEmulator, teams: TeamsEmulator
 ) -> AsyncIterator[Callable[[], Awaitable[BotProcess]]]:
     """A factory of `python -m bot serve` processes serving Teams (and Slack); Teams delivers to the last one."""
     env = bot_env(database_url, fake_llm, emulator, lease_seconds=2, **th.teams_settings(teams)) | teams.env()
