@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,6 +10,20 @@ from agents.errors import ConfigError
 from agents.tools import EscalateTo, HandoffTo, Tool, function_tool
 
 Instructions = str | Callable[[Mapping[str, Any]], str]
+
+
+@dataclass(frozen=True)
+class Retrieved:
+    """Passages found for the customer's message before the agent's first call, shown to the model as if it
+    had called `tool` with `arguments` and got `output` back."""
+
+    tool: str
+    arguments: Mapping[str, Any]
+    output: str
+
+
+Retriever = Callable[[str, int], Awaitable[Retrieved | None]]
+"""(customer's message, token budget for the passages) -> what clears the bar, or None when nothing does."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +41,8 @@ class Agent:
     """Names of the agents this one may transfer to."""
     model: str | None = None
     """Overrides the configured default model."""
+    retrieve: Retriever | None = None
+    """Searches its knowledge base for the customer's message before its first call in a turn (agents.loop)."""
 
     def render_instructions(self, context: Mapping[str, Any]) -> str:
         return self.instructions(context) if callable(self.instructions) else self.instructions

@@ -64,6 +64,9 @@ class LoopConfig:
     max_parallel_tools: int = 4
     token_budget: int = 12_000
     tool_timeout_s: float = 30.0
+    retrieval_tokens: int = 600
+    """Budget for the passages an agent with a knowledge base is given before its first call (`Agent.retrieve`);
+    0 turns that retrieval off, leaving the search to the model."""
     texts: Texts = Texts()
 
 
@@ -186,6 +189,7 @@ async def run_turn(
     calls: list[LLMCallRecord] = []
     asked = 0  # model calls made; `calls` may hold two records for one (a provider failure and its stand-in)
     visited = [agent.name]
+    retrieved: set[str] = set()
     limit = asyncio.Semaphore(config.max_parallel_tools)
 
     async def emit(event: Event) -> None:
@@ -202,6 +206,13 @@ async def run_turn(
     while True:
         if asked >= config.max_llm_calls:
             return await finish(Escalate("LLM call budget for one message ran out", "budget"), config.texts.budget)
+        if agent.name not in retrieved:
+            retrieved.add(agent.name)
+            found = await _retrieve(agent, turn, config.retrieval_tokens)
+            if found is not None:
+                new.extend(found[0])
+                tools.append(found[1])
+                await emit(found[1])
         agent_tools = roster.tools_of(agent.name)
         schemas = roster.schemas_of(agent.name)
         model_name = agent.model or config.default_model
@@ -259,6 +270,32 @@ async def run_turn(
                 visited.append(target)
             case RunAgain():
                 pass
+
+
+async def _retrieve(agent: Agent, turn: TurnInput, budget: int) -> tuple[tuple[Message, Message], ToolRecord] | None:
+    """The agent's knowledge searched for the customer's message, as a tool call and its result at the end of the
+    history: the model answers in one call when the answer is at hand, the pairing of calls and results holds,
+    and the stable prefix stays cacheable. None when the agent has no knowledge or nothing clears the bar."""
+    last = turn.history[-1] if turn.history else None
+    if agent.retrieve is None or budget <= 0 or last is None or last.role != "user" or not last.content:
+        return None
+    started = time.perf_counter()
+    try:
+        found = await agent.retrieve(last.content, budget)
+    except Exception:  # the model can still search with its tool; a failed look-up must not fail the turn
+        return None
+    if found is None:
+        return None
+    call = ToolCall(
+        f"call_retrieved_{turn.inbound_id or 0}_{agent.name}",
+        found.tool,
+        json.dumps(dict(found.arguments), ensure_ascii=False),
+    )
+    messages = (
+        Message("assistant", None, agent=agent.name, tool_calls=(call,)),
+        Message("tool", found.output, agent.name, tool_call_id=call.id, name=call.name),
+    )
+    return messages, ToolRecord(agent.name, call, True, found.output, (time.perf_counter() - started) * 1000)
 
 
 def _system_prompt(agent: Agent, context: Mapping[str, Any]) -> list[str]:

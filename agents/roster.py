@@ -15,7 +15,7 @@ from pydantic import Field
 
 from agents.agent import Agent, Roster
 from agents.knowledge.store import KnowledgeBase
-from agents.knowledge.tool import search_knowledge_tool
+from agents.knowledge.tool import knowledge_retriever, search_knowledge_tool
 from agents.shop import SALES_TOOLS, SUPPORT_TOOLS
 from agents.tools import ToolContext, function_tool
 
@@ -113,10 +113,12 @@ def default_roster(knowledge: KnowledgeBase | None = None, *, min_similarity: fl
 
     def grounded(agent: Agent, collections: tuple[str, ...]) -> Agent:
         search = search_knowledge_tool(knowledge, collections=collections, min_similarity=min_similarity)
+        retrieve = knowledge_retriever(search, knowledge, collections=collections, min_similarity=min_similarity)
         base = agent.instructions
         return replace(
             agent,
             tools=(*agent.tools, search),
+            retrieve=retrieve,
             instructions=lambda context: (base(context) if callable(base) else base) + cite,
         )
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Annotated
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Annotated, Any
 
 from pydantic import Field
 
+from agents.agent import Retrieved, Retriever
 from agents.knowledge.identifiers import in_document, in_question
 from agents.knowledge.store import Hit, KnowledgeBase
 from agents.tools import Tool, function_tool
@@ -38,24 +40,73 @@ def format_hits(hits: Sequence[Hit]) -> str:
     return "\n\n".join(f"[{n}] {hit.citation}\n{hit.text}" for n, hit in enumerate(hits, 1))
 
 
+def answer_from(hits: Sequence[Hit]) -> str:
+    """What the model is shown for passages found, by the tool or before the first call."""
+    return (
+        "Answer only from these passages and cite the ones you use as [n] with their title "
+        "(and link, if any):\n\n" + format_hits(hits)
+    )
+
+
+CHARS_PER_TOKEN = 4
+"""A rough count, as the token budget of the window counts (agents.window)."""
+
+
+def within(hits: Sequence[Hit], budget_tokens: int) -> list[Hit]:
+    """The best passages whose text fits the budget, best first; the best one is kept, cut to the budget, even
+    when it alone is larger."""
+    room = budget_tokens * CHARS_PER_TOKEN
+    kept: list[Hit] = []
+    for hit in hits:
+        if len(hit.text) > room:
+            if not kept and room > 0:
+                kept.append(replace(hit, text=hit.text[:room].rstrip() + "…"))
+            break
+        kept.append(hit)
+        room -= len(hit.text)
+    return kept
+
+
+Finder = Callable[[str], Awaitable[list[Hit]]]
+
+
+def _finder(kb: KnowledgeBase, collections: Sequence[str], k: int, min_similarity: float) -> Finder:
+    async def found(query: str) -> list[Hit]:
+        return relevant(await kb.search(query, collections=collections, k=k), query, min_similarity)
+
+    return found
+
+
 def search_knowledge_tool(
     kb: KnowledgeBase, *, collections: Sequence[str], k: int = 4, min_similarity: float = 0.35
 ) -> Tool:
     scope = ", ".join(collections) or "all collections"
+    found = _finder(kb, collections, k, min_similarity)
 
     async def search_knowledge(
         query: Annotated[str, Field(min_length=2, description="In the customer's terms")],
     ) -> str:
-        hits = relevant(await kb.search(query, collections=collections, k=k), query, min_similarity)
-        if not hits:
-            return NOTHING_FOUND
-        return (
-            "Answer only from these passages and cite the ones you use as [n] with their title "
-            "(and link, if any):\n\n" + format_hits(hits)
-        )
+        hits = await found(query)
+        return answer_from(hits) if hits else NOTHING_FOUND
 
     tool: Tool = function_tool(
         search_knowledge,
         description=f"Search our documents ({scope}): passages to answer from and cite.",
     )
     return tool
+
+
+def knowledge_retriever(
+    search: Tool, kb: KnowledgeBase, *, collections: Sequence[str], k: int = 4, min_similarity: float = 0.35
+) -> Retriever:
+    """The same search as `search` (the tool above, made with the same arguments), run on the customer's
+    message before the agent's first call (agents.loop): only passages that clear `min_similarity`, within a
+    token budget, shown as the tool shows them."""
+    found = _finder(kb, collections, k, min_similarity)
+
+    async def retrieve(message: str, budget_tokens: int) -> Retrieved | None:
+        hits = within(await found(message), budget_tokens) if len(message.strip()) >= 2 else []
+        arguments: dict[str, Any] = {"query": message}
+        return Retrieved(search.name, arguments, answer_from(hits)) if hits else None
+
+    return retrieve
