@@ -212,6 +212,7 @@ async def run_turn(
             if found is not None:
                 new.extend(found[0])
                 tools.append(found[1])
+                await emit(ToolStarted(agent.name, found[1].call))
                 await emit(found[1])
         agent_tools = roster.tools_of(agent.name)
         schemas = roster.schemas_of(agent.name)
