@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,19 @@ Retriever = Callable[[str, int], Awaitable[Retrieved | None]]
 
 
 @dataclass(frozen=True)
+class Planned:
+    """A look-up the customer's message makes certain (an order number named: look the order up), called
+    through the agent's own tool before its first model call, so the model starts with the answer at hand."""
+
+    tool: str
+    arguments: Mapping[str, Any]
+
+
+Prefetch = Callable[[str], Sequence[Planned]]
+"""The customer's message -> the look-ups it calls for; deterministic and cheap (a pattern, not a model)."""
+
+
+@dataclass(frozen=True)
 class Agent:
     name: str
     """Stable identifier, stored in Postgres as the active agent; also names its `transfer_to_<name>` tool."""
@@ -43,6 +56,9 @@ class Agent:
     """Overrides the configured default model."""
     retrieve: Retriever | None = None
     """Searches its knowledge base for the customer's message before its first call in a turn (agents.loop)."""
+    prefetch: Prefetch | None = None
+    """Plans look-ups with its own tools for the customer's message before its first call in a turn (agents.loop);
+    the tools run as if the model had called them, with the same checks of who is asking."""
 
     def render_instructions(self, context: Mapping[str, Any]) -> str:
         return self.instructions(context) if callable(self.instructions) else self.instructions

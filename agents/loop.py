@@ -67,6 +67,9 @@ class LoopConfig:
     retrieval_tokens: int = 600
     """Budget for the passages an agent with a knowledge base is given before its first call (`Agent.retrieve`);
     0 turns that retrieval off, leaving the search to the model."""
+    prefetch: bool = True
+    """Run the look-ups the customer's message calls for (`Agent.prefetch`) before the agent's first call; off,
+    the model calls them itself."""
     texts: Texts = Texts()
 
 
@@ -189,7 +192,7 @@ async def run_turn(
     calls: list[LLMCallRecord] = []
     asked = 0  # model calls made; `calls` may hold two records for one (a provider failure and its stand-in)
     visited = [agent.name]
-    retrieved: set[str] = set()
+    prepared: set[str] = set()  # agents given their look-ups for this message (once each, even after a hand-back)
     limit = asyncio.Semaphore(config.max_parallel_tools)
 
     async def emit(event: Event) -> None:
@@ -206,15 +209,20 @@ async def run_turn(
     while True:
         if asked >= config.max_llm_calls:
             return await finish(Escalate("LLM call budget for one message ran out", "budget"), config.texts.budget)
-        if agent.name not in retrieved:
-            retrieved.add(agent.name)
-            found = await _retrieve(agent, turn, config.retrieval_tokens)
-            if found is not None:
-                new.extend(found[0])
-                tools.append(found[1])
-                await emit(ToolStarted(agent.name, found[1].call))
-                await emit(found[1])
         agent_tools = roster.tools_of(agent.name)
+        if agent.name not in prepared:
+            prepared.add(agent.name)
+            ctx = ToolContext(turn.conversation_id, turn.inbound_id, agent.name, context, db, turn.asker)
+            ready = await _prepare(agent, turn, agent_tools, ctx, limit, emit, config)
+            if ready:
+                # Shown as one call of the model's with its results: the pairing holds and the prefix stays cacheable.
+                new.append(Message("assistant", None, agent=agent.name, tool_calls=tuple(r.call for r in ready)))
+                new.extend(
+                    Message("tool", r.output, agent.name, tool_call_id=r.call.id, name=r.call.name) for r in ready
+                )
+                tools.extend(ready)
+                for run in ready:
+                    await emit(run)
         schemas = roster.schemas_of(agent.name)
         model_name = agent.model or config.default_model
         window = build_window(
@@ -273,30 +281,60 @@ async def run_turn(
                 pass
 
 
-async def _retrieve(agent: Agent, turn: TurnInput, budget: int) -> tuple[tuple[Message, Message], ToolRecord] | None:
-    """The agent's knowledge searched for the customer's message, as a tool call and its result at the end of the
-    history: the model answers in one call when the answer is at hand, the pairing of calls and results holds,
-    and the stable prefix stays cacheable. None when the agent has no knowledge or nothing clears the bar."""
+async def _prepare(
+    agent: Agent,
+    turn: TurnInput,
+    available: Sequence[Tool],
+    ctx: ToolContext,
+    limit: asyncio.Semaphore,
+    emit: Callable[[Event], Awaitable[None]],
+    config: LoopConfig,
+) -> list[ToolRecord]:
+    """What the agent would look up first, done before its first call so that most answers take one call: its
+    knowledge searched for the customer's message (`Agent.retrieve`, only passages that clear the bar) and the
+    look-ups the message names (`Agent.prefetch`, through the agent's own tools and their checks). A look-up that
+    fails or finds nothing is left out: the model can still call the tool itself."""
     last = turn.history[-1] if turn.history else None
-    if agent.retrieve is None or budget <= 0 or last is None or last.role != "user" or not last.content:
+    if last is None or last.role != "user" or not last.content:
+        return []
+    prefix = f"call_ready_{turn.inbound_id or 0}_{agent.name}"
+    planned = agent.prefetch(last.content)[:MAX_PREFETCH] if agent.prefetch is not None and config.prefetch else ()
+    names = {t.name for t in available}
+    calls = [
+        ToolCall(f"{prefix}_{n}", p.tool, json.dumps(dict(p.arguments), ensure_ascii=False))
+        for n, p in enumerate(planned)
+        if p.tool in names
+    ]
+    found, *runs = await asyncio.gather(
+        _retrieve(agent, last.content, f"{prefix}_search", config.retrieval_tokens, emit),
+        *(_run_tool(call, agent.name, available, ctx, limit, emit, config.tool_timeout_s) for call in calls),
+    )
+    return ([found] if isinstance(found, ToolRecord) else []) + [
+        r for r in runs if isinstance(r, ToolRecord) and r.ok and r.result is None
+    ]
+
+
+MAX_PREFETCH = 3
+"""Look-ups planned for one message at most: a message listing many order numbers is the model's to sort out."""
+
+
+async def _retrieve(
+    agent: Agent, message: str, call_id: str, budget: int, emit: Callable[[Event], Awaitable[None]]
+) -> ToolRecord | None:
+    """The agent's knowledge searched for the customer's message; None when it has none, nothing clears the bar, or
+    the search fails (the model can still search with its tool: a failed look-up must not fail the turn)."""
+    if agent.retrieve is None or budget <= 0:
         return None
     started = time.perf_counter()
     try:
-        found = await agent.retrieve(last.content, budget)
-    except Exception:  # the model can still search with its tool; a failed look-up must not fail the turn
+        found = await agent.retrieve(message, budget)
+    except Exception:
         return None
     if found is None:
         return None
-    call = ToolCall(
-        f"call_retrieved_{turn.inbound_id or 0}_{agent.name}",
-        found.tool,
-        json.dumps(dict(found.arguments), ensure_ascii=False),
-    )
-    messages = (
-        Message("assistant", None, agent=agent.name, tool_calls=(call,)),
-        Message("tool", found.output, agent.name, tool_call_id=call.id, name=call.name),
-    )
-    return messages, ToolRecord(agent.name, call, True, found.output, (time.perf_counter() - started) * 1000)
+    call = ToolCall(call_id, found.tool, json.dumps(dict(found.arguments), ensure_ascii=False))
+    await emit(ToolStarted(agent.name, call))
+    return ToolRecord(agent.name, call, True, found.output, (time.perf_counter() - started) * 1000)
 
 
 def _system_prompt(agent: Agent, context: Mapping[str, Any]) -> list[str]:

@@ -16,7 +16,7 @@ from pydantic import Field
 from agents.agent import Agent, Roster
 from agents.knowledge.store import KnowledgeBase
 from agents.knowledge.tool import knowledge_retriever, search_knowledge_tool
-from agents.shop import SALES_TOOLS, SUPPORT_TOOLS
+from agents.shop import SALES_TOOLS, SUPPORT_TOOLS, order_lookups
 from agents.tools import ToolContext, function_tool
 
 STORE = "Driftwing Drones"
@@ -94,6 +94,7 @@ SUPPORT = Agent(
     instructions=support_instructions,
     tools=SUPPORT_TOOLS,
     handoffs=("sales", "triage"),
+    prefetch=order_lookups,
 )
 
 

@@ -11,7 +11,8 @@ who asked for it, in a later message, within `REFUND_CONFIRMATION`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
@@ -20,6 +21,7 @@ from pydantic import Field
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 
+from agents.agent import Planned
 from agents.tools import Tool, ToolContext, function_tool
 from db.models import Refund
 
@@ -240,3 +242,12 @@ async def issue_refund(
 
 SALES_TOOLS: tuple[Tool, ...] = (find_product,)
 SUPPORT_TOOLS: tuple[Tool, ...] = (lookup_order, issue_refund)
+
+ORDER_NUMBER = re.compile(r"\bDW-\d{4}\b", re.IGNORECASE)
+"""How the store's order numbers look (DW-1234): the customer's message naming one is a look-up the model would do."""
+
+
+def order_lookups(message: str) -> Sequence[Planned]:
+    """Support's prefetch: each order number the message names, looked up (lookup_order checks it is the asker's)."""
+    named = dict.fromkeys(found.upper() for found in ORDER_NUMBER.findall(message))
+    return [Planned("lookup_order", {"order_id": order_id}) for order_id in named]

@@ -80,6 +80,9 @@ async def recent_conversations(
 ) -> list[ConversationView]:
     """The newest Slack conversations with their handoffs, tool calls and escalations, newest first."""
     async with sessions() as s:
+        # One snapshot for the several reads: under the default READ COMMITTED a turn committing between them
+        # showed a conversation still at triage with its sales answer's calls already counted.
+        await s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
         rows = (
             await s.scalars(
                 select(m.Conversation)
