@@ -45,8 +45,9 @@ from agents.loop import (
     TurnResult,
     run_turn,
 )
-from agents.messages import Message, ToolCall
+from agents.messages import Message, message_from_json
 from agents.model import Model
+from agents.summary import UNSUMMARISED, VALID_SUMMARY, Summaries, Summarising
 from db import models as m
 
 log = logging.getLogger(__name__)
@@ -226,6 +227,8 @@ class Conversations:
         retry_base_s: float = 0.5,
         limits: Limits = NO_LIMITS,
         attachments: AttachmentReader | None = None,
+        summarising: Summarising | None = None,
+        on_summary: Callable[[LLMCallRecord], None] | None = None,
     ) -> None:
         self.sessions = sessions
         self.attachments = attachments
@@ -244,6 +247,10 @@ class Conversations:
         self.after_turn = after_turn
         """Called inside each turn's transaction, so what the host writes (an outbox) commits with the turn."""
         self.limits = limits
+        self.summaries = None if summarising is None else Summaries(
+            sessions=sessions, model=model, config=summarising, history_limit=history_limit, on_call=on_summary
+        )  # fmt: skip
+        """Folds older turns into the running summary after a turn's commit (agents.summary); None: never."""
 
     async def submit(
         self,
@@ -477,11 +484,12 @@ class Conversations:
         case = OpenCase(row.case_id, row.claimed_by, row.answered) if row.case_id is not None else None
         # A message past its attempts is given up without a turn: what failed may be its history itself.
         giving_up = inbound is not None and inbound.attempts > self.max_attempts
-        history = () if giving_up else tuple(_json_to_message(h) for h in row.history or ())
+        history = () if giving_up else tuple(message_from_json(h) for h in row.history or ())
         counts = Counts(row.user_minute, row.channel_minute, row.user_day_tokens, row.told)
         return _Started(
-            held, row.key, row.mode, row.active_agent, row.context, inbound, row.paused, case, history, counts
-        )
+            held, row.key, row.mode, row.active_agent, row.context, inbound, row.paused, case, history, counts,
+            row.summary,
+        )  # fmt: skip
 
     async def _run(self, started: _Started, *, keep: bool, on_event: EventSink | None) -> _Done:
         started = await self._read_files(started)
@@ -503,7 +511,11 @@ class Conversations:
             apology = self.config.texts.provider_failure
             failed = self._to_human(started, planned.agent, dict(planned.context), reason, apology)
             return await self._finish(started, failed, keep=keep)
-        return await self._finish(started, self._turn_commit(started, turn), keep=keep)
+        committed = self._turn_commit(started, turn)
+        done = await self._finish(started, committed, keep=keep)
+        if self.summaries is not None and self.summaries.config.due((*started.history, *committed.messages)):
+            self.summaries.start(started.lease.conversation_id, started.inbound.id)
+        return done
 
     def _plan(self, started: _Started) -> _Commit | TurnInput:
         """What becomes of the message: a commit decided without a turn (staff, human, paused, given up, set
@@ -533,8 +545,9 @@ class Conversations:
             return self._to_human(started, agent, context, reason, self.config.texts.paused)
         if (limit := self.limits.exceeded(started.counts)) is not None:
             return self._limited(started, limit, tell=not started.counts.told)
+        history = (*started.history, user)
         return TurnInput(
-            started.lease.conversation_id, inbound.id, agent, context, (*started.history, user), inbound.asker
+            started.lease.conversation_id, inbound.id, agent, context, history, inbound.asker, started.summary
         )
 
     def _set_aside(self, started: _Started, inbound: _Inbound) -> _Commit:
@@ -726,7 +739,9 @@ class _Started:
     paused: bool
     case: OpenCase | None
     history: tuple[Message, ...]
+    """The messages after the summary."""
     counts: Counts
+    summary: str | None = None
 
 
 @dataclass(frozen=True)
@@ -755,19 +770,6 @@ class _Done:
     result: MessageResult
     kept: bool
     """The lease is still held: another message waits."""
-
-
-def _json_to_message(raw: dict[str, Any]) -> Message:
-    return Message(
-        role=raw["role"],
-        content=raw["content"],
-        agent=raw["agent"],
-        tool_calls=tuple(ToolCall(**c) for c in raw["tool_calls"] or ()),
-        tool_call_id=raw["tool_call_id"],
-        name=raw["name"],
-        author=raw["author"],
-        author_name=raw.get("author_name"),
-    )
 
 
 def _message_json(msg: Message) -> dict[str, Any]:
@@ -853,7 +855,7 @@ _START_TEMPLATE = """
 WITH lease AS (
     UPDATE conversations SET {lease_set}
     WHERE id = :id AND {lease_where}
-    RETURNING key, mode, active_agent, context, history_from, lease_token
+    RETURNING key, mode, active_agent, context, history_from, summary, summary_through, lease_token
 ), next AS (
     UPDATE inbound SET attempts = attempts + 1
     WHERE id = (
@@ -862,14 +864,14 @@ WITH lease AS (
     ) AND processed_at IS NULL AND EXISTS (SELECT FROM lease)
     RETURNING id, kind, text, author, identity, external_id, attempts, deleted_at IS NOT NULL AS deleted, files
 )
-SELECT l.lease_token, l.key, l.mode, l.active_agent, l.context,
+SELECT l.lease_token, l.key, l.mode, l.active_agent, l.context, {summary} AS summary,
        n.id AS inbound_id, n.kind, n.text, n.author, n.identity, n.external_id, n.attempts, n.deleted, n.files,
        EXISTS (SELECT FROM pauses p WHERE l.key LIKE p.scope) AS paused,
        c.id AS case_id, c.claimed_by, c.first_response_at IS NOT NULL AS answered,
        CASE WHEN n.id IS NOT NULL THEN (
            SELECT jsonb_agg(to_jsonb(h) ORDER BY h.id) FROM (
                SELECT id, role, agent, author, author_name, content, tool_calls, tool_call_id, name FROM messages
-               WHERE conversation_id = :id AND id >= coalesce(l.history_from, 0)
+               WHERE conversation_id = :id AND {unsummarised}
                ORDER BY id DESC LIMIT :history
            ) h
        ) END AS history,{limits_columns}
@@ -880,7 +882,12 @@ LEFT JOIN LATERAL (
     WHERE conversation_id = :id AND status IN ('open', 'claimed') ORDER BY id DESC LIMIT 1
 ) c ON true{limits_joins}
 """
-_LIMITS = {"limits_columns": limits.READ_COLUMNS, "limits_joins": limits.READ_JOINS}
+_LIMITS = {
+    "limits_columns": limits.READ_COLUMNS,
+    "limits_joins": limits.READ_JOINS,
+    "summary": VALID_SUMMARY.format(c="l"),
+    "unsummarised": UNSUMMARISED.format(c="l"),
+}
 _START = text(_START_TEMPLATE.format(lease_set=leases.RENEW_SET, lease_where=leases.HELD, **_LIMITS))
 _START_CLAIMING = text(_START_TEMPLATE.format(lease_set=leases.CLAIM_SET, lease_where=leases.FREE, **_LIMITS))
 

@@ -83,6 +83,8 @@ class TurnInput:
     """The transcript the model may see, ending with the customer's new message."""
     asker: Author | None = None
     """Who wrote that message, as the platform verified it: the tools' `ToolContext.asker`."""
+    summary: str | None = None
+    """The running summary of the turns before `history` (agents.summary), or None."""
 
 
 Trigger = Literal["agent", "budget", "ping_pong", "provider", "error", "paused", "colleague"]
@@ -230,6 +232,7 @@ async def run_turn(
             history=(*turn.history, *new),
             tools=schemas,
             budget=config.token_budget,
+            summary=turn.summary,
         )
         asked += 1
         try:

@@ -67,6 +67,20 @@ class Message:
         return {"role": "user", "content": said}
 
 
+def message_from_json(raw: dict[str, Any]) -> Message:
+    """A transcript row as the engine's statements read it (`to_jsonb` of a `messages` row)."""
+    return Message(
+        role=raw["role"],
+        content=raw["content"],
+        agent=raw["agent"],
+        tool_calls=tuple(ToolCall(**c) for c in raw["tool_calls"] or ()),
+        tool_call_id=raw["tool_call_id"],
+        name=raw["name"],
+        author=raw["author"],
+        author_name=raw.get("author_name"),
+    )
+
+
 def estimate_tokens(text: str) -> int:
     """About four characters a token for English; tokenizers cannot be downloaded at run time here, and the
     window only needs a conservative bound, not an exact count."""

@@ -1,7 +1,8 @@
 """What the model sees: a stable prefix, then as much recent history as the token budget allows.
 
 The prefix (the agent's instructions, then the shared-context note) comes first so providers' prompt
-caching can hit; tool schemas travel in the request's `tools` field in a fixed order. History is cut into
+caching can hit, then the running summary of older turns where there is one (agents.summary); tool schemas
+travel in the request's `tools` field in a fixed order. History is cut into
 turns (a customer message and everything answered to it, so tool calls stay with their results) and the
 oldest turns are dropped first. The transcript in Postgres is never trimmed.
 
@@ -14,32 +15,47 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from agents.messages import Message, estimate_tokens
 
 
-def _turns(history: Sequence[Message]) -> list[list[Message]]:
-    """Cut history into turns, each starting at a customer message: dropping whole turns keeps every tool
-    call with its results, and the window always opens on something the customer said."""
-    turns: list[list[Message]] = []
+class Said(Protocol):
+    """A transcript entry: a `Message`, or one with its stored id (agents.summary)."""
+
+    @property
+    def role(self) -> str: ...
+
+
+S = TypeVar("S", bound=Said)
+
+
+def turns(history: Sequence[S]) -> list[list[S]]:
+    """Cut history into turns, each starting at a customer message: dropping (or summarising) whole turns keeps
+    every tool call with its results, and the window always opens on something the customer said."""
+    cut: list[list[S]] = []
     for message in history:
-        if message.role == "user" or not turns:
-            turns.append([message])
+        if message.role == "user" or not cut:
+            cut.append([message])
         else:
-            turns[-1].append(message)
-    if turns and turns[0][0].role == "tool":
+            cut[-1].append(message)
+    if cut and cut[0][0].role == "tool":
         # The load limit cut into the middle of a turn; its first results have lost their call, and the
         # provider would reject them, so the partial turn goes.
-        turns.pop(0)
-    return turns
+        cut.pop(0)
+    return cut
 
 
 IMAGE_TOKENS = 800
 """What one image costs the prompt, about: providers bill by its tiles, not by its base64 text's length."""
 
 
-def _cost(unit: list[Message], labelled: bool) -> int:
+def history_tokens(history: Sequence[Message]) -> int:
+    """What `history` costs the prompt, estimated as the window counts it (unlabelled)."""
+    return _cost(history, False)
+
+
+def _cost(unit: Sequence[Message], labelled: bool) -> int:
     return sum(
         estimate_tokens(json.dumps(replace(m, images=()).to_openai(labelled=labelled))) + IMAGE_TOKENS * len(m.images)
         for m in unit
@@ -57,16 +73,28 @@ def shared(history: Sequence[Message]) -> bool:
     return len({m.author for m in history if m.role == "user" and m.author is not None}) > 1
 
 
+EARLIER = "Earlier in this conversation: "
+"""Opens the system message that carries the running summary of the turns before the history (agents.summary)."""
+
+
 def build_window(
-    *, system: Sequence[str], history: Sequence[Message], tools: Sequence[dict[str, Any]], budget: int
+    *,
+    system: Sequence[str],
+    history: Sequence[Message],
+    tools: Sequence[dict[str, Any]],
+    budget: int,
+    summary: str | None = None,
 ) -> list[dict[str, Any]]:
-    """System messages plus the newest whole turns that fit in `budget` tokens. The newest turn is always
-    kept, even over budget: the model must see the message it is answering."""
+    """System messages, the summary of the turns before `history` as one more, then the newest whole turns that
+    fit in `budget` tokens. The newest turn is always kept, even over budget: the model must see the message it
+    is answering. The summary follows the instructions and shared context: it changes every several messages,
+    so the instructions before it stay a cacheable prefix."""
+    system = [*system, EARLIER + summary] if summary else list(system)
     fixed = sum(estimate_tokens(s) for s in system) + estimate_tokens(json.dumps(list(tools)))
     remaining = budget - fixed
     labelled = shared(history)
     kept: list[list[Message]] = []
-    for unit in reversed(_turns(history)):
+    for unit in reversed(turns(history)):
         cost = _cost(unit, labelled)
         if kept and cost > remaining:
             break

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from agents.identity import Author
 from agents.shop import ORDERS, Customer
+from agents.summary import PROMPT as SUMMARY_PROMPT
 from fakes.openai_server import FakeReply, RecordedRequest, reply, tool_call, tools
 
 AgentName = Literal["triage", "sales", "support"]
@@ -359,6 +360,8 @@ def read(request: RecordedRequest) -> Turn:
 
 def policy(request: RecordedRequest) -> FakeReply:
     """The fake model: one deterministic decision per request."""
+    if request.system == SUMMARY_PROMPT:
+        return reply(summary_of(request.last_user))
     turn = read(request)
     if turn.topic == "human":
         return tools(tool_call("escalate_to_human", {"reason": "The customer asked for a person."}))
@@ -369,6 +372,23 @@ def policy(request: RecordedRequest) -> FakeReply:
             return _sales(turn)
         case "support":
             return _support(turn)
+
+
+def summary_of(asked: str) -> str:
+    """A running summary as a model would write it, short and deterministic: the previous one's facts and the
+    new turns' (the customer's name, the orders named, how many messages, the last question)."""
+    previous = re.search(r"^Previous summary: (.*)$", asked, re.MULTILINE)
+    names = re.findall(r"^Customer \(([^)]+)\):", asked, re.MULTILINE)
+    said = re.findall(r"^Customer(?: \([^)]*\))?: (.*)$", asked, re.MULTILINE)
+    known = previous.group(1) if previous else ""
+    earlier = re.search(r"(\d+) customer messages", known)
+    count = len(said) + (int(earlier.group(1)) if earlier else 0)
+    orders = sorted({o.upper() for o in ORDER_ID.findall(asked)})
+    name = names[-1] if names else next(iter(re.findall(r"The customer is ([^.]+)\.", known)), "")
+    facts = [f"The customer is {name}." if name else "The customer did not give a name."]
+    facts.append(f"Orders named: {', '.join(orders)}." if orders else "No order named yet.")
+    facts.append(f"{count} customer messages so far; the last one: {said[-1][:160] if said else ''}")
+    return " ".join(facts)
 
 
 def _transfer(target: AgentName, why: str) -> FakeReply:

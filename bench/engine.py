@@ -12,7 +12,9 @@ Figures
     cost         LLM calls and prompt tokens per customer message over the scripted conversations, the tool
                  schemas' share of each call, and the prompt tokens a provider's prompt cache would serve
                  (the fake LLM plays one: what a prompt shares from its start with a recent one)
-    growth       prompt tokens along one 50-message conversation, which the token budget should bound
+    growth       prompt tokens along one 50-message conversation, which the running summary (agents.summary,
+                 HISTORY_TOKENS at its default) should bound: per call at messages 10 and 50 and their ratio,
+                 and the summary calls made
     llm_client   (side figure) one LLM call through the openai SDK vs a plain HTTP POST, and the time spent
                  rebuilding tool schemas per call: CPU that the overhead figure counts as "LLM time"
 
@@ -43,6 +45,8 @@ from agents.identity import Author
 from agents.loop import LoopConfig
 from agents.model import OpenAIChatModel
 from agents.roster import default_roster
+from agents.summary import AGENT as SUMMARY_AGENT
+from agents.summary import Summarising
 from bench.conversations import GROWTH_CUSTOMER, LOAD_CYCLE, SCRIPTS, growth_messages, policy, writer
 from bench.setup import DATABASE, DATABASE_PREFIX, RESULTS, quiet, section, summary, table, write_report
 from bench.setup import machine as base_machine
@@ -139,7 +143,12 @@ async def bench_environment(server_url: str, params: Params) -> AsyncIterator[Be
             config = LoopConfig(default_model="fake-model")
             sessions = make_sessions(engine)
             service = Conversations(
-                takeover=TAKEOVER, sessions=sessions, roster=default_roster(), model=model, config=config
+                takeover=TAKEOVER,
+                sessions=sessions,
+                roster=default_roster(),
+                model=model,
+                config=config,
+                summarising=Summarising(model="fake-model"),
             )
             try:
                 yield Bench(service, sessions, engine, fake, model, config, counters)
@@ -391,15 +400,18 @@ async def growth(bench: Bench, params: Params) -> dict[str, Any]:
     author = writer("growth", GROWTH_CUSTOMER)
     rows: list[dict[str, Any]] = []
     stored = 0
+    summaries = bench.service.summaries
     for n, message in enumerate(texts, 1):
         first_request = len(bench.fake.requests)
         result = await bench.service.handle("growth", message, author=author)
         requests = bench.fake.requests[first_request:]
+        if summaries is not None:
+            await summaries.settled()  # made after the reply; settled here so that each message's figure is its own
         async with bench.sessions() as s:
             tokens = list(
                 await s.scalars(
                     select(m.LLMCall.prompt_tokens)
-                    .where(m.LLMCall.inbound_id == result.inbound_id)
+                    .where(m.LLMCall.inbound_id == result.inbound_id, m.LLMCall.agent != SUMMARY_AGENT)
                     .order_by(m.LLMCall.id)
                 )
             )
@@ -412,6 +424,7 @@ async def growth(bench: Bench, params: Params) -> dict[str, Any]:
                 "llm_calls": len(tokens),
                 "first_call_prompt_tokens": tokens[0] if tokens else 0,
                 "max_call_prompt_tokens": max(tokens, default=0),
+                "prompt_tokens_per_call": round(sum(tokens) / len(tokens)) if tokens else 0,
                 "window_messages": in_window,
                 "transcript_messages": stored + 1,
                 "trimmed": in_window < stored + 1,
@@ -427,7 +440,23 @@ async def growth(bench: Bench, params: Params) -> dict[str, Any]:
                 or 0
             )
     first_trimmed = next((r["message"] for r in rows if r["trimmed"]), None)
+    async with bench.sessions() as s:
+        made = (
+            await s.execute(
+                select(
+                    func.count(), func.count().filter(m.LLMCall.ok), func.coalesce(func.sum(m.LLMCall.prompt_tokens), 0)
+                ).where(m.LLMCall.conversation_id == result.conversation_id, m.LLMCall.agent == SUMMARY_AGENT)
+            )
+        ).one()
+    per_call = {r["message"]: r["prompt_tokens_per_call"] for r in rows}
+    at_10, at_50 = per_call.get(10, 0), per_call.get(50, 0)
     return {
+        "prompt_tokens_per_call_at_10": at_10,
+        "prompt_tokens_per_call_at_50": at_50,
+        "ratio_50_to_10": round(at_50 / at_10, 2) if at_10 else None,
+        "summary_calls": int(made[0]),
+        "summary_calls_ok": int(made[1]),
+        "summary_prompt_tokens": int(made[2]),
         "token_budget": bench.config.token_budget,
         "messages": len(rows),
         "message_chars": {"min": min(r["chars"] for r in rows), "max": max(r["chars"] for r in rows)},
@@ -598,6 +627,12 @@ def print_growth(figures: dict[str, Any]) -> None:
     print(
         f"window first trimmed at message {figures['first_message_with_trimmed_window']}; "
         f"largest prompt of any call: {figures['max_prompt_tokens']:,} tokens"
+    )
+    print(
+        f"prompt tokens per call: {figures['prompt_tokens_per_call_at_10']:,} at message 10, "
+        f"{figures['prompt_tokens_per_call_at_50']:,} at message 50 (ratio {figures['ratio_50_to_10']}); "
+        f"{figures['summary_calls']} summary calls ({figures['summary_calls_ok']} made, "
+        f"{figures['summary_prompt_tokens']:,} prompt tokens)"
     )
     print(
         table(

@@ -71,5 +71,7 @@ async def chat(settings: Settings, *, conversation: str | None) -> int:
             elif result.reply:
                 title = service.roster.get(result.agent).title
                 print(f"{_style('36', title)}> {result.reply}")
+        if service.summaries is not None:
+            await service.summaries.settled()  # a summary under way is kept for the next --conversation
         await brain.close()
     return 0

@@ -138,6 +138,11 @@ class Metrics:
             ["error"],
             registry=self.registry,
         )
+        self.summary_failures = Counter(
+            "helpdesk_summary_failures_total",
+            "running summaries not made (the agents then see more history, within the token budget)",
+            registry=self.registry,
+        )
         self.gauges: DatabaseGauges | None = None
         """Set once the database is open (`watch`)."""
 
@@ -150,6 +155,12 @@ class Metrics:
             self.llm_calls.inc()
             self.prompt_tokens.inc(call.usage.prompt_tokens)
             self.completion_tokens.inc(call.usage.completion_tokens)
+
+    def count_summary(self, call: LLMCallRecord) -> None:
+        """A running summary's call (agents.summary): counted with the turns' calls, and apart when it failed."""
+        self.count_llm_calls((call,))
+        if not call.ok:
+            self.summary_failures.inc()
 
     async def render(self) -> bytes:
         if self.gauges is not None:

@@ -29,6 +29,7 @@ from agents.loop import LoopConfig, Texts
 from agents.model import Model, OpenAIChatModel
 from agents.offline import FallbackModel, OfflineModel, SimilarityRouter
 from agents.roster import KNOWLEDGE_OF, default_roster
+from agents.summary import Summarising
 from bot.settings import Settings
 from db import migrate
 from db.embedded import start_embedded
@@ -92,6 +93,13 @@ def loop_config(settings: Settings, *, token_budget: int | None = None) -> LoopC
             limited=settings.rate_limited_message,
         ),
     )
+
+
+def summarising(settings: Settings, brain: Brain) -> Summarising | None:
+    """Running summaries, made by the provider's model; none offline (the stand-in writes no summaries)."""
+    if brain.offline or settings.history_tokens == 0:
+        return None
+    return Summarising(model=settings.summary_model or settings.openai_model, high_water=settings.history_tokens)
 
 
 def limits(settings: Settings) -> Limits:
@@ -258,6 +266,7 @@ def terminal_engine(settings: Settings, db: Database, brain: Brain) -> Conversat
         roster=brain.roster,
         model=brain.model,
         config=loop_config(settings, token_budget=brain.token_budget),
+        summarising=summarising(settings, brain),
     )
 
 

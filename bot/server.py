@@ -151,6 +151,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
         brain = await runtime.brain(settings, db)
         roster, model = brain.roster, brain.model
         leases = Leases(db.sessions, owner=process_owner(), ttl_s=settings.lease_seconds)
+        metrics = Metrics()
         conversations = Conversations(
             takeover=TAKEOVER,
             sessions=db.sessions,
@@ -161,8 +162,11 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             leases=leases,
             limits=runtime.limits(settings),
             attachments=files,
+            summarising=runtime.summarising(settings, brain),
+            on_summary=metrics.count_summary,
         )
-        metrics = Metrics()
+        if conversations.summaries is not None:
+            closing.push_async_callback(conversations.summaries.close)
         # Reads only: the Slack client that retries is safe here.
         directory = SlackDirectory(client) if client is not None else None
         listed = StaffList(settings.staff_ids, settings.staff_usergroup_id)

@@ -67,6 +67,11 @@ class Settings(BaseSettings):
     max_handoffs_per_message: int = 3
     max_parallel_tools: int = 4
     context_token_budget: int = 12_000
+    history_tokens: int = Field(default=2_500, ge=0)
+    """Unsummarised history (estimated tokens) above which older turns are folded into the running summary, until
+    half is left (agents.summary); 0: no summaries."""
+    summary_model: str | None = None
+    """The model that writes the running summaries; unset: OPENAI_MODEL."""
 
     # Rate limits, per customer and per channel (0: off)
     rate_limit_user_per_minute: int = Field(default=10, ge=0)

@@ -56,6 +56,10 @@ class Conversation(Base):
     context: Mapped[dict[str, Any]] = mapped_column(server_default="{}")
     history_from: Mapped[int | None] = mapped_column(BigInteger)
     """Messages with a smaller id stay in the transcript but out of the agents' prompt (set by an admin reset)."""
+    summary: Mapped[str | None] = mapped_column(Text)
+    """The running summary of the older turns (agents.summary): the agents see it instead of those turns."""
+    summary_through: Mapped[int | None] = mapped_column(BigInteger)
+    """The last message the summary covers; the agents see the messages after it. The transcript keeps them all."""
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
     lease_owner: Mapped[str | None] = mapped_column(Text)
