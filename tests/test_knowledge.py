@@ -16,7 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.knowledge.chunking import chunk_document
-from agents.knowledge.documents import find_documents, read_document
+from agents.knowledge.documents import find_documents, read_document, read_html
 from agents.knowledge.embedders import OpenAIEmbedder
 from agents.knowledge.store import EmbedderMismatch, KnowledgeBase
 from bot.runtime import SAMPLE_KNOWLEDGE
@@ -48,15 +48,42 @@ def test_each_format_reads_into_titled_sections() -> None:
     assert txt.title.startswith("DRIFTWING DRONES") and "CH-65Q" in txt.sections[0].text
 
 
-def test_the_benchmark_questions_name_passages_of_the_sample() -> None:
-    """bench/data/kb_eval.jsonl: an answerable question names a document of its collection and a heading one of
+HELP_PAGE = """<!DOCTYPE html><html><head><meta charset="utf-8"><title>Error codes – Acme Help Centre</title>
+<script>track("page")</script></head><body>
+<header class="site"><a href="/">Acme</a>
+<form><label>Search the help centre</label><button>Search</button></form></header>
+<nav><ul><li><a href="/a">Getting started</a></li></ul></nav>
+<main><article><header><h1>Thermostat error codes</h1><p>Updated May 2025.</p></header>
+<p>Codes show on the display.</p><h2>Sensor codes</h2>
+<table><tr><th>Code</th><th>Meaning</th></tr><tr><td>E-12</td><td>Humidity sensor fault</td></tr></table>
+<footer>Was this helpful? <button>Yes</button></footer></article>
+<aside><h2>Related articles</h2><ul><li>Wiring</li></ul></aside></main>
+<footer class="site">© 2025 Acme Ltd</footer></body></html>"""
+
+
+def test_a_help_centre_page_keeps_its_title_and_leaves_the_site_chrome_out() -> None:
+    """A real page: <title> in <head> with the site's name, the article's <h1> inside a <header>, a site banner
+    with a search form, navigation, a sidebar and footers around it."""
+    page = read_html("help/error-codes.html", HELP_PAGE)
+    assert page.title == "Thermostat error codes"
+    assert [s.heading for s in page.sections] == [None, "Sensor codes"]
+    assert page.sections[0].text == "Updated May 2025.\nCodes show on the display."
+    assert page.sections[1].text == "Code | Meaning\nE-12 | Humidity sensor fault"
+
+
+@pytest.mark.parametrize(
+    ("eval_set", "root"),
+    [("kb_eval.jsonl", SAMPLE), ("calderra_eval.jsonl", ROOT / "bench" / "data" / "calderra")],
+)
+def test_the_benchmark_questions_name_passages_of_their_documents(eval_set: str, root: Path) -> None:
+    """bench/data/*_eval.jsonl: an answerable question names a document of its collection and a heading one of
     the document's chunks carries (none for a document without headings), or no search could get it right."""
     headings = {
         source: {chunk.heading for chunk in chunk_document(read_document(path, source=source))}
-        for path in find_documents([SAMPLE])
-        if (source := str(path.relative_to(SAMPLE)))
+        for path in find_documents([root])
+        if (source := str(path.relative_to(root)))
     }
-    lines = (ROOT / "bench" / "data" / "kb_eval.jsonl").read_text().splitlines()
+    lines = (ROOT / "bench" / "data" / eval_set).read_text().splitlines()
     for q in (json.loads(line) for line in lines if line.strip()):
         if q["kind"] != "unanswerable":
             assert q["collection"] == q["document"].split("/")[0] and q["document"] in headings, q

@@ -69,45 +69,68 @@ def read_text(source: str, raw: str) -> Document:
 
 
 class _HtmlSections(HTMLParser):
+    """A page's sections under its headings. Its first <h1> is the title (<title> when it has none, as that
+    usually carries the site's name too); the site's chrome (navigation, banner, sidebars, forms, footers) is
+    left out, so that every page does not share the same menu text."""
+
     _BLOCKS = frozenset({"p", "li", "tr", "br", "div", "section", "article", "table", "ul", "ol", "dd", "dt"})
-    _SKIP = frozenset({"script", "style", "nav", "footer", "head"})
+    _SKIP = frozenset({"script", "style", "nav", "footer", "head", "aside", "form", "noscript", "svg", "template"})
+    _CONTENT = frozenset({"main", "article", "section"})
+    """A <header> inside these is the content's own (its title, a date); outside them, it is the site's banner."""
 
     def __init__(self) -> None:
         super().__init__()
         self.title: str | None = None
+        self.page_title: str | None = None
         self.heading: str | None = None
         self.sections: list[Section] = []
         self.text: list[str] = []
         self.capture: list[str] | None = None
         self.level = 0
         self.skipping = 0
+        self.content = 0
+
+    def _skips(self, tag: str) -> bool:
+        return tag in self._SKIP or (tag == "header" and not self.content)
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag in self._SKIP:
+        if tag == "title":
+            self.capture, self.level = [], 0
+        elif self._skips(tag):
             self.skipping += 1
-        elif re.fullmatch(r"h[1-6]|title", tag):
+        elif self.skipping:
+            return
+        elif tag in self._CONTENT:
+            self.content += 1
+            self.text.append("\n")
+        elif re.fullmatch(r"h[1-6]", tag):
             self._flush()
-            self.capture, self.level = [], 0 if tag == "title" else int(tag[1])
+            self.capture, self.level = [], int(tag[1])
         elif tag in self._BLOCKS:
             self.text.append("\n")
         elif tag in ("td", "th"):
             self.text.append(" | ")
 
     def handle_endtag(self, tag: str) -> None:
-        if tag in self._SKIP:
-            self.skipping = max(0, self.skipping - 1)
-        elif self.capture is not None and re.fullmatch(r"h[1-6]|title", tag):
+        if self.capture is not None and re.fullmatch(r"h[1-6]|title", tag):
             text = " ".join("".join(self.capture).split())
-            if self.level <= 1 and self.title is None:
-                self.title = text
+            if tag == "title":
+                self.page_title = self.page_title or text
+            elif self.level <= 1 and self.title is None:
+                self.title, self.heading = text, None
             else:
                 self.heading = text
             self.capture = None
+        elif self._skips(tag):
+            self.skipping = max(0, self.skipping - 1)
+        elif tag in self._CONTENT and not self.skipping:
+            self.content = max(0, self.content - 1)
 
     def handle_data(self, data: str) -> None:
-        if self.skipping:
-            return
-        (self.capture if self.capture is not None else self.text).append(data)
+        if self.capture is not None:
+            self.capture.append(data)
+        elif not self.skipping:
+            self.text.append(data)
 
     def _flush(self) -> None:
         lines = [" ".join(line.split()) for line in "".join(self.text).splitlines()]
@@ -125,7 +148,7 @@ def read_html(source: str, raw: str) -> Document:
     parser = _HtmlSections()
     parser.feed(raw)
     parser.close()
-    title = parser.title or Path(source).stem.replace("-", " ").title()
+    title = parser.title or parser.page_title or Path(source).stem.replace("-", " ").title()
     return Document(source, title, tuple(parser.sections), _hash(raw))
 
 
