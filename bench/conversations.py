@@ -247,6 +247,8 @@ SALES = re.compile(
 )
 GENERAL = re.compile(r"(opening hours|\bhours\b|ship to|\bgift\w*|\bstore\b|\bsundays?\b|\blocated\b)")
 
+PASSAGES = "Answer only from these passages"
+"""How search_knowledge's result starts when it found passages (agents.knowledge.tool)."""
 ACCESSORIES = (("batter", "battery"), ("guard", "guard"))
 PRODUCTS = (("kestrel", "Kestrel"), ("harrier", "Harrier"), ("osprey", "Osprey"), ("swift", "Swift"))
 CATEGORIES = (("beginner", "beginner"), ("racing", "FPV"), ("fpv", "FPV"), ("photo", "camera"))
@@ -319,6 +321,14 @@ class Turn:
     window_results: tuple[tuple[str, str], ...]
     """(tool, output) of every tool result in the window, oldest first."""
     window_users: tuple[str, ...]
+    available: frozenset[str] = frozenset()
+    """The tools the request offers."""
+
+    @property
+    def passages(self) -> str | None:
+        """The knowledge found for this message, by the model's search or before its first call."""
+        found = self.result_of("search_knowledge")
+        return found if found is not None and found.startswith(PASSAGES) else None
 
     @property
     def name(self) -> str | None:
@@ -355,6 +365,7 @@ def read(request: RecordedRequest) -> Turn:
         results=tuple((name, out) for i, name, out in results if i > last_user),
         window_results=tuple((name, out) for _, name, out in results),
         window_users=tuple(str(m.get("content") or "") for m in messages if m.get("role") == "user"),
+        available=frozenset(str(t["function"]["name"]) for t in request.tools or ()),
     )
 
 
@@ -438,6 +449,9 @@ def _sales(turn: Turn) -> FakeReply:
         return _transfer("triage", "general store question")
     queries = product_queries(turn.user) if turn.topic == "sales" else []
     if queries and "find_product" not in turn.called:
+        grounded = _grounded(turn, queries)
+        if grounded is not None:
+            return grounded
         return tools(*(tool_call("find_product", {"query": q}) for q in queries))
     found = [out for name, out in turn.results if name == "find_product"]
     if found:
@@ -465,6 +479,23 @@ def _sales(turn: Turn) -> FakeReply:
         "or bank transfer; everything in stock ships within one business day. Let me know if you'd like me "
         "to look up anything else."
     )
+
+
+def _grounded(turn: Turn, about: Sequence[str]) -> FakeReply | None:
+    """With a knowledge base, as the instructions ask: search first (unless the passages are already at hand),
+    then answer from a passage that is about the question (names one of `about`, any when empty) and cite it.
+    None when there is no knowledge base or nothing found fits: the model goes on as without one."""
+    if "search_knowledge" not in turn.available:
+        return None
+    found = turn.passages
+    if found is None:
+        return None if "search_knowledge" in turn.called else tools(tool_call("search_knowledge", {"query": turn.user}))
+    for passage in re.split(r"\n\n(?=\[\d+\] )", found.split("\n\n", 1)[-1]):
+        head, _, body = passage.partition("\n")
+        if not about or any(word.lower() in passage.lower() for word in about):
+            sentence = re.split(r"(?<=[.!?])\s", body.strip().replace("**", ""), maxsplit=1)[0]
+            return reply(f"Here's what I found{_hello(turn)}: {sentence}\n\nSource: {head}")
+    return None
 
 
 def _known_order(turn: Turn) -> str | None:
@@ -560,7 +591,7 @@ def _support(turn: Turn) -> FakeReply:
             "DW-1234 and is in your confirmation email."
         )
     if turn.topic == "support":
-        return reply(_pick(_TROUBLESHOOTING, turn.user).format(hello=_hello(turn)))
+        return _grounded(turn, ()) or reply(_pick(_TROUBLESHOOTING, turn.user).format(hello=_hello(turn)))
     if "?" in turn.user:
         return reply(
             f"Refunds reach your account 3-5 business days after we issue them{_hello(turn)}, and tracked "

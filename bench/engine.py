@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -42,6 +43,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations, MessageResult
 from agents.identity import Author
+from agents.knowledge.local import LocalEmbedder
+from agents.knowledge.store import KnowledgeBase
 from agents.loop import LoopConfig
 from agents.model import OpenAIChatModel
 from agents.roster import default_roster
@@ -50,6 +53,7 @@ from agents.summary import Summarising
 from bench.conversations import GROWTH_CUSTOMER, LOAD_CYCLE, SCRIPTS, growth_messages, policy, writer
 from bench.setup import DATABASE, DATABASE_PREFIX, RESULTS, quiet, section, summary, table, write_report
 from bench.setup import machine as base_machine
+from bot.runtime import ensure_sample_knowledge
 from db import models as m
 from db.engine import make_engine, make_sessions
 from escalation.machine import TAKEOVER
@@ -129,6 +133,8 @@ class Bench:
     model: OpenAIChatModel
     config: LoopConfig
     counters: Counters
+    knowledge: KnowledgeBase
+    """The sample store's knowledge (as `make run` starts with it), for the cost figure's grounded set-ups."""
 
 
 @asynccontextmanager
@@ -150,8 +156,10 @@ async def bench_environment(server_url: str, params: Params) -> AsyncIterator[Be
                 config=config,
                 summarising=Summarising(model="fake-model"),
             )
+            knowledge = KnowledgeBase(sessions=sessions, embedder=LocalEmbedder())
+            await ensure_sample_knowledge(knowledge)
             try:
-                yield Bench(service, sessions, engine, fake, model, config, counters)
+                yield Bench(service, sessions, engine, fake, model, config, counters, knowledge)
             finally:
                 await model.close()
                 await engine.dispose()
@@ -202,12 +210,15 @@ class LLMUse:
     prompt_tokens: int
 
 
-async def timed(bench: Bench, key: str, message: str, author: Author | None = None) -> Sample:
+async def timed(
+    bench: Bench, key: str, message: str, author: Author | None = None, service: Conversations | None = None
+) -> Sample:
     """Store the message, then run its turn, as a worker would."""
+    service = service or bench.service
     started, before = time.perf_counter(), bench.counters.snapshot()
-    submitted = await bench.service.submit(key, message, author=author)
+    submitted = await service.submit(key, message, author=author)
     stored, between = time.perf_counter(), bench.counters.snapshot()
-    result = await bench.service.process_next(submitted.conversation_id)
+    result = await service.process_next(submitted.conversation_id)
     done, after = time.perf_counter(), bench.counters.snapshot()
     assert result is not None and result.inbound_id == submitted.inbound_id
     return Sample(
@@ -318,13 +329,76 @@ async def _load_figures(
     }
 
 
+@dataclass(frozen=True)
+class Setup:
+    """One way of running the scripted conversations; the cost figure compares them in one run."""
+
+    name: str
+    about: str
+    grounded: bool
+    """Sales and support search the sample store's knowledge (as `make run` ships them)."""
+    config: LoopConfig
+
+
+COST_SETUPS = (
+    Setup(
+        "before",
+        "the engine before issue 16's calls work, on the roster the issue measured (no knowledge base): the model "
+        "routes, looks up and searches with tool calls",
+        False,
+        LoopConfig(default_model="fake-model", retrieval_tokens=0, prefetch=False),
+    ),
+    Setup(
+        "before, grounded",
+        "the same engine with the sample knowledge, as `make run` starts: the model searches before answering",
+        True,
+        LoopConfig(default_model="fake-model", retrieval_tokens=0, prefetch=False),
+    ),
+    Setup(
+        "now",
+        "with the sample knowledge: passages for the message and the look-ups it names are at hand before the "
+        "first call",
+        True,
+        LoopConfig(default_model="fake-model"),
+    ),
+)
+CITED = re.compile(r"\[\d+\]")
+
+
+def setup_service(bench: Bench, setup: Setup) -> Conversations:
+    roster = default_roster(bench.knowledge) if setup.grounded else default_roster()
+    return Conversations(
+        takeover=TAKEOVER, sessions=bench.sessions, roster=roster, model=bench.model, config=setup.config
+    )
+
+
 async def cost(bench: Bench) -> dict[str, Any]:
-    """Figure 3: the scripted conversations, one after another."""
+    """Figure 3: the scripted conversations, one after another, in each set-up; the goals compare them."""
+    figures = {setup.name: await cost_of(bench, setup) | {"about": setup.about} for setup in COST_SETUPS}
+    before, grounded, now = (figures[s.name] for s in COST_SETUPS)
+    return {
+        "setups": figures,
+        "now_vs_before": {
+            "llm_calls_per_message": (before["llm_calls_per_message"], now["llm_calls_per_message"]),
+            "prompt_tokens_ratio": round(now["prompt_tokens_per_message"] / before["prompt_tokens_per_message"], 3),
+            "prompt_tokens_ratio_grounded": round(
+                now["prompt_tokens_per_message"] / grounded["prompt_tokens_per_message"], 3
+            ),
+            "cited_replies": (grounded["cited_replies"], now["cited_replies"]),
+            "mismatches": now["mismatches"],
+        },
+    }
+
+
+async def cost_of(bench: Bench, setup: Setup) -> dict[str, Any]:
     await reset(bench)
+    service = setup_service(bench, setup)
     bench.fake.prompt_cache = True
     conversations: list[dict[str, Any]] = []
     for script in SCRIPTS:
-        samples = [await timed(bench, f"cost:{script.name}", say.text, script.author) for say in script.messages]
+        samples = [
+            await timed(bench, f"cost:{script.name}", say.text, script.author, service) for say in script.messages
+        ]
         use = await llm_use(bench.sessions, [s.inbound_id for s in samples])
         async with bench.sessions() as s:
             tool_calls = await s.scalar(
@@ -361,6 +435,7 @@ async def cost(bench: Bench) -> dict[str, Any]:
                         "llm_calls": c,
                         "prompt_tokens": t,
                         "handoffs": [f"{h.from_agent}->{h.to_agent}" for h in x.result.handoffs],
+                        "cited": bool(CITED.search(x.result.reply or "")),
                     }
                     for say, x, c, t in zip(script.messages, samples, calls, tokens, strict=True)
                 ],
@@ -388,6 +463,7 @@ async def cost(bench: Bench) -> dict[str, Any]:
         "tool_schema_tokens_per_call": round(sum(schema_tokens) / max(len(schema_tokens), 1), 1),
         "cached_prompt_tokens_per_message": round(cached_total / messages, 1),
         "cached_share": round(cached_total / tokens_total, 3) if tokens_total else 0.0,
+        "cited_replies": sum(1 for c in conversations for x in c["per_message"] if x["cited"]),
         "mismatches": sum(len(c["mismatches"]) for c in conversations),
         "per_conversation": conversations,
     }
@@ -580,7 +656,23 @@ def print_load(title: str, figures: dict[str, Any]) -> None:
 
 
 def print_cost(figures: dict[str, Any]) -> None:
-    section("LLM cost over the scripted conversations")
+    for name, setup in figures["setups"].items():
+        print_setup(name, setup)
+    goals = figures["now_vs_before"]
+    section("LLM cost: now against before, in this run")
+    calls_before, calls_now = goals["llm_calls_per_message"]
+    cited_before, cited_now = goals["cited_replies"]
+    print(
+        f"LLM calls per message {calls_before} -> {calls_now} (goal <= 1.3); prompt tokens per message x"
+        f"{goals['prompt_tokens_ratio']} of before (goal <= 0.6), x{goals['prompt_tokens_ratio_grounded']} of before "
+        f"grounded; replies citing a source {cited_before} -> {cited_now}; wrong agent or outcome: "
+        f"{goals['mismatches']}"
+    )
+
+
+def print_setup(name: str, figures: dict[str, Any]) -> None:
+    section(f"LLM cost over the scripted conversations: {name}")
+    print(figures["about"])
     rows: list[Sequence[object]] = [
         (
             c["name"],
@@ -610,7 +702,7 @@ def print_cost(figures: dict[str, Any]) -> None:
     print(
         f"tool schemas: {figures['tool_schema_tokens_per_call']} tokens per call; prompt cache (played by the fake "
         f"LLM): {figures['cached_prompt_tokens_per_message']} tokens per message, {figures['cached_share']:.0%} of "
-        "prompt tokens"
+        f"prompt tokens; replies citing a source: {figures['cited_replies']}"
     )
     for c in figures["per_conversation"]:
         for problem in c["mismatches"]:
