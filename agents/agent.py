@@ -43,6 +43,9 @@ class Agent:
     """Overrides the configured default model."""
     retrieve: Retriever | None = None
     """Searches its knowledge base for the customer's message before its first call in a turn (agents.loop)."""
+    examples: tuple[str, ...] = ()
+    """Short customer-style messages this agent handles: what agents.router compares a message with to route it
+    without a model call. Empty: the router never names this agent."""
 
     def render_instructions(self, context: Mapping[str, Any]) -> str:
         return self.instructions(context) if callable(self.instructions) else self.instructions

@@ -47,6 +47,7 @@ from agents.loop import (
 )
 from agents.messages import Message, ToolCall
 from agents.model import Model
+from agents.router import Router
 from db import models as m
 
 log = logging.getLogger(__name__)
@@ -226,8 +227,11 @@ class Conversations:
         retry_base_s: float = 0.5,
         limits: Limits = NO_LIMITS,
         attachments: AttachmentReader | None = None,
+        router: Router | None = None,
     ) -> None:
         self.sessions = sessions
+        self.router = router
+        """Routes a message to another agent without a model call when it is sure (agents.router); None: never."""
         self.attachments = attachments
         """Reads the files customers attach, before their message's turn; None: the model is told only their names."""
         self.takeover = takeover
@@ -493,7 +497,13 @@ class Conversations:
         assert started.inbound is not None
         try:
             turn = await run_turn(
-                planned, roster=self.roster, model=self.model, config=self.config, db=self.sessions, on_event=on_event
+                planned,
+                roster=self.roster,
+                model=self.model,
+                config=self.config,
+                db=self.sessions,
+                on_event=on_event,
+                router=self.router,
             )
         except Exception:
             if started.inbound.attempts < self.max_attempts:

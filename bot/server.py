@@ -161,6 +161,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             leases=leases,
             limits=runtime.limits(settings),
             attachments=files,
+            router=brain.router,
         )
         metrics = Metrics()
         # Reads only: the Slack client that retries is safe here.
