@@ -59,6 +59,9 @@ class Agent:
     prefetch: Prefetch | None = None
     """Plans look-ups with its own tools for the customer's message before its first call in a turn (agents.loop);
     the tools run as if the model had called them, with the same checks of who is asking."""
+    examples: tuple[str, ...] = ()
+    """Short customer-style messages this agent handles: what agents.router compares a message with to route it
+    without a model call. Empty: the router never names this agent."""
 
     def render_instructions(self, context: Mapping[str, Any]) -> str:
         return self.instructions(context) if callable(self.instructions) else self.instructions

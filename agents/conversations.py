@@ -47,6 +47,7 @@ from agents.loop import (
 )
 from agents.messages import Message, message_from_json
 from agents.model import Model
+from agents.router import Router
 from agents.summary import UNSUMMARISED, VALID_SUMMARY, Summaries, Summarising
 from db import models as m
 
@@ -229,8 +230,11 @@ class Conversations:
         attachments: AttachmentReader | None = None,
         summarising: Summarising | None = None,
         on_summary: Callable[[LLMCallRecord], None] | None = None,
+        router: Router | None = None,
     ) -> None:
         self.sessions = sessions
+        self.router = router
+        """Routes a message to another agent without a model call when it is sure (agents.router); None: never."""
         self.attachments = attachments
         """Reads the files customers attach, before their message's turn; None: the model is told only their names."""
         self.takeover = takeover
@@ -501,7 +505,13 @@ class Conversations:
         assert started.inbound is not None
         try:
             turn = await run_turn(
-                planned, roster=self.roster, model=self.model, config=self.config, db=self.sessions, on_event=on_event
+                planned,
+                roster=self.roster,
+                model=self.model,
+                config=self.config,
+                db=self.sessions,
+                on_event=on_event,
+                router=self.router,
             )
         except Exception:
             if started.inbound.attempts < self.max_attempts:

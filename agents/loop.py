@@ -28,6 +28,7 @@ from agents.errors import ProviderError
 from agents.identity import Author
 from agents.messages import Message, ToolCall
 from agents.model import Model, Usage
+from agents.router import Routed, Router
 from agents.tools import EscalateTo, HandoffTo, Tool, ToolArgumentsError, ToolContext
 from agents.window import build_window
 
@@ -185,6 +186,7 @@ async def run_turn(
     config: LoopConfig,
     db: async_sessionmaker[AsyncSession] | None = None,
     on_event: EventSink | None = None,
+    router: Router | None = None,
 ) -> TurnResult:
     agent = roster.get(turn.agent)
     context = dict(turn.context)
@@ -207,8 +209,18 @@ async def run_turn(
         await emit(outcome)
         return TurnResult(agent.name, context, tuple(new), outcome, text, tuple(handoffs), tuple(tools), tuple(calls))
 
+    async def switch(record: HandoffRecord) -> Agent:
+        handoffs.append(record)
+        await emit(record)
+        visited.append(record.to_agent)
+        return roster[record.to_agent]
+
     await emit(TurnStarted(agent.name))
     while True:
+        if router is not None and asked == 0 and not handoffs:  # once, before the turn's first call
+            routed = await _route(router, agent, turn, roster)
+            if routed is not None:
+                agent = await switch(HandoffRecord(agent.name, routed.agent, routed.reason))
         if asked >= config.max_llm_calls:
             return await finish(Escalate("LLM call budget for one message ran out", "budget"), config.texts.budget)
         agent_tools = roster.tools_of(agent.name)
@@ -275,13 +287,22 @@ async def run_turn(
             case Escalate():
                 return await finish(outcome, config.texts.budget)
             case Handoff(target=target, reason=reason):
-                record = HandoffRecord(agent.name, target, reason)
-                handoffs.append(record)
-                await emit(record)
-                agent = roster[target]
-                visited.append(target)
+                agent = await switch(HandoffRecord(agent.name, target, reason))
             case RunAgain():
                 pass
+
+
+async def _route(router: Router, agent: Agent, turn: TurnInput, roster: Roster) -> Routed | None:
+    """Where the router sends the customer's message without a call: only to one of the active agent's
+    colleagues, and never back to the entry agent (its examples only keep greetings at the front desk; sending a
+    specialist's customer back on one short message, a "yes" to its question, is neither measured nor safe)."""
+    last = turn.history[-1] if turn.history else None
+    if last is None or last.role != "user" or not last.content:
+        return None
+    routed = await router.route(last.content)
+    if routed is None or routed.agent not in agent.handoffs or routed.agent == roster.entry:
+        return None
+    return routed if routed.agent in roster.agents else None
 
 
 async def _prepare(

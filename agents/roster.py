@@ -41,6 +41,106 @@ async def record_customer_name(ctx: ToolContext, name: Annotated[str, Field(min_
     return f"Recorded the customer's name: {name.strip()}."
 
 
+# Routing examples (agents.router): written for the router, never taken from the routing sets that measure it.
+TRIAGE_EXAMPLES = (
+    "hello",
+    "hey there",
+    "hi, anyone around?",
+    "good afternoon",
+    "morning all",
+    "yo",
+    "hi, my name is Sam",
+    "this is Maria from Lisbon",
+    "I'm Tom, nice to meet you",
+    "thanks, that's everything",
+    "thank you so much, bye",
+    "cheers, have a good day",
+    "ok great",
+    "where is your company based?",
+    "what hours are you open?",
+    "do you have a physical shop I can visit?",
+    "how do I contact you by phone?",
+    "what can you help me with?",
+    "are you a bot?",
+    "what does Driftwing do?",
+    "is there a newsletter I can sign up for?",
+    "do you have a discount code for students?",
+    "can I change the email on my account?",
+    "how do I reset my password for the website?",
+    "I have a question",
+    "quick question",
+    "can you help me?",
+    "test",
+)
+SALES_EXAMPLES = (
+    "which drone would you recommend for a beginner?",
+    "what's the best drone for aerial photography under 1000?",
+    "how much does the Osprey Pro 8K cost?",
+    "is the Harrier X4 in stock?",
+    "what's the difference between the Kestrel Mini 2 and the Harrier X4?",
+    "how long does the Kestrel fly on one battery?",
+    "do you sell extra batteries for the Harrier?",
+    "I want to buy a racing drone",
+    "does the Swift Racer FPV kit come with goggles?",
+    "what camera resolution does the Osprey have?",
+    "looking for a drone for filming weddings, any suggestions?",
+    "which drone is lightest for travelling?",
+    "do you have ND filters for the Osprey?",
+    "what memory card should I get with my new drone?",
+    "are propeller guards available for the Kestrel Mini 2?",
+    "can you compare your two camera drones for me?",
+    "what's your cheapest drone?",
+    "is there a bundle with spare batteries and a case?",
+    "my son is 12, which drone is good for him?",
+    "how far can the Harrier fly from the controller?",
+    "does the Osprey Pro shoot in 10-bit?",
+    "will you have the new model back in stock soon?",
+    "what's the wind resistance of the Kestrel?",
+    "do you sell a carrying case?",
+    "is the FPV kit good for someone who has never raced?",
+    "thinking about upgrading from a Kestrel, what's next up?",
+    "which charger do I need for the LB-3000 battery?",
+    "what accessories do you recommend for a new pilot?",
+    "price of spare propellers?",
+    "I'd like to order a Harrier X4",
+    "can I pay in instalments for the Osprey?",
+)
+SUPPORT_EXAMPLES = (
+    "where is my order?",
+    "my package still hasn't arrived",
+    "can you check the status of order DW-1234?",
+    "the tracking number doesn't work",
+    "I'd like to return my drone",
+    "how do I get a refund?",
+    "I want my money back for order DW-2001",
+    "my drone won't turn on",
+    "the battery drains really fast after the update",
+    "the gimbal is shaking in every video",
+    "my Kestrel crashed and a propeller arm is broken, can it be repaired?",
+    "the controller won't pair with the drone",
+    "the app keeps disconnecting mid-flight",
+    "how do I update the firmware?",
+    "firmware update failed and now it's stuck",
+    "is my drone still under warranty?",
+    "I received the wrong item",
+    "the box arrived damaged",
+    "one of the parts is missing from my kit",
+    "can I cancel my order?",
+    "I was charged twice",
+    "the camera shows error E-12",
+    "the drone drifts to the left when hovering",
+    "my battery is swollen, is that dangerous?",
+    "how long does a repair take?",
+    "I sent my drone in for repair, any update?",
+    "can I change the delivery address on my order?",
+    "the compass calibration keeps failing",
+    "GPS won't lock",
+    "motors beep but the props don't spin",
+    "my refund hasn't shown up on my card yet",
+    "the FPV goggles have no video signal",
+)
+
+
 def triage_instructions(context: Mapping[str, Any]) -> str:
     return (
         f"You are the front desk of {STORE}, an online drone store. Greet the customer, learn what they need "
@@ -78,6 +178,7 @@ TRIAGE = Agent(
     instructions=triage_instructions,
     tools=(record_customer_name,),
     handoffs=("sales", "support"),
+    examples=TRIAGE_EXAMPLES,
 )
 SALES = Agent(
     name="sales",
@@ -86,6 +187,7 @@ SALES = Agent(
     instructions=sales_instructions,
     tools=SALES_TOOLS,
     handoffs=("support", "triage"),
+    examples=SALES_EXAMPLES,
 )
 SUPPORT = Agent(
     name="support",
@@ -95,6 +197,7 @@ SUPPORT = Agent(
     tools=SUPPORT_TOOLS,
     handoffs=("sales", "triage"),
     prefetch=order_lookups,
+    examples=SUPPORT_EXAMPLES,
 )
 
 

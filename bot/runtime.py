@@ -29,6 +29,7 @@ from agents.loop import LoopConfig, Texts
 from agents.model import Model, OpenAIChatModel
 from agents.offline import FallbackModel, OfflineModel, SimilarityRouter
 from agents.roster import KNOWLEDGE_OF, default_roster
+from agents.router import Router
 from agents.summary import Summarising
 from bot.settings import Settings
 from db import migrate
@@ -229,6 +230,8 @@ class Brain:
     """The LLM provider's client (None offline), for health checks."""
     token_budget: int | None = None
     """History tokens that fit the provider's context window, where it says what that is."""
+    router: Router | None = None
+    """Routes without a model call when sure (ROUTER_MIN_SCORE); None when off."""
 
     async def close(self) -> None:
         await self.knowledge.close()
@@ -249,13 +252,30 @@ async def brain(settings: Settings, db: Database) -> Brain:
         min_passage_similarity=settings.kb_min_similarity,
     )
     offline = OfflineModel(router)
+    routes = calibrated_router(settings, knowledge, roster)
     if not settings.llm_configured:
-        return Brain(roster, offline, knowledge, offline=True)
+        return Brain(roster, offline, knowledge, offline=True, router=routes)
     chat = chat_model(settings)
     budget = await fitted_budget(settings)
     return Brain(
-        roster, FallbackModel(chat, offline), knowledge, offline=False, provider=chat.client, token_budget=budget
+        roster,
+        FallbackModel(chat, offline),
+        knowledge,
+        offline=False,
+        provider=chat.client,
+        token_budget=budget,
+        router=routes,
     )
+
+
+def calibrated_router(settings: Settings, knowledge: KnowledgeBase, roster: Roster) -> Router | None:
+    """The router with the bundled local model whatever EMBEDDINGS says: its threshold was calibrated with that
+    model. Loaded on the first message, not at start-up."""
+    if settings.router_min_score is None:
+        return None
+    embedder = knowledge.embedder if isinstance(knowledge.embedder, LocalEmbedder) else LocalEmbedder()
+    examples = {name: agent.examples for name, agent in roster.agents.items()}
+    return Router(embedder, examples, min_score=settings.router_min_score)
 
 
 def terminal_engine(settings: Settings, db: Database, brain: Brain) -> Conversations:
@@ -267,6 +287,7 @@ def terminal_engine(settings: Settings, db: Database, brain: Brain) -> Conversat
         model=brain.model,
         config=loop_config(settings, token_budget=brain.token_budget),
         summarising=summarising(settings, brain),
+        router=brain.router,
     )
 
 

@@ -164,6 +164,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             attachments=files,
             summarising=runtime.summarising(settings, brain),
             on_summary=metrics.count_summary,
+            router=brain.router,
         )
         if conversations.summaries is not None:
             closing.push_async_callback(conversations.summaries.close)

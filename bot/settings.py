@@ -23,6 +23,7 @@ from pydantic_settings import (
 
 from agents.address import Platform
 from agents.loop import Texts
+from agents.router import MIN_SCORE
 
 _GUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
@@ -61,6 +62,8 @@ class Settings(BaseSettings):
     )
     embeddings_dim: int | None = None
     kb_min_similarity: float = 0.35
+    router_min_score: float | None = Field(default=MIN_SCORE, ge=0)
+    """A message goes to a colleague without a model call when agents.router is at least this sure; `off`: never."""
 
     # Engine budgets, per customer message
     max_llm_calls_per_message: int = 8
@@ -191,6 +194,11 @@ class Settings(BaseSettings):
             keyed = self.embeddings_base_url or self.embeddings_api_key or self.openai_api_key
             return "provider" if keyed else "local"
         return {"openai": "provider", "local": "local", "none": "none"}[self.embeddings]  # type: ignore[return-value]
+
+    @field_validator("router_min_score", mode="before")
+    @classmethod
+    def _router_off(cls, value: object) -> object:
+        return None if isinstance(value, str) and value.strip().lower() == "off" else value
 
     @field_validator(*TEMPLATES)
     @classmethod

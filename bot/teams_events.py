@@ -114,6 +114,7 @@ def parse(body: Mapping[str, Any], policy: TeamsPolicy) -> Parsed:
     sender = body.get("from") or {}
     user, aad = str(_get(sender, "id") or ""), _get(sender, "aadObjectId")
     base, _, root = conversation.partition(CHAIN)
+
     def parsed(incoming: Incoming | CaseAction | AdminMessage, *, continues_only: bool = False) -> Parsed:
         return Parsed(delivery, incoming, conversation, service_url, tenant, continues_only)
 

@@ -61,6 +61,8 @@ def bot_config(database_url: str, llm: FakeOpenAI, slack: SlackEmulator, **overr
         # A rating question after every Resolve would be one more post in every takeover test: the tests of CSAT
         # switch it on.
         "csat": False,
+        # The router loads the local model on a bot's first message (seconds): the tests of routing switch it on.
+        "router_min_score": "off",
     } | overrides
 
 

@@ -1,0 +1,96 @@
+"""Routing without a call (issue 16): the router (agents.router) with the bundled local model and the shipped
+agents' examples, and the engine switching before the first call when it is sure. Real Postgres, the real OpenAI
+client, the fake LLM over HTTP."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import cache
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from agents.agent import Roster
+from agents.conversations import Conversations
+from agents.knowledge.local import LocalEmbedder, MiniLM
+from agents.model import OpenAIChatModel
+from agents.roster import SALES, SUPPORT, TRIAGE, default_roster
+from agents.router import MIN_SCORE, Router
+from db import models as m
+from escalation.machine import TAKEOVER
+from fakes.openai_server import FakeOpenAI, reply
+from tests.conftest import CONFIG
+
+Sessions = async_sessionmaker[AsyncSession]
+SALES_MESSAGE = "which drone should I buy for shooting landscape photos?"
+
+
+@cache
+def minilm() -> MiniLM:
+    return MiniLM()  # loaded once for the module: a second per load on a busy machine
+
+
+def router(roster: Roster, min_score: float = MIN_SCORE) -> Router:
+    examples = {name: agent.examples for name, agent in roster.agents.items()}
+    return Router(LocalEmbedder(minilm()), examples, min_score=min_score)
+
+
+def service(sessions: Sessions, model: OpenAIChatModel, roster: Roster) -> Conversations:
+    return Conversations(
+        takeover=TAKEOVER, sessions=sessions, roster=roster, model=model, config=CONFIG, router=router(roster)
+    )
+
+
+async def handoffs(sessions: Sessions) -> list[tuple[str, str, str | None]]:
+    async with sessions() as s:
+        rows = await s.scalars(select(m.Handoff).order_by(m.Handoff.id))
+        return [(h.from_agent, h.to_agent, h.reason) for h in rows]
+
+
+async def test_the_router_names_the_agent_when_sure_and_abstains_under_its_threshold() -> None:
+    roster = default_roster()
+    routed = await router(roster).route(SALES_MESSAGE)
+    assert routed is not None and routed.agent == "sales" and routed.score >= MIN_SCORE
+    assert await router(roster, min_score=routed.score + 0.01).route(SALES_MESSAGE) is None
+    assert await router(roster).route("hmm, about my drone") is None
+
+
+async def test_a_clear_sales_message_at_triage_goes_to_sales_without_the_triage_call(
+    sessions: Sessions, model: OpenAIChatModel, fake_llm: FakeOpenAI
+) -> None:
+    fake_llm.script(reply("For landscapes the Osprey Pro 8K is the one."))
+    answer = await service(sessions, model, default_roster()).handle("t:r1", SALES_MESSAGE)
+    assert answer.kind == "reply" and answer.agent == "sales"
+    assert len(fake_llm.requests) == 1
+    assert fake_llm.requests[0].system.startswith("You are Sales at Driftwing Drones")
+    [(source, target, reason)] = await handoffs(sessions)
+    assert (source, target) == ("triage", "sales") and reason is not None and reason.startswith("router 0.")
+
+
+async def test_an_ambiguous_message_is_routed_by_the_triage_call_as_before(
+    sessions: Sessions, model: OpenAIChatModel, fake_llm: FakeOpenAI
+) -> None:
+    fake_llm.script(reply("Happy to help: what about your drone?"))
+    answer = await service(sessions, model, default_roster()).handle("t:r2", "hmm, about my drone")
+    assert answer.agent == "triage"
+    assert fake_llm.requests[0].system.startswith("You are the front desk")
+    assert await handoffs(sessions) == []
+
+
+async def test_a_customer_asking_for_a_person_is_not_routed_to_an_agent(
+    sessions: Sessions, model: OpenAIChatModel, fake_llm: FakeOpenAI
+) -> None:
+    fake_llm.script(reply("Of course."))
+    await service(sessions, model, default_roster()).handle("t:r3", "my order never arrived, let me talk to a person")
+    assert fake_llm.requests[0].system.startswith("You are the front desk")
+    assert await handoffs(sessions) == []
+
+
+async def test_no_switch_to_an_agent_the_active_one_cannot_hand_off_to(
+    sessions: Sessions, model: OpenAIChatModel, fake_llm: FakeOpenAI
+) -> None:
+    roster = Roster.of((replace(TRIAGE, handoffs=("support",)), SALES, SUPPORT), entry="triage")
+    fake_llm.script(reply("Let me see."))
+    await service(sessions, model, roster).handle("t:r4", SALES_MESSAGE)
+    assert fake_llm.requests[0].system.startswith("You are the front desk")
+    assert await handoffs(sessions) == []
