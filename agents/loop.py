@@ -28,7 +28,7 @@ from agents.errors import ProviderError
 from agents.identity import Author
 from agents.messages import Message, ToolCall
 from agents.model import Model, Usage
-from agents.router import Routed, Router
+from agents.router import Routed, Router, acts_on
 from agents.tools import EscalateTo, HandoffTo, Tool, ToolArgumentsError, ToolContext
 from agents.window import build_window
 
@@ -65,7 +65,7 @@ class LoopConfig:
     max_parallel_tools: int = 4
     token_budget: int = 12_000
     tool_timeout_s: float = 30.0
-    retrieval_tokens: int = 600
+    retrieval_tokens: int = 300
     """Budget for the passages an agent with a knowledge base is given before its first call (`Agent.retrieve`);
     0 turns that retrieval off, leaving the search to the model."""
     prefetch: bool = True
@@ -240,7 +240,7 @@ async def run_turn(
         schemas = roster.schemas_of(agent.name)
         model_name = agent.model or config.default_model
         window = build_window(
-            system=_system_prompt(agent, context),
+            system=_system_prompt(agent, context, turn.asker),
             history=(*turn.history, *new),
             tools=schemas,
             budget=config.token_budget,
@@ -294,13 +294,16 @@ async def run_turn(
 
 async def _route(router: Router, agent: Agent, turn: TurnInput, roster: Roster) -> Routed | None:
     """Where the router sends the customer's message without a call: only to one of the active agent's
-    colleagues, and never back to the entry agent (its examples only keep greetings at the front desk; sending a
-    specialist's customer back on one short message, a "yes" to its question, is neither measured nor safe)."""
+    colleagues, and back to the entry agent only for a question (`agents.router.acts_on`)."""
     last = turn.history[-1] if turn.history else None
     if last is None or last.role != "user" or not last.content:
         return None
     routed = await router.route(last.content)
-    if routed is None or routed.agent not in agent.handoffs or routed.agent == roster.entry:
+    if (
+        routed is None
+        or routed.agent not in agent.handoffs
+        or not acts_on(routed.agent, entry=roster.entry, text=last.content)
+    ):
         return None
     return routed if routed.agent in roster.agents else None
 
@@ -361,11 +364,18 @@ async def _retrieve(
     return ToolRecord(agent.name, call, True, found.output, (time.perf_counter() - started) * 1000)
 
 
-def _system_prompt(agent: Agent, context: Mapping[str, Any]) -> list[str]:
+WRITER = "writer"
+"""Names, in what is known about the conversation, the person who wrote the message being answered, as their chat
+profile shows them: agents greet a customer by name from the first message instead of asking (or recording it)."""
+
+
+def _system_prompt(agent: Agent, context: Mapping[str, Any], asker: Author | None = None) -> list[str]:
     # Instructions first and unchanging within a conversation's agent, so prompt caching can hit; the
     # shared context, which changes more often, follows as its own message.
     prompt = [agent.render_instructions(context)]
     visible = {k: v for k, v in context.items() if not k.startswith("_")}
+    if asker is not None and asker.name:
+        visible[WRITER] = asker.name
     if visible:
         prompt.append("Known about this conversation: " + json.dumps(visible, ensure_ascii=False, sort_keys=True))
     return prompt

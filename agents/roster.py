@@ -31,7 +31,11 @@ _SHARED = (
 
 def _greeting(context: Mapping[str, Any]) -> str:
     name = context.get("customer_name")
-    return f"The customer's name is {name}; use it." if name else "You don't know the customer's name yet."
+    if name:
+        return f"The customer's name is {name}; use it."
+    return (
+        "Until they tell you their name, call them by the first name of the chat profile that wrote (writer), if any."
+    )
 
 
 @function_tool
@@ -145,9 +149,9 @@ def triage_instructions(context: Mapping[str, Any]) -> str:
     return (
         f"You are the front desk of {STORE}, an online drone store. Greet the customer, learn what they need "
         "and route them: buying advice, products, prices and availability go to sales; orders, deliveries, "
-        "faults, repairs, returns and refunds go to support. When the customer tells you their name, record it "
-        "with record_customer_name. Answer simple questions about the store yourself; do not give product or "
-        f"order details yourself. {_greeting(context)} {_SHARED}"
+        "faults, repairs, returns and refunds go to support. When the customer tells you a name other than "
+        "their profile's (writer), record it with record_customer_name. Answer simple questions about the store "
+        f"yourself; do not give product or order details yourself. {_greeting(context)} {_SHARED}"
     )
 
 

@@ -70,6 +70,13 @@ class Scored:
     score: float
 
 
+def acts_on(agent: str, *, entry: str, text: str) -> bool:
+    """Whether the engine takes a route the router names. To the entry agent only for a question ("what are your
+    opening hours?" to a specialist): a specialist's customer saying "thanks" or "yes" to its question stays with
+    the specialist, who is following up; the routing sets have no active agent to tell those apart."""
+    return agent != entry or "?" in text
+
+
 class Router:
     """Names the agent for a message, or abstains (None). Embeds the examples on first use, once."""
 

@@ -29,7 +29,7 @@ from agents.errors import ProviderError
 from agents.loop import LLMCallRecord
 from agents.messages import Message, message_from_json
 from agents.model import Model, Usage
-from agents.window import history_tokens, turns
+from agents.window import history_tokens, turn_costs, turns
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def plan(history: Sequence[Stored], config: Summarising) -> Fold | None:
     """The turns to fold, oldest first, or None while the history is under the high-water mark. The newest turn
     is never folded: the agents see at least the exchange they continue."""
     cut = turns(history)
-    costs = [history_tokens([s.message for s in unit]) for unit in cut]
+    costs = turn_costs([s.message for s in history])
     remaining = sum(costs)
     if remaining <= config.high_water:
         return None

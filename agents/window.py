@@ -50,9 +50,35 @@ IMAGE_TOKENS = 800
 """What one image costs the prompt, about: providers bill by its tiles, not by its base64 text's length."""
 
 
+EARLIER_RESULT_CHARS = 160
+"""How much of a tool result from an earlier turn the model is shown again: passages and look-ups were answered
+from when they came; sent whole with every later call they came to most of a long conversation's prompt."""
+SHORTENED = " … [shortened; call the tool again if you need all of it]"
+
+
+def as_sent(history: Sequence[Message]) -> list[list[Message]]:
+    """The history's turns as the model is shown them: the newest whole, the tool results of earlier ones cut to
+    their start. The cut is the same on every call, so the prompt a provider cached stays a prefix."""
+    cut = turns(history)
+    return [
+        [
+            replace(m, content=m.content[:EARLIER_RESULT_CHARS].rstrip() + SHORTENED)
+            if m.role == "tool" and m.content and len(m.content) > EARLIER_RESULT_CHARS + len(SHORTENED)
+            else m
+            for m in unit
+        ]
+        for unit in cut[:-1]
+    ] + cut[-1:]
+
+
+def turn_costs(history: Sequence[Message]) -> list[int]:
+    """What each of the history's turns costs the prompt, as the window sends it (unlabelled)."""
+    return [_cost(unit, False) for unit in as_sent(history)]
+
+
 def history_tokens(history: Sequence[Message]) -> int:
     """What `history` costs the prompt, estimated as the window counts it (unlabelled)."""
-    return _cost(history, False)
+    return sum(turn_costs(history))
 
 
 def _cost(unit: Sequence[Message], labelled: bool) -> int:
@@ -94,7 +120,7 @@ def build_window(
     remaining = budget - fixed
     labelled = shared(history)
     kept: list[list[Message]] = []
-    for unit in reversed(turns(history)):
+    for unit in reversed(as_sent(history)):
         cost = _cost(unit, labelled)
         if kept and cost > remaining:
             break

@@ -332,8 +332,17 @@ class Turn:
 
     @property
     def name(self) -> str | None:
+        """The name recorded, else the first name of the writer's chat profile (as the instructions say)."""
         value = self.context.get("customer_name")
-        return value if isinstance(value, str) else None
+        profile = self.context.get("writer")
+        if isinstance(value, str):
+            return value
+        return profile.split()[0] if isinstance(profile, str) and profile.strip() else None
+
+    def knows(self, name: str) -> bool:
+        """The name the customer gives is the one already known (recorded, or their profile's)."""
+        known = [self.context.get("customer_name"), self.context.get("writer")]
+        return any(isinstance(k, str) and name.lower() in k.lower() for k in known)
 
     def result_of(self, tool: str) -> str | None:
         return next((out for name, out in reversed(self.results) if name == tool), None)
@@ -416,7 +425,7 @@ def _pick(options: Sequence[str], key: str) -> str:
 
 def _triage(turn: Turn) -> FakeReply:
     given = NAME.search(turn.user)
-    if given and "record_customer_name" not in turn.called and turn.name != given.group(1):
+    if given and "record_customer_name" not in turn.called and not turn.knows(given.group(1)):
         return tools(tool_call("record_customer_name", {"name": given.group(1)}))
     if turn.topic in ("sales",):
         return _transfer("sales", "buying advice")
@@ -428,7 +437,7 @@ def _triage(turn: Turn) -> FakeReply:
             "but you can still leave a message here. We ship tracked to the EU, UK, US and Canada, and gift "
             f"wrapping is available at checkout for $4. Anything else I can help you with{_hello(turn)}?"
         )
-    if "record_customer_name" in turn.called:
+    if "record_customer_name" in turn.called or given:
         return reply(
             f"Nice to meet you{_hello(turn)}! I'm the front desk at Driftwing Drones. I can help with buying "
             "advice, orders, deliveries, repairs and refunds. What can I do for you today?"

@@ -48,6 +48,7 @@ from agents.knowledge.store import KnowledgeBase
 from agents.loop import LoopConfig
 from agents.model import OpenAIChatModel
 from agents.roster import default_roster
+from agents.router import MIN_SCORE, Router
 from agents.summary import AGENT as SUMMARY_AGENT
 from agents.summary import Summarising
 from bench.conversations import GROWTH_CUSTOMER, LOAD_CYCLE, SCRIPTS, growth_messages, policy, writer
@@ -338,6 +339,8 @@ class Setup:
     grounded: bool
     """Sales and support search the sample store's knowledge (as `make run` ships them)."""
     config: LoopConfig
+    routed: bool = False
+    """The router (agents.router, at its calibrated threshold) may route a message without a call."""
 
 
 COST_SETUPS = (
@@ -356,10 +359,11 @@ COST_SETUPS = (
     ),
     Setup(
         "now",
-        "with the sample knowledge: passages for the message and the look-ups it names are at hand before the "
-        "first call",
+        "with the sample knowledge: the router sends a message to its specialist without a call when it is sure, "
+        "and the passages for the message and the look-ups it names are at hand before the first call",
         True,
         LoopConfig(default_model="fake-model"),
+        routed=True,
     ),
 )
 CITED = re.compile(r"\[\d+\]")
@@ -367,8 +371,10 @@ CITED = re.compile(r"\[\d+\]")
 
 def setup_service(bench: Bench, setup: Setup) -> Conversations:
     roster = default_roster(bench.knowledge) if setup.grounded else default_roster()
+    examples = {name: agent.examples for name, agent in roster.agents.items()}
+    router = Router(bench.knowledge.embedder, examples, min_score=MIN_SCORE) if setup.routed else None
     return Conversations(
-        takeover=TAKEOVER, sessions=bench.sessions, roster=roster, model=bench.model, config=setup.config
+        takeover=TAKEOVER, sessions=bench.sessions, roster=roster, model=bench.model, config=setup.config, router=router
     )
 
 

@@ -2,8 +2,9 @@
 
 For each message of bench/data/routing.jsonl (where the threshold is calibrated) and routing_b.jsonl (written
 separately, to check it): the agent the router names and its score, with the shipped agents' examples and the
-bundled local model. A message counts as routed when the router names a colleague of the entry agent at a score
->= the threshold (the engine then skips the entry agent's call); precision is the share of routed messages whose
+bundled local model. A message counts as routed when the router names an agent at a score >= the threshold and
+the engine would take the route (`acts_on`: to the entry agent only for a question; the engine then skips a
+call: the entry agent's, or the specialist's transfer back); precision is the share of routed messages whose
 label is that agent ("human" messages routed anywhere are wrong), coverage the share of all messages routed.
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 
 from agents.knowledge.local import LocalEmbedder
 from agents.roster import default_roster
-from agents.router import MIN_SCORE, Router, Scored
+from agents.router import MIN_SCORE, Router, Scored, acts_on
 from bench.setup import RESULTS, section, table
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -27,7 +28,11 @@ THRESHOLDS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.24, 0.3)
 
 def figures(rows: list[dict[str, str]], scored: list[Scored], entry: str, threshold: float) -> dict[str, Any]:
     pairs = zip(rows, scored, strict=True)
-    routed = [(r, s) for r, s in pairs if s.agent not in (None, entry) and s.score >= threshold]
+    routed = [
+        (r, s)
+        for r, s in pairs
+        if s.agent is not None and acts_on(s.agent, entry=entry, text=r["message"]) and s.score >= threshold
+    ]
     right = sum(1 for r, s in routed if r["agent"] == s.agent)
     labels = sorted({r["agent"] for r in rows})
     return {
