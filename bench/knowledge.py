@@ -528,7 +528,8 @@ async def routing(bench: Bench) -> dict[str, Any]:
 async def latency_sample(bench: Bench, questions: Sequence[Question], params: Params) -> dict[str, Any]:
     """Hybrid search as the tool runs it (k=4, the question's collection or both), query embedding included."""
     timed = TimedEmbedder(bench.local)
-    kb = KnowledgeBase(sessions=bench.sessions, embedder=timed)
+    # Every query embedded (none remembered): the figure is that of a question asked for the first time.
+    kb = KnowledgeBase(sessions=bench.sessions, embedder=timed, remembered_queries=0)
 
     def search(q: Question) -> Awaitable[list[Hit]]:
         return kb.search(q.question, collections=[q.collection] if q.collection else list(COLLECTIONS), k=TOOL_K)

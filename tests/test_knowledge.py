@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from agents.knowledge.chunking import chunk_document
 from agents.knowledge.documents import find_documents, read_document, read_html
 from agents.knowledge.embedders import OpenAIEmbedder
-from agents.knowledge.store import EmbedderMismatch, KnowledgeBase
+from agents.knowledge.store import RRF_K, EmbedderMismatch, KnowledgeBase
 from bot.runtime import SAMPLE_KNOWLEDGE
 from escalation.machine import TAKEOVER
 from fakes.openai_server import EMBEDDING_DIM, FakeOpenAI
@@ -346,3 +347,67 @@ async def test_a_small_collection_beside_a_big_one_gets_its_candidates(kb: Knowl
         await s.execute(text("ANALYZE kb_chunks"))
     hits = await kb.search("rotor arm", collections=["small"], k=40, mode="vector")
     assert len(hits) == 40 and {h.collection for h in hits} == {"small"}
+
+
+async def test_a_query_is_embedded_once_while_remembered_and_the_memory_is_bounded(
+    sessions: Sessions, fake_llm: FakeOpenAI, tmp_path: Path
+) -> None:
+    """The customer's message is searched before the agent's first call and often again by the agent."""
+    client = openai.AsyncOpenAI(api_key="test", base_url=fake_llm.base_url, max_retries=0)
+    embedder = OpenAIEmbedder(client=client, model="fake-embed", dimensions=EMBEDDING_DIM)
+    kb = KnowledgeBase(sessions=sessions, embedder=embedder, remembered_queries=2)
+    docs = {"charge.md": "# Charging\n\n## Charging time\n\nThe battery charges fully in ninety minutes."}
+    await kb.ingest(write(tmp_path / "docs", docs), collection="docs", root=tmp_path)
+
+    async def embedded(query: str) -> tuple[int, list[tuple[str, float | None]]]:
+        before = len(fake_llm.embedding_requests)
+        hits = await kb.search(query, collections=["docs"], k=3)
+        return len(fake_llm.embedding_requests) - before, [(h.source, h.similarity) for h in hits]
+
+    first = await embedded("how long does charging take")
+    assert first[0] == 1 and first[1]
+    assert await embedded("how long does charging take") == (0, first[1])  # the same vector, not asked again
+    for other in ("battery", "minutes"):
+        assert (await embedded(other))[0] == 1
+    # Two remembered at most: the first query was the least recently used, so it is embedded again.
+    assert await embedded("how long does charging take") == (1, first[1])
+    await client.close()
+
+
+async def test_hybrid_search_runs_its_vector_and_full_text_queries_at_once(
+    kb: KnowledgeBase, sessions: Sessions, tmp_path: Path
+) -> None:
+    """On two connections at the same time, fused as one after the other were: the same hits."""
+    docs = {
+        "guard.md": "# Guards\n\n## Fitting\n\nThe propeller guard clips onto the arm, clear of the rotor.",
+        "rotor.md": "# Rotors\n\n## Spinning\n\nA rotor that touches anything stops; check it spins freely.",
+        "arm.md": "# Arms\n\n## Folding\n\nFold each arm before packing; the guard stays on.",
+        "props.md": "# Propellers\n\n## Changing\n\nSwap a chipped propeller for a new one, then test the motor.",
+        "case.md": "# Cases\n\n## Packing\n\nThe hard case holds the drone with guards and spare propellers.",
+    }
+    await kb.ingest(write(tmp_path / "docs", docs), collection="docs", root=tmp_path)
+    question = "does the propeller guard touch the rotor"
+    by_vector = await kb.search(question, collections=["docs"], k=20, mode="vector")
+    by_text = await kb.search(question, collections=["docs"], k=20, mode="text")
+    assert len({h.similarity for h in by_vector}) == len(by_vector)  # no ties to order either way
+    open_now = most = 0
+
+    @asynccontextmanager
+    async def counted() -> AsyncIterator[AsyncSession]:
+        nonlocal open_now, most
+        open_now += 1
+        most = max(most, open_now)
+        try:
+            async with sessions() as s:
+                yield s
+        finally:
+            open_now -= 1
+
+    both = KnowledgeBase(sessions=counted, embedder=kb.embedder)  # type: ignore[arg-type]
+    hybrid = await both.search(question, collections=["docs"], k=20)
+    assert most == 2
+    fused: dict[str, float] = {}
+    for weight, ranking in ((1.0, by_vector), (both.text_weight, by_text)):
+        for rank, hit in enumerate(ranking):
+            fused[hit.source] = fused.get(hit.source, 0.0) + weight / (RRF_K + rank + 1)
+    assert [h.source for h in hybrid] == sorted(fused, key=lambda s: fused[s], reverse=True)

@@ -18,6 +18,7 @@ import itertools
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,16 +42,20 @@ RRF_K = 60
 TEXT_WEIGHT = 0.5
 CANDIDATES = 40
 MAX_TERMS = 64
-RANKED_AT_MOST = 1000
-"""The most passages one full-text query ranks: ranking costs about 10 µs a passage, and a few common words
+"""The most word combinations a "at least m of the words" query may OR (beyond, that step is skipped)."""
+RANKED_AT_MOST = 300
+"""The most passages one full-text query ranks: ranking and fetching cost about 30 µs a passage, and a few common words
 match most of a large collection. Beyond it, those ranked are the first found, not the best (rare: the
 stricter queries come first, and the vector ranking is fused with this one)."""
-"""The most word combinations a "at least m of the words" query may OR (beyond, that step is skipped)."""
 ENOUGH_TEXT = 10
 """When all the question's words (AND) find fewer passages than this, any of them (OR) are searched too."""
 SCAN_TUPLES = 20_000
 """How many index entries an iterative HNSW scan may visit to fill a filtered query (pgvector's default)."""
+EF_SEARCH = 100
+"""The HNSW search's candidate list (pgvector's default is 40): more than CANDIDATES, for recall."""
 REPROBE_S = 60.0
+REMEMBERED_QUERIES = 256
+"""How many query vectors a knowledge base keeps (384 floats each: about 3 MB as Python lists)."""
 
 
 class EmbedderMismatch(AgentsError):
@@ -129,6 +134,7 @@ class KnowledgeBase:
         reprobe: Callable[[], Awaitable[Unavailable | None]] | None = None,
         reprobe_every_s: float = REPROBE_S,
         text_weight: float = TEXT_WEIGHT,
+        remembered_queries: int = REMEMBERED_QUERIES,
     ) -> None:
         self.sessions = sessions
         self.embedder = embedder
@@ -140,10 +146,13 @@ class KnowledgeBase:
         self._background: asyncio.Task[None] | None = None
         self._backfilling = asyncio.Lock()
         self.text_weight = text_weight
-        self._iterative: bool | None = None
-        """Whether pgvector (0.8 or later) scans HNSW iteratively; asked once, at the first vector search."""
         """The full-text ranking's weight in the fusion, the vector ranking's being 1 (see README for the
         evaluation that chose it)."""
+        self.remembered_queries = remembered_queries
+        self._query_vectors: OrderedDict[str, list[float]] = OrderedDict()
+        """The vectors of the latest queries, least recently used first (bounded by `remembered_queries`)."""
+        self._iterative: bool | None = None
+        """Whether pgvector (0.8 or later) scans HNSW iteratively; asked once, at the first vector search."""
 
     # --- the embedder's state: requests never wait for probes or backfills, which run in the background ---
 
@@ -447,10 +456,11 @@ class KnowledgeBase:
         if not names:
             return []
         codes = in_question(query)
-        async with self.sessions() as s:
-            vector_ranked = await self._vector(s, vector, by_vector) if vector is not None and mode != "text" else []
-            text_ranked = await self._text(s, query, names) if mode != "vector" else []
-            exact = await self._identified(s, codes, names) if codes and mode != "vector" else []
+        # The vector and the full-text queries on two connections at once: a search takes as long as the slower.
+        vector_ranked, (text_ranked, exact) = await asyncio.gather(
+            self._vector(vector if mode != "text" else None, by_vector),
+            self._lexical(query, codes, names if mode != "vector" else []),
+        )
         similarity = {row[0]: float(row[6]) for row in vector_ranked}
         match = {row[0]: float(row[8]) for row in text_ranked}
         vectorless = {row[0] for row in text_ranked if row[7] is None}
@@ -486,28 +496,47 @@ class KnowledgeBase:
 
     async def _embed_query(self, query: str) -> list[float] | None:
         """The query's vector; None (full text only, until a probe succeeds) when the embedder fails now."""
+        # Remembered: a customer's message is searched before the agent's first call, and the agent's own search
+        # often repeats it; the local embedder takes tens of milliseconds a query.
+        if (vector := self._query_vectors.get(query)) is not None:
+            self._query_vectors.move_to_end(query)
+            return vector
         try:
             [vector] = await self.embedder.embed([query])
         except ProviderError as exc:
             self._lost(exc)
             return None
+        self._query_vectors[query] = vector
+        while len(self._query_vectors) > self.remembered_queries:
+            self._query_vectors.popitem(last=False)
         return vector
 
-    async def _vector(self, s: AsyncSession, vector: list[float], collections: list[str]) -> list[tuple]:  # type: ignore[type-arg]
+    async def _vector(self, vector: list[float] | None, collections: list[str]) -> list[tuple]:  # type: ignore[type-arg]
+        if vector is None or not collections:
+            return []
+        async with self.sessions() as s:
+            if self._iterative is None:
+                version = await s.scalar(text("SELECT extversion FROM pg_extension WHERE extname = 'vector'"))
+                self._iterative = tuple(int(n) for n in str(version).split(".")[:2]) >= (0, 8)
+            # The HNSW index is shared by every collection of a dimension, and filtered afterwards: beside a large
+            # collection, the nearest ef_search entries may hold none of a small one's. pgvector's iterative scan
+            # (0.8) keeps walking the index until the filter has let CANDIDATES through (or SCAN_TUPLES were
+            # seen); in relaxed order, so the candidates are sorted again below. A cached generic plan would not
+            # see the collection's size: plan per query. One round trip for the settings.
+            iterative = (
+                ", set_config('hnsw.iterative_scan', 'relaxed_order', true), "
+                f"set_config('hnsw.max_scan_tuples', '{SCAN_TUPLES}', true)"
+            )
+            await s.execute(
+                text(
+                    "SELECT set_config('plan_cache_mode', 'force_custom_plan', true), "
+                    f"set_config('hnsw.ef_search', '{EF_SEARCH}', true)" + (iterative if self._iterative else "")
+                )
+            )
+            return await self._nearest(s, vector, collections)
+
+    async def _nearest(self, s: AsyncSession, vector: list[float], collections: list[str]) -> list[tuple]:  # type: ignore[type-arg]
         dim = int(self.embedder.dim)
-        # The HNSW index is shared by every collection of a dimension, and filtered afterwards: beside a large
-        # collection, the nearest ef_search entries may hold none of a small one's. pgvector's iterative scan
-        # (0.8) keeps walking the index until the filter has let CANDIDATES through (or SCAN_TUPLES were seen);
-        # in relaxed order, so the candidates are sorted again below. A cached generic plan would not see the
-        # collection's size: plan per query.
-        await s.execute(text("SET LOCAL plan_cache_mode = force_custom_plan"))
-        await s.execute(text("SET LOCAL hnsw.ef_search = 100"))
-        if self._iterative is None:
-            version = await s.scalar(text("SELECT extversion FROM pg_extension WHERE extname = 'vector'"))
-            self._iterative = tuple(int(n) for n in str(version).split(".")[:2]) >= (0, 8)
-        if self._iterative:
-            await s.execute(text("SET LOCAL hnsw.iterative_scan = relaxed_order"))
-            await s.execute(text(f"SET LOCAL hnsw.max_scan_tuples = {SCAN_TUPLES}"))
         distance = f"(c.embedding::vector({dim}) <=> CAST(:q AS vector({dim})))"
         result = await s.execute(
             text(
@@ -523,32 +552,46 @@ class KnowledgeBase:
         )
         return [tuple(r) for r in result]
 
+    async def _lexical(self, query: str, codes: set[str], collections: list[str]) -> tuple[list[tuple], list[tuple]]:  # type: ignore[type-arg]
+        """The full-text ranking, and the passages naming the question's identifiers (one connection)."""
+        if not collections:
+            return [], []
+        async with self.sessions() as s:
+            ranked = await self._text(s, query, collections)
+            return ranked, await self._identified(s, codes, collections) if codes else []
+
     async def _text(self, s: AsyncSession, query: str, collections: list[str]) -> list[tuple]:  # type: ignore[type-arg]
         """Passages with all the question's words first; while fewer than ENOUGH_TEXT are found, those with at
         least half of them, then with any of them (a customer's sentence rarely has every word of the passage
         that answers it). Ranking every passage with any word is what made full text slow in a large
         collection; the stricter queries match few passages, so the common case ranks few."""
         words = await s.scalar(text("SELECT plainto_tsquery('english', :query)::text"), {"query": query})
+        terms = str(words or "").split(" & ") if words else []
+        # A step's matches are ranked by any of the words: ts_rank_cd's cost grows with the query's size, and the
+        # "at least half" step ORs up to MAX_TERMS combinations (ten times slower to rank, for the same order
+        # within the step, which is all that counts: the steps come one after the other).
+        any_word = " | ".join(terms)
         ranked: list[tuple] = []  # type: ignore[type-arg]
-        for tsquery in relaxed(str(words or "").split(" & ") if words else []):
+        for tsquery in relaxed(terms):
             if len(ranked) >= ENOUGH_TEXT:
                 break
-            ranked += await self._text_ranked(s, query, collections, tsquery, [row[0] for row in ranked])
+            ranked += await self._text_ranked(s, query, collections, tsquery, any_word, [row[0] for row in ranked])
         return ranked
 
     async def _text_ranked(
-        self, s: AsyncSession, query: str, collections: list[str], tsquery: str, skip: list[int]
+        self, s: AsyncSession, query: str, collections: list[str], tsquery: str, rank_by: str, skip: list[int]
     ) -> list[tuple]:  # type: ignore[type-arg]
-        """The passages matching `tsquery` (tsquery syntax, of the question's stemmed words), best first."""
+        """The passages matching `tsquery` (tsquery syntax, of the question's stemmed words), best first by
+        `rank_by`."""
         # `matched` (the share of the question's words a passage holds) only for the passages kept.
         result = await s.execute(
             text(
-                "WITH q AS (SELECT CAST(:tsq AS tsquery) AS tsq, "
+                "WITH q AS (SELECT CAST(:tsq AS tsquery) AS tsq, CAST(:rank_by AS tsquery) AS rank_by, "
                 "tsvector_to_array(to_tsvector('english', :query)) AS words), "
                 "matching AS MATERIALIZED (SELECT c.id, c.tsv FROM kb_chunks c, q "
                 "WHERE c.collection = ANY(:collections) AND c.tsv @@ q.tsq AND c.id <> ALL(:skip) "
                 f"LIMIT {RANKED_AT_MOST}), "
-                "best AS (SELECT m.id, ts_rank_cd(m.tsv, q.tsq) AS rank FROM matching m, q "
+                "best AS (SELECT m.id, ts_rank_cd(m.tsv, q.rank_by) AS rank FROM matching m, q "
                 f"ORDER BY rank DESC LIMIT {CANDIDATES}) "
                 "SELECT c.id, d.source, c.title, c.heading, c.text, c.collection, best.rank, "
                 "c.dim, (SELECT count(*) FILTER (WHERE c.tsv @@ plainto_tsquery('simple', w))::float "
@@ -556,7 +599,7 @@ class KnowledgeBase:
                 "FROM best JOIN kb_chunks c ON c.id = best.id JOIN kb_documents d ON d.id = c.document_id, q "
                 "ORDER BY best.rank DESC, c.id"
             ),
-            {"query": query, "tsq": tsquery, "collections": collections, "skip": skip},
+            {"query": query, "tsq": tsquery, "rank_by": rank_by, "collections": collections, "skip": skip},
         )
         return [tuple(r) for r in result]
 
