@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from agents.agent import Agent, Roster
 from agents.errors import ProviderError
 from agents.identity import Author
-from agents.messages import Message, ToolCall
+from agents.messages import PREPARED, Message, ToolCall
 from agents.model import Model, Usage
 from agents.router import Routed, Router, acts_on
 from agents.tools import EscalateTo, HandoffTo, Tool, ToolArgumentsError, ToolContext
@@ -65,7 +65,7 @@ class LoopConfig:
     max_parallel_tools: int = 4
     token_budget: int = 12_000
     tool_timeout_s: float = 30.0
-    retrieval_tokens: int = 300
+    retrieval_tokens: int = 250
     """Budget for the passages an agent with a knowledge base is given before its first call (`Agent.retrieve`);
     0 turns that retrieval off, leaving the search to the model."""
     prefetch: bool = True
@@ -324,7 +324,7 @@ async def _prepare(
     last = turn.history[-1] if turn.history else None
     if last is None or last.role != "user" or not last.content:
         return []
-    prefix = f"call_ready_{turn.inbound_id or 0}_{agent.name}"
+    prefix = f"{PREPARED}{turn.inbound_id or 0}_{agent.name}"
     planned = agent.prefetch(last.content)[:MAX_PREFETCH] if agent.prefetch is not None and config.prefetch else ()
     names = {t.name for t in available}
     calls = [

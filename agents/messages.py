@@ -18,6 +18,16 @@ class ToolCall:
     arguments: str
     """Raw JSON text as the model wrote it: it may be invalid, and is validated only when run."""
 
+    @property
+    def prepared(self) -> bool:
+        """Made by the engine before the model's first call (passages, a look-up the message named), not by it."""
+        return self.id.startswith(PREPARED)
+
+
+PREPARED = "call_ready_"
+"""Opens the id of a call the engine made for the model before its first call (agents.loop); stored with the
+transcript, so the window knows those calls in earlier turns."""
+
 
 @dataclass(frozen=True)
 class Message:

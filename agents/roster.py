@@ -33,9 +33,7 @@ def _greeting(context: Mapping[str, Any]) -> str:
     name = context.get("customer_name")
     if name:
         return f"The customer's name is {name}; use it."
-    return (
-        "Until they tell you their name, call them by the first name of the chat profile that wrote (writer), if any."
-    )
+    return "Else use the first name of their chat profile (writer), if known."
 
 
 @function_tool

@@ -57,18 +57,24 @@ SHORTENED = " … [shortened; call the tool again if you need all of it]"
 
 
 def as_sent(history: Sequence[Message]) -> list[list[Message]]:
-    """The history's turns as the model is shown them: the newest whole, the tool results of earlier ones cut to
-    their start. The cut is the same on every call, so the prompt a provider cached stays a prefix."""
+    """The history's turns as the model is shown them: the newest whole; in earlier ones, what the engine looked
+    up before the model's first call left out (calls and results together, so pairs hold: the answer given from
+    it is in the transcript) and the other tool results cut to their start. The same on every call, so the prompt
+    a provider cached stays a prefix."""
     cut = turns(history)
-    return [
-        [
-            replace(m, content=m.content[:EARLIER_RESULT_CHARS].rstrip() + SHORTENED)
-            if m.role == "tool" and m.content and len(m.content) > EARLIER_RESULT_CHARS + len(SHORTENED)
-            else m
-            for m in unit
-        ]
-        for unit in cut[:-1]
-    ] + cut[-1:]
+    return [_earlier(unit) for unit in cut[:-1]] + cut[-1:]
+
+
+def _earlier(unit: Sequence[Message]) -> list[Message]:
+    prepared = {c.id for m in unit for c in m.tool_calls if c.prepared}
+    out = []
+    for m in unit:
+        if (m.tool_calls and all(c.id in prepared for c in m.tool_calls)) or m.tool_call_id in prepared:
+            continue
+        if m.role == "tool" and m.content and len(m.content) > EARLIER_RESULT_CHARS + len(SHORTENED):
+            m = replace(m, content=m.content[:EARLIER_RESULT_CHARS].rstrip() + SHORTENED)
+        out.append(m)
+    return out
 
 
 def turn_costs(history: Sequence[Message]) -> list[int]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agents.identity import Author
+from agents.knowledge.tool import PASSAGES
 from agents.shop import ORDERS, Customer
 from agents.summary import PROMPT as SUMMARY_PROMPT
 from fakes.openai_server import FakeReply, RecordedRequest, reply, tool_call, tools
@@ -247,8 +248,6 @@ SALES = re.compile(
 )
 GENERAL = re.compile(r"(opening hours|\bhours\b|ship to|\bgift\w*|\bstore\b|\bsundays?\b|\blocated\b)")
 
-PASSAGES = "Answer only from these passages"
-"""How search_knowledge's result starts when it found passages (agents.knowledge.tool)."""
 ACCESSORIES = (("batter", "battery"), ("guard", "guard"))
 PRODUCTS = (("kestrel", "Kestrel"), ("harrier", "Harrier"), ("osprey", "Osprey"), ("swift", "Swift"))
 CATEGORIES = (("beginner", "beginner"), ("racing", "FPV"), ("fpv", "FPV"), ("photo", "camera"))

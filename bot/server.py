@@ -168,6 +168,9 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
         )
         if conversations.summaries is not None:
             closing.push_async_callback(conversations.summaries.close)
+        if brain.router is not None:
+            warming = asyncio.create_task(brain.router.warm())
+            closing.callback(warming.cancel)
         # Reads only: the Slack client that retries is safe here.
         directory = SlackDirectory(client) if client is not None else None
         listed = StaffList(settings.staff_ids, settings.staff_usergroup_id)

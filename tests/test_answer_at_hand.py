@@ -5,6 +5,7 @@ sample knowledge, the real OpenAI client, the fake LLM over HTTP (its embeddings
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import openai
@@ -13,11 +14,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.agent import Roster
 from agents.conversations import Conversations
+from agents.identity import Author
 from agents.knowledge.embedders import OpenAIEmbedder
 from agents.knowledge.store import KnowledgeBase
 from agents.knowledge.tool import NOTHING_FOUND
 from agents.model import OpenAIChatModel
 from agents.roster import default_roster
+from agents.shop import ORDERS
 from bot.runtime import SAMPLE_KNOWLEDGE
 from escalation.machine import TAKEOVER
 from fakes.openai_server import EMBEDDING_DIM, FakeOpenAI, reply, tool_call, tools
@@ -93,7 +96,51 @@ async def test_the_search_tool_still_works_for_a_follow_up(
     await conversation.handle("t:4", "thanks. and xyzzy plugh?")
     follow_up = fake_llm.requests[-1].messages
     results = tool_results(follow_up)
-    assert CITATION in results[0]  # the first turn's passages stay in the transcript, paired with their call
+    # The first turn's passages were answered from; the window leaves them out (the answer stays), call and
+    # result together. The model's own search of this turn is there.
+    assert not any(CITATION in r for r in results)
+    assert "12 months [1]." in [m.get("content") for m in follow_up]
     assert "(support/returns" in results[-1]
     ids = [c["id"] for m in follow_up for c in m.get("tool_calls") or ()]
     assert ids == [m["tool_call_id"] for m in follow_up if m["role"] == "tool"]
+
+
+async def test_an_order_the_message_names_is_looked_up_before_the_first_call_for_its_owner_only(
+    sessions: Sessions, model: OpenAIChatModel, roster: Roster, fake_llm: FakeOpenAI
+) -> None:
+    ben, ada = ORDERS["DW-1002"].customer, ORDERS["DW-1001"].customer
+    fake_llm.script(reply("It shipped on the 12th."))
+    answer = await service(sessions, model, roster).handle(
+        "t:5", "hi, where is my order dw-1002?", author=Author("slack", "T1", "U_BEN", ben.name, ben.email)
+    )
+    assert answer.kind == "reply" and len(fake_llm.requests) == 1  # one call: the order was at hand
+    messages = fake_llm.requests[0].messages
+    called = [(c["function"]["name"], c["function"]["arguments"]) for m in messages for c in m.get("tool_calls") or ()]
+    assert ("lookup_order", '{"order_id": "DW-1002"}') in called
+    assert any(r.startswith("Order DW-1002 for Ben Ortiz") for r in tool_results(messages))
+    # The agent's name for the writer comes from their chat profile, in what is known about the conversation.
+    assert any('"writer": "Ben Ortiz"' in str(m["content"]) for m in messages if m["role"] == "system")
+
+    # Someone else naming the same order: the look-up runs through the tool's own check, and finds nothing.
+    fake_llm.reset()
+    fake_llm.script(reply("I can't find that order on your account."))
+    await service(sessions, model, roster).handle(
+        "t:6", "where is order DW-1002?", author=Author("slack", "T1", "U_ADA", ada.name, ada.email)
+    )
+    results = tool_results(fake_llm.requests[0].messages)
+    assert not any("Ben" in r or "Harrier" in r for r in results)
+    assert any(r.startswith("No order 'DW-1002' on the account of the person asking") for r in results)
+
+
+async def test_without_prefetch_the_model_looks_the_order_up_itself(
+    sessions: Sessions, model: OpenAIChatModel, roster: Roster, fake_llm: FakeOpenAI
+) -> None:
+    ben = ORDERS["DW-1002"].customer
+    at = Roster.of(roster.agents.values(), entry="support")
+    off = Conversations(
+        takeover=TAKEOVER, sessions=sessions, roster=at, model=model, config=replace(CONFIG, prefetch=False)
+    )
+    fake_llm.script(tools(tool_call("lookup_order", {"order_id": "DW-1002"})), reply("It shipped."))
+    await off.handle("t:7", "where is DW-1002?", author=Author("slack", "T1", "U_BEN", ben.name, ben.email))
+    first, _ = fake_llm.requests
+    assert not any(c["function"]["name"] == "lookup_order" for m in first.messages for c in m.get("tool_calls") or ())

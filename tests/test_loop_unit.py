@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from agents.errors import ProviderError
 from agents.loop import Escalate, LoopConfig, Reply, TurnInput, run_turn
-from agents.messages import Message, ToolCall
+from agents.messages import PREPARED, Message, ToolCall
 from agents.model import ModelResponse, Usage
 from agents.roster import default_roster
-from agents.window import build_window
+from agents.window import SHORTENED, build_window
 
 CONFIG = LoopConfig(default_model="scripted", max_llm_calls=4, max_handoffs=2)
 
@@ -153,3 +154,30 @@ def test_the_window_keeps_whole_turns_and_the_newest_one() -> None:
     assert ids == {c["id"] for m in kept for c in m.get("tool_calls", [])}  # every call with its result
     tiny = build_window(system=["s"], history=history, tools=[], budget=1)
     assert [m["content"] for m in tiny[1:]][-1] == "answer 19"  # the newest turn even over budget
+
+
+def test_the_window_leaves_out_earlier_turns_lookups_made_for_the_model_and_shortens_their_results() -> None:
+    prepared = ToolCall(f"{PREPARED}1_support_search", "search_knowledge", '{"query": "warranty?"}')
+    own = ToolCall("call_9", "lookup_order", '{"order_id": "DW-1001"}')
+    long_result = "Order DW-1001: " + "details " * 200
+    history = [
+        Message("user", "warranty?"),
+        Message("assistant", None, agent="support", tool_calls=(prepared,)),
+        Message("tool", "[1] Warranty › 12 months " + "x" * 900, "support", tool_call_id=prepared.id),
+        Message("assistant", "12 months [1] Warranty.", agent="support"),
+        Message("user", "and DW-1001?"),
+        Message("assistant", None, agent="support", tool_calls=(own,)),
+        Message("tool", long_result, "support", tool_call_id=own.id),
+        Message("assistant", "Delivered.", agent="support"),
+        Message("user", "thanks, one more: DW-1002?"),
+        Message("assistant", None, agent="support", tool_calls=(replace(prepared, id=f"{PREPARED}3_support_0"),)),
+        Message("tool", long_result, "support", tool_call_id=f"{PREPARED}3_support_0"),
+    ]
+    window = build_window(system=["s"], history=history, tools=[], budget=100_000)
+    ids = [c["id"] for m in window for c in m.get("tool_calls") or ()]
+    assert ids == ["call_9", f"{PREPARED}3_support_0"]  # the first turn's prepared search is gone, call and result
+    assert ids == [m["tool_call_id"] for m in window if m["role"] == "tool"]
+    results = [m["content"] for m in window if m["role"] == "tool"]
+    assert results[0].endswith(SHORTENED) and len(results[0]) < 300  # an earlier turn's own look-up, cut
+    assert results[1] == long_result  # the newest turn's, whole
+    assert "12 months [1] Warranty." in [m.get("content") for m in window]

@@ -15,7 +15,7 @@ from agents.conversations import Conversations
 from agents.knowledge.local import LocalEmbedder, MiniLM
 from agents.model import OpenAIChatModel
 from agents.roster import SALES, SUPPORT, TRIAGE, default_roster
-from agents.router import MIN_SCORE, Router
+from agents.router import MIN_SCORE, Router, acts_on
 from db import models as m
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply
@@ -94,3 +94,9 @@ async def test_no_switch_to_an_agent_the_active_one_cannot_hand_off_to(
     await service(sessions, model, roster).handle("t:r4", SALES_MESSAGE)
     assert fake_llm.requests[0].system.startswith("You are the front desk")
     assert await handoffs(sessions) == []
+
+
+def test_a_route_back_to_the_front_desk_is_taken_only_for_a_question() -> None:
+    assert acts_on("triage", entry="triage", text="Thanks. What are your opening hours?")
+    assert not acts_on("triage", entry="triage", text="Perfect, thanks.")  # stays with the specialist following up
+    assert acts_on("sales", entry="triage", text="thanks, and the battery")

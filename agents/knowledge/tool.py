@@ -40,12 +40,13 @@ def format_hits(hits: Sequence[Hit]) -> str:
     return "\n\n".join(f"[{n}] {hit.citation}\n{hit.text}" for n, hit in enumerate(hits, 1))
 
 
+PASSAGES = "Answer only from these passages; cite those you use as [n] Title (link):"
+"""Opens what the model is shown for passages found: short, since it travels with every call of the turn."""
+
+
 def answer_from(hits: Sequence[Hit]) -> str:
     """What the model is shown for passages found, by the tool or before the first call."""
-    return (
-        "Answer only from these passages and cite the ones you use as [n] with their title "
-        "(and link, if any):\n\n" + format_hits(hits)
-    )
+    return f"{PASSAGES}\n\n{format_hits(hits)}"
 
 
 CHARS_PER_TOKEN = 4
@@ -91,7 +92,7 @@ def search_knowledge_tool(
 
     tool: Tool = function_tool(
         search_knowledge,
-        description=f"Search our documents ({scope}): passages to answer from and cite.",
+        description=f"Search our documents ({scope}).",
     )
     return tool
 
