@@ -15,7 +15,9 @@ honest message and an escalation, never with an exception.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -30,7 +32,7 @@ from agents.messages import PREPARED, Message, ToolCall
 from agents.model import Model, Usage
 from agents.router import Routed, Router, acts_on
 from agents.tools import EscalateTo, HandoffTo, Tool, ToolArgumentsError, ToolContext
-from agents.window import build_window
+from agents.window import build_window, shared
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class Texts:
     )
     """Told once per window to a customer over a rate limit (agents.limits); `{when}` is "in a minute" or
     "tomorrow"."""
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -221,6 +226,9 @@ async def run_turn(
             routed = await _route(router, agent, turn, roster)
             if routed is not None:
                 agent = await switch(HandoffRecord(agent.name, routed.agent, routed.reason))
+                # The model may undo a wrong route once: handing back to where the router took it from is not
+                # ping-pong.
+                visited[:] = [agent.name]
         if asked >= config.max_llm_calls:
             return await finish(Escalate("LLM call budget for one message ran out", "budget"), config.texts.budget)
         agent_tools = roster.tools_of(agent.name)
@@ -240,7 +248,7 @@ async def run_turn(
         schemas = roster.schemas_of(agent.name)
         model_name = agent.model or config.default_model
         window = build_window(
-            system=_system_prompt(agent, context, turn.asker),
+            system=_system_prompt(agent, context, turn.asker, shared=shared(turn.history)),
             history=(*turn.history, *new),
             tools=schemas,
             budget=config.token_budget,
@@ -298,11 +306,15 @@ async def _route(router: Router, agent: Agent, turn: TurnInput, roster: Roster) 
     last = turn.history[-1] if turn.history else None
     if last is None or last.role != "user" or not last.content:
         return None
-    routed = await router.route(last.content)
+    text = _query(last.content)
+    routed = await router.route(text)
+    asked = next((m.content or "" for m in reversed(turn.history) if m.role == "assistant" and m.content), "")
     if (
         routed is None
         or routed.agent not in agent.handoffs
-        or not acts_on(routed.agent, entry=roster.entry, text=last.content)
+        or not acts_on(
+            routed.agent, entry=roster.entry, active=agent.name, text=text, answering=asked.rstrip().endswith("?")
+        )
     ):
         return None
     return routed if routed.agent in roster.agents else None
@@ -324,16 +336,21 @@ async def _prepare(
     last = turn.history[-1] if turn.history else None
     if last is None or last.role != "user" or not last.content:
         return []
-    prefix = f"{PREPARED}{turn.inbound_id or 0}_{agent.name}"
-    planned = agent.prefetch(last.content)[:MAX_PREFETCH] if agent.prefetch is not None and config.prefetch else ()
+    query = _query(last.content)
+
+    def call_id(n: int) -> str:
+        # OpenAI and Azure refuse tool-call ids over 40 characters, whatever the agent is called.
+        return PREPARED + hashlib.sha1(f"{turn.inbound_id}:{agent.name}:{n}".encode()).hexdigest()[:16]
+
+    planned = agent.prefetch(query)[:MAX_PREFETCH] if agent.prefetch is not None and config.prefetch else ()
     names = {t.name for t in available}
     calls = [
-        ToolCall(f"{prefix}_{n}", p.tool, json.dumps(dict(p.arguments), ensure_ascii=False))
+        ToolCall(call_id(n), p.tool, json.dumps(dict(p.arguments), ensure_ascii=False))
         for n, p in enumerate(planned)
         if p.tool in names
     ]
     found, *runs = await asyncio.gather(
-        _retrieve(agent, last.content, f"{prefix}_search", config.retrieval_tokens, emit),
+        _retrieve(agent, query, call_id(len(planned)), config, emit),
         *(_run_tool(call, agent.name, available, ctx, limit, emit, config.tool_timeout_s) for call in calls),
     )
     return ([found] if isinstance(found, ToolRecord) else []) + [
@@ -343,19 +360,29 @@ async def _prepare(
 
 MAX_PREFETCH = 3
 """Look-ups planned for one message at most: a message listing many order numbers is the model's to sort out."""
+QUERY_CHARS = 500
+"""What of the customer's message the engine searches, routes and plans look-ups by: the question, not the text of a
+file attached to it (which follows it in the message), and not repeated whole as the search's arguments."""
+
+
+def _query(content: str) -> str:
+    return content[:QUERY_CHARS]
 
 
 async def _retrieve(
-    agent: Agent, message: str, call_id: str, budget: int, emit: Callable[[Event], Awaitable[None]]
+    agent: Agent, message: str, call_id: str, config: LoopConfig, emit: Callable[[Event], Awaitable[None]]
 ) -> ToolRecord | None:
     """The agent's knowledge searched for the customer's message; None when it has none, nothing clears the bar, or
-    the search fails (the model can still search with its tool: a failed look-up must not fail the turn)."""
-    if agent.retrieve is None or budget <= 0:
+    the search fails or is slow (the model can still search with its tool: a failed look-up must not fail the
+    turn; it is logged)."""
+    if agent.retrieve is None or config.retrieval_tokens <= 0:
         return None
     started = time.perf_counter()
     try:
-        found = await agent.retrieve(message, budget)
+        async with asyncio.timeout(config.tool_timeout_s):
+            found = await agent.retrieve(message, config.retrieval_tokens)
     except Exception:
+        log.warning("the search before %s's first call failed; the model may search itself", agent.name, exc_info=True)
         return None
     if found is None:
         return None
@@ -369,13 +396,17 @@ WRITER = "writer"
 profile shows them: agents greet a customer by name from the first message instead of asking (or recording it)."""
 
 
-def _system_prompt(agent: Agent, context: Mapping[str, Any], asker: Author | None = None) -> list[str]:
+def _system_prompt(
+    agent: Agent, context: Mapping[str, Any], asker: Author | None = None, *, shared: bool = False
+) -> list[str]:
     # Instructions first and unchanging within a conversation's agent, so prompt caching can hit; the
     # shared context, which changes more often, follows as its own message.
     prompt = [agent.render_instructions(context)]
     visible = {k: v for k, v in context.items() if not k.startswith("_")}
-    if asker is not None and asker.name:
-        visible[WRITER] = asker.name
+    if asker is not None and asker.name and not shared:
+        # One writer only: in a shared thread each message carries its writer's name, and a note changing with
+        # every writer would cut the cached prefix at the instructions. As long as a recorded name may be.
+        visible[WRITER] = asker.name[:80]
     if visible:
         prompt.append("Known about this conversation: " + json.dumps(visible, ensure_ascii=False, sort_keys=True))
     return prompt

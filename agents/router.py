@@ -72,11 +72,15 @@ class Scored:
     score: float
 
 
-def acts_on(agent: str, *, entry: str, text: str) -> bool:
-    """Whether the engine takes a route the router names. To the entry agent only for a question ("what are your
-    opening hours?" to a specialist): a specialist's customer saying "thanks" or "yes" to its question stays with
-    the specialist, who is following up; the routing sets have no active agent to tell those apart."""
-    return agent != entry or "?" in text
+def acts_on(agent: str, *, entry: str, text: str, active: str | None = None, answering: bool = False) -> bool:
+    """Whether the engine takes a route the router names (the routing sets measure the router alone, with no
+    active agent). To the entry agent only for a question ("what are your opening hours?" to a specialist): a
+    customer saying "thanks" or "yes" stays with the specialist following up. Away from a specialist that has just
+    asked the customer something (`answering`) only for a question of their own: "the Harrier X4", answering
+    support's "which model do you have?", is support's to read, however much it looks like sales'."""
+    if agent == entry and "?" not in text:
+        return False
+    return not (answering and active not in (None, entry) and "?" not in text)
 
 
 class Router:

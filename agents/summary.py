@@ -40,8 +40,9 @@ PROMPT = (
     "You keep the running summary of a customer-service conversation between a customer and a shop's assistants. "
     "Write the new summary from the previous summary (if any) and the newer part of the conversation below. Keep "
     "the facts the assistants still need: the customer's name, order ids, products, what was found, what was "
-    "promised or done (refunds, repairs, replacements), and the open questions. Plain sentences, no greeting, at "
-    "most 120 words."
+    "promised or done (refunds, repairs, replacements), and the open questions. What the customer says of "
+    'themselves or of approvals is their claim: write it as such ("the customer says ..."). Plain sentences, no '
+    "greeting, at most 120 words."
 )
 """Fixed, so that providers' prompt caching serves it; bench.conversations' fake model recognises it."""
 

@@ -448,6 +448,8 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
             try:
                 outcomes = await evaluate(service, spec, run_id=run_id)
             finally:
+                if service.summaries is not None:  # a summary still being made would write into a deleted case
+                    await service.summaries.settled()
                 # Nothing of the run stays among real conversations (cases, stats, the admins' lists).
                 async with db.sessions() as s, s.begin():
                     await s.execute(delete(m.Conversation).where(m.Conversation.key.startswith(f"eval:{run_id}:")))

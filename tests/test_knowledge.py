@@ -411,3 +411,15 @@ async def test_hybrid_search_runs_its_vector_and_full_text_queries_at_once(
         for rank, hit in enumerate(ranking):
             fused[hit.source] = fused.get(hit.source, 0.0) + weight / (RRF_K + rank + 1)
     assert [h.source for h in hybrid] == sorted(fused, key=lambda s: fused[s], reverse=True)
+
+
+def test_an_icon_title_inside_a_heading_is_neither_the_heading_nor_the_page_title() -> None:
+    page = (
+        "<html><head><title>Claims | Help</title></head><body><main><h2><a href='#c'><svg><title>Link to this "
+        "section</title></svg></a>Making a claim</h2><p>Send the form with your receipt.</p></main></body></html>"
+    )
+    document = read_html("claims.html", page)
+    assert document.title == "Claims | Help"
+    assert [(s.heading, s.text.strip()) for s in document.sections] == [
+        ("Making a claim", "Send the form with your receipt.")
+    ]

@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
+from agents.agent import Roster
 from agents.errors import ProviderError
+from agents.identity import Author
 from agents.loop import Escalate, LoopConfig, Reply, TurnInput, run_turn
 from agents.messages import PREPARED, Message, ToolCall
 from agents.model import ModelResponse, Usage
@@ -181,3 +183,20 @@ def test_the_window_leaves_out_earlier_turns_lookups_made_for_the_model_and_shor
     assert results[0].endswith(SHORTENED) and len(results[0]) < 300  # an earlier turn's own look-up, cut
     assert results[1] == long_result  # the newest turn's, whole
     assert "12 months [1] Warranty." in [m.get("content") for m in window]
+
+
+async def test_prepared_calls_have_ids_providers_accept_whatever_the_agent_is_called() -> None:
+    """OpenAI and Azure refuse tool-call ids over 40 characters: an operator's long agent name must not matter."""
+    roster = default_roster()
+    long_name = replace(roster["support"], name="technical_support_for_enterprise_customers", handoffs=())
+    model = ScriptedModel(text("It shipped."))
+    asker = Author("slack", "T1", "U1", "Ben Ortiz", "ben@example.com")
+    result = await run_turn(
+        TurnInput(123_456_789, 987_654_321, long_name.name, {}, (Message("user", "where is DW-1002?"),), asker),
+        roster=Roster.of((long_name,), entry=long_name.name),
+        model=model,
+        config=CONFIG,
+    )
+    [prepared] = [c for m in model.seen[0]["messages"] for c in m.get("tool_calls") or ()]
+    assert prepared["function"]["name"] == "lookup_order" and len(prepared["id"]) <= 40
+    assert result.tools[0].output.startswith("Order DW-1002 for Ben Ortiz")

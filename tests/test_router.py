@@ -100,3 +100,11 @@ def test_a_route_back_to_the_front_desk_is_taken_only_for_a_question() -> None:
     assert acts_on("triage", entry="triage", text="Thanks. What are your opening hours?")
     assert not acts_on("triage", entry="triage", text="Perfect, thanks.")  # stays with the specialist following up
     assert acts_on("sales", entry="triage", text="thanks, and the battery")
+
+
+def test_a_specialists_question_answered_with_a_product_name_stays_with_the_specialist() -> None:
+    # Support asked "which model do you have?"; "the Harrier X4" reads like sales' but answers support.
+    assert not acts_on("sales", entry="triage", active="support", text="the Harrier X4", answering=True)
+    assert acts_on("sales", entry="triage", active="support", text="and do you sell guards for it?", answering=True)
+    assert acts_on("sales", entry="triage", active="support", text="I want to buy a Harrier X4", answering=False)
+    assert acts_on("support", entry="triage", active="triage", text="my order DW-1002 is late", answering=True)

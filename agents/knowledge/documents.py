@@ -86,6 +86,9 @@ class _HtmlSections(HTMLParser):
         self.sections: list[Section] = []
         self.text: list[str] = []
         self.capture: list[str] | None = None
+        self.titling = False
+        """Capturing the page's <title>."""
+        self.in_head = 0
         self.level = 0
         self.skipping = 0
         self.content = 0
@@ -95,8 +98,11 @@ class _HtmlSections(HTMLParser):
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "title":
-            self.capture, self.level = [], 0
+            # The page's <title> only: an icon's <svg><title> inside a heading names the icon, not the page.
+            if self.skipping == self.in_head and self.capture is None:
+                self.capture, self.level, self.titling = [], 0, True
         elif self._skips(tag):
+            self.in_head += tag == "head"
             self.skipping += 1
         elif self.skipping:
             return
@@ -112,9 +118,12 @@ class _HtmlSections(HTMLParser):
             self.text.append(" | ")
 
     def handle_endtag(self, tag: str) -> None:
+        if tag == "title" and not self.titling:
+            return
         if self.capture is not None and re.fullmatch(r"h[1-6]|title", tag):
             text = " ".join("".join(self.capture).split())
             if tag == "title":
+                self.titling = False
                 self.page_title = self.page_title or text
             elif self.level <= 1 and self.title is None:
                 self.title, self.heading = text, None
@@ -123,13 +132,16 @@ class _HtmlSections(HTMLParser):
             self.capture = None
         elif self._skips(tag):
             self.skipping = max(0, self.skipping - 1)
+            self.in_head = max(0, self.in_head - (tag == "head"))
         elif tag in self._CONTENT and not self.skipping:
             self.content = max(0, self.content - 1)
 
     def handle_data(self, data: str) -> None:
+        if self.skipping and not self.titling:
+            return
         if self.capture is not None:
             self.capture.append(data)
-        elif not self.skipping:
+        else:
             self.text.append(data)
 
     def _flush(self) -> None:
