@@ -53,6 +53,9 @@ SCAN_TUPLES = 20_000
 """How many index entries an iterative HNSW scan may visit to fill a filtered query (pgvector's default)."""
 EF_SEARCH = 100
 """The HNSW search's candidate list (pgvector's default is 40): more than CANDIDATES, for recall."""
+SUPERSEDED_WEIGHT = 0.5
+"""A superseded document's passages score this share of what they would (see README for the evaluation that
+chose it): below the current page on the same subject, still found when the question is about the old one."""
 REPROBE_S = 60.0
 REMEMBERED_QUERIES = 256
 """How many query vectors a knowledge base keeps (384 floats each: about 3 MB as Python lists)."""
@@ -78,10 +81,13 @@ class Hit:
     by another model, or a passage stored without a vector): there is no similarity to judge it by."""
     text_match: float | None = None
     """The share of the question's words (stemmed) that the passage contains, when full text found it."""
+    superseded: bool = False
+    """Its document says it no longer applies (an older policy, a page replaced by another)."""
 
     @property
     def citation(self) -> str:
         where = f"{self.title} › {self.heading}" if self.heading else self.title
+        where += " (superseded)" if self.superseded else ""
         link = f" <{self.source}>" if self.source.startswith(("http://", "https://")) else f" ({self.source})"
         return where + link
 
@@ -330,7 +336,11 @@ class KnowledgeBase:
             if existing is not None:
                 await s.execute(delete(m.KnowledgeDocument).where(m.KnowledgeDocument.id == existing.id))
             doc = m.KnowledgeDocument(
-                collection=collection, source=document.source, title=document.title, content_hash=document.content_hash
+                collection=collection,
+                source=document.source,
+                title=document.title,
+                content_hash=document.content_hash,
+                superseded=document.superseded,
             )
             s.add(doc)
             await s.flush()
@@ -475,6 +485,8 @@ class KnowledgeBase:
             for weight, ranking in ((1.0, vector_ranked), (self.text_weight, text_ranked)):
                 for rank, row in enumerate(ranking):
                     scores[row[0]] = scores.get(row[0], 0.0) + weight / (RRF_K + rank + 1)
+        stale = {i for i, row in found.items() if row[9]}
+        scores = {i: score * SUPERSEDED_WEIGHT if i in stale else score for i, score in scores.items()}
         # Passages naming the question's identifiers come first: most of them, then named in the title or
         # heading (the passage about that product rather than one that lists it), then by score.
         named = {row[0]: _named(codes, row) for row in exact}
@@ -490,6 +502,7 @@ class KnowledgeBase:
                 collection=found[i][5],
                 vector_searched=found[i][5] in by_vector and i not in vectorless,
                 text_match=match.get(i),
+                superseded=i in stale,
             )
             for i in best
         ]
@@ -542,7 +555,7 @@ class KnowledgeBase:
             text(
                 "WITH nearest AS MATERIALIZED ("
                 f"SELECT c.id, d.source, c.title, c.heading, c.text, c.collection, 1 - {distance} AS similarity, "
-                "c.dim, NULL AS matched "
+                "c.dim, NULL AS matched, d.superseded "
                 "FROM kb_chunks c JOIN kb_documents d ON d.id = c.document_id "
                 f"WHERE c.dim = {dim} AND c.collection = ANY(:collections) "
                 f"ORDER BY {distance} LIMIT {CANDIDATES}) "
@@ -595,7 +608,7 @@ class KnowledgeBase:
                 f"ORDER BY rank DESC LIMIT {CANDIDATES}) "
                 "SELECT c.id, d.source, c.title, c.heading, c.text, c.collection, best.rank, "
                 "c.dim, (SELECT count(*) FILTER (WHERE c.tsv @@ plainto_tsquery('simple', w))::float "
-                "  / greatest(count(*), 1) FROM unnest(q.words) AS w) AS matched "
+                "  / greatest(count(*), 1) FROM unnest(q.words) AS w) AS matched, d.superseded "
                 "FROM best JOIN kb_chunks c ON c.id = best.id JOIN kb_documents d ON d.id = c.document_id, q "
                 "ORDER BY best.rank DESC, c.id"
             ),
@@ -609,7 +622,7 @@ class KnowledgeBase:
             text(
                 "SELECT c.id, d.source, c.title, c.heading, c.text, c.collection, "
                 "cardinality(ARRAY(SELECT unnest(c.identifiers) INTERSECT SELECT unnest(CAST(:codes AS text[])))) "
-                "AS rank, c.dim, NULL AS matched "
+                "AS rank, c.dim, NULL AS matched, d.superseded "
                 "FROM kb_chunks c JOIN kb_documents d ON d.id = c.document_id "
                 "WHERE c.collection = ANY(:collections) AND c.identifiers && CAST(:codes AS text[]) "
                 f"ORDER BY rank DESC, c.id LIMIT {CANDIDATES}"
