@@ -1,7 +1,8 @@
 """The knowledge base in Postgres: idempotent ingestion and hybrid search.
 
 Search runs a vector query (cosine distance on the collection's HNSW index) and a full-text query (the
-question's words OR-ed, ranked by ts_rank_cd) and fuses the two rankings by reciprocal rank fusion, so an
+question's words, all of them first, then fewer) and fuses the two rankings by reciprocal rank fusion (a
+full-text place weighted by the share of the question's words the passage holds), so that an
 exact product code (which embeddings blur) and a paraphrase (which shares no words) are both found.
 
 The embedder is optional. While it does not work (`Unavailable`), documents are stored without vectors and
@@ -39,7 +40,11 @@ log = logging.getLogger(__name__)
 
 Mode = Literal["hybrid", "vector", "text"]
 RRF_K = 60
-TEXT_WEIGHT = 0.5
+TEXT_WEIGHT = 0.75
+MATCH_POWER = 2
+"""A full-text place counts in the fusion by the share of the question's words the passage holds, to this power:
+the looser steps (half of the words, any of them) fill the ranking with passages that share a word or two, which
+should not outvote a passage the vector search ranks well (see README for the evaluation that chose both)."""
 CANDIDATES = 40
 MAX_TERMS = 64
 """The most word combinations a "at least m of the words" query may OR (beyond, that step is skipped)."""
@@ -484,7 +489,8 @@ class KnowledgeBase:
         else:
             for weight, ranking in ((1.0, vector_ranked), (self.text_weight, text_ranked)):
                 for rank, row in enumerate(ranking):
-                    scores[row[0]] = scores.get(row[0], 0.0) + weight / (RRF_K + rank + 1)
+                    share = float(row[8]) ** MATCH_POWER if row[8] is not None else 1.0
+                    scores[row[0]] = scores.get(row[0], 0.0) + weight * share / (RRF_K + rank + 1)
         stale = {i for i, row in found.items() if row[9]}
         scores = {i: score * SUPERSEDED_WEIGHT if i in stale else score for i, score in scores.items()}
         # Passages naming the question's identifiers come first: most of them, then named in the title or
