@@ -328,7 +328,11 @@ class KnowledgeBase:
                     m.KnowledgeDocument.collection == collection, m.KnowledgeDocument.source == document.source
                 )
             )
-        if existing is not None and existing.content_hash == document.content_hash:
+        # The flag too: a document stored before it was read (migration 0022) is flagged at its next ingestion.
+        if existing is not None and (existing.content_hash, existing.superseded) == (
+            document.content_hash,
+            document.superseded,
+        ):
             return "unchanged", 0
         pieces = chunk_document(document)
         vectors: list[list[float] | None] = [None] * len(pieces)

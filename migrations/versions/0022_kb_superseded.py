@@ -19,8 +19,8 @@ PASSAGE = "coalesce(title, '') || ' ' || coalesce(heading, '') || ' ' || text"
 
 
 def upgrade() -> None:
-    # Documents stored before this are flagged when they are next ingested (their file changed), or re-ingested
-    # after `kb delete`: the flag is read from the file, which the database does not keep.
+    # The flag is read from the file, which the database does not keep: a superseded document stored before this is
+    # flagged at its next ingestion (KnowledgeBase._ingest_one compares the flag as well as the content hash).
     op.add_column(
         "kb_documents", sa.Column("superseded", sa.Boolean(), server_default=sa.text("false"), nullable=False)
     )
