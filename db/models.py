@@ -280,6 +280,8 @@ class KnowledgeDocument(Base):
     """Path or URL the document came from: the re-ingest key."""
     title: Mapped[str] = mapped_column(Text)
     content_hash: Mapped[str] = mapped_column(Text)
+    superseded: Mapped[bool] = mapped_column(Boolean, server_default=sql("false"))
+    """The document says it no longer applies (agents.knowledge.documents.says_superseded): ranked lower."""
     ingested_at: Mapped[datetime] = _now()
 
 

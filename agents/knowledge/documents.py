@@ -24,6 +24,29 @@ class Document:
     title: str
     sections: tuple[Section, ...]
     content_hash: str
+    superseded: bool = False
+    """The document says it no longer applies (see `says_superseded`): ranked below current ones, still found."""
+
+
+_STALE = r"(?:superseded|archived|outdated|out of date|obsolete|deprecated|legacy|no longer (?:applies|valid|current))"
+STALE_TITLE = re.compile(rf"[(\[]\s*{_STALE}\s*[)\]]|^\s*{_STALE}\s*[:\-–—]", re.I)
+"""A title marked as help centres mark old pages: `Warranty (archived)`, `[Outdated] Pricing`, `Legacy: …`."""
+STALE_OPENING = re.compile(
+    rf"^\W*{_STALE}\b|\b(?:superseded|replaced) by\b|\bno longer (?:applies|apply|valid|current|maintained)\b"
+    r"|\bthis (?:page|article|policy|document|version) (?:is|has been) (?:archived|outdated|out of date|retired)\b",
+    re.I,
+)
+"""A banner at the top of the page: `Superseded.`, `Archived:`, `… superseded by …`, `This page is outdated.`"""
+STALE_CLASS = re.compile(r"\b(?:superseded|archived|outdated|obsolete|deprecated)\b", re.I)
+"""An HTML element's class naming the banner (`<div class="banner superseded">`)."""
+OPENING = 300
+"""Characters at the top of a document where a banner is looked for: further down, such words describe
+something else ("text-message codes are no longer offered")."""
+
+
+def says_superseded(title: str, sections: tuple[Section, ...]) -> bool:
+    opening = sections[0].text[:OPENING] if sections else ""
+    return bool(STALE_TITLE.search(title) or STALE_OPENING.search(opening))
 
 
 def _hash(raw: str) -> str:
@@ -55,7 +78,8 @@ def read_markdown(source: str, raw: str) -> Document:
             continue
         buffer.append(line)
     flush()
-    return Document(source, title or Path(source).stem.replace("-", " ").title(), tuple(sections), _hash(raw))
+    title = title or Path(source).stem.replace("-", " ").title()
+    return Document(source, title, tuple(sections), _hash(raw), says_superseded(title, tuple(sections)))
 
 
 def read_text(source: str, raw: str) -> Document:
@@ -65,7 +89,8 @@ def read_text(source: str, raw: str) -> Document:
         title, body = lines[0].strip(), "\n".join(lines[2:])
     else:
         title, body = Path(source).stem.replace("-", " ").title(), raw
-    return Document(source, title, (Section(None, body.strip()),) if body.strip() else (), _hash(raw))
+    sections = (Section(None, body.strip()),) if body.strip() else ()
+    return Document(source, title, sections, _hash(raw), says_superseded(title, sections))
 
 
 class _HtmlSections(HTMLParser):
@@ -92,6 +117,8 @@ class _HtmlSections(HTMLParser):
         self.level = 0
         self.skipping = 0
         self.content = 0
+        self.stale_banner = False
+        """An element in the content whose class marks the page as superseded (a banner)."""
 
     def _skips(self, tag: str) -> bool:
         return tag in self._SKIP or (tag == "header" and not self.content)
@@ -106,7 +133,9 @@ class _HtmlSections(HTMLParser):
             self.skipping += 1
         elif self.skipping:
             return
-        elif tag in self._CONTENT:
+        if STALE_CLASS.search(dict(attrs).get("class") or ""):
+            self.stale_banner = True
+        if tag in self._CONTENT:
             self.content += 1
             self.text.append("\n")
         elif re.fullmatch(r"h[1-6]", tag):
@@ -161,7 +190,8 @@ def read_html(source: str, raw: str) -> Document:
     parser.feed(raw)
     parser.close()
     title = parser.title or parser.page_title or Path(source).stem.replace("-", " ").title()
-    return Document(source, title, tuple(parser.sections), _hash(raw))
+    sections = tuple(parser.sections)
+    return Document(source, title, sections, _hash(raw), parser.stale_banner or says_superseded(title, sections))
 
 
 def read_document(path: Path, *, source: str | None = None) -> Document:

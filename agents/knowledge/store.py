@@ -1,7 +1,8 @@
 """The knowledge base in Postgres: idempotent ingestion and hybrid search.
 
 Search runs a vector query (cosine distance on the collection's HNSW index) and a full-text query (the
-question's words OR-ed, ranked by ts_rank_cd) and fuses the two rankings by reciprocal rank fusion, so an
+question's words, all of them first, then fewer) and fuses the two rankings by reciprocal rank fusion (a
+full-text place weighted by the share of the question's words the passage holds), so that an
 exact product code (which embeddings blur) and a paraphrase (which shares no words) are both found.
 
 The embedder is optional. While it does not work (`Unavailable`), documents are stored without vectors and
@@ -39,7 +40,11 @@ log = logging.getLogger(__name__)
 
 Mode = Literal["hybrid", "vector", "text"]
 RRF_K = 60
-TEXT_WEIGHT = 0.5
+TEXT_WEIGHT = 0.75
+MATCH_POWER = 2
+"""A full-text place counts in the fusion by the share of the question's words the passage holds, to this power:
+the looser steps (half of the words, any of them) fill the ranking with passages that share a word or two, which
+should not outvote a passage the vector search ranks well (see README for the evaluation that chose both)."""
 CANDIDATES = 40
 MAX_TERMS = 64
 """The most word combinations a "at least m of the words" query may OR (beyond, that step is skipped)."""
@@ -53,6 +58,9 @@ SCAN_TUPLES = 20_000
 """How many index entries an iterative HNSW scan may visit to fill a filtered query (pgvector's default)."""
 EF_SEARCH = 100
 """The HNSW search's candidate list (pgvector's default is 40): more than CANDIDATES, for recall."""
+SUPERSEDED_WEIGHT = 0.5
+"""A superseded document's passages score this share of what they would (see README for the evaluation that
+chose it): below the current page on the same subject, still found when the question is about the old one."""
 REPROBE_S = 60.0
 REMEMBERED_QUERIES = 256
 """How many query vectors a knowledge base keeps (384 floats each: about 3 MB as Python lists)."""
@@ -78,10 +86,13 @@ class Hit:
     by another model, or a passage stored without a vector): there is no similarity to judge it by."""
     text_match: float | None = None
     """The share of the question's words (stemmed) that the passage contains, when full text found it."""
+    superseded: bool = False
+    """Its document says it no longer applies (an older policy, a page replaced by another)."""
 
     @property
     def citation(self) -> str:
         where = f"{self.title} › {self.heading}" if self.heading else self.title
+        where += " (superseded)" if self.superseded else ""
         link = f" <{self.source}>" if self.source.startswith(("http://", "https://")) else f" ({self.source})"
         return where + link
 
@@ -317,7 +328,11 @@ class KnowledgeBase:
                     m.KnowledgeDocument.collection == collection, m.KnowledgeDocument.source == document.source
                 )
             )
-        if existing is not None and existing.content_hash == document.content_hash:
+        # The flag too: a document stored before it was read (migration 0022) is flagged at its next ingestion.
+        if existing is not None and (existing.content_hash, existing.superseded) == (
+            document.content_hash,
+            document.superseded,
+        ):
             return "unchanged", 0
         pieces = chunk_document(document)
         vectors: list[list[float] | None] = [None] * len(pieces)
@@ -330,7 +345,11 @@ class KnowledgeBase:
             if existing is not None:
                 await s.execute(delete(m.KnowledgeDocument).where(m.KnowledgeDocument.id == existing.id))
             doc = m.KnowledgeDocument(
-                collection=collection, source=document.source, title=document.title, content_hash=document.content_hash
+                collection=collection,
+                source=document.source,
+                title=document.title,
+                content_hash=document.content_hash,
+                superseded=document.superseded,
             )
             s.add(doc)
             await s.flush()
@@ -474,7 +493,10 @@ class KnowledgeBase:
         else:
             for weight, ranking in ((1.0, vector_ranked), (self.text_weight, text_ranked)):
                 for rank, row in enumerate(ranking):
-                    scores[row[0]] = scores.get(row[0], 0.0) + weight / (RRF_K + rank + 1)
+                    share = float(row[8]) ** MATCH_POWER if row[8] is not None else 1.0
+                    scores[row[0]] = scores.get(row[0], 0.0) + weight * share / (RRF_K + rank + 1)
+        stale = {i for i, row in found.items() if row[9]}
+        scores = {i: score * SUPERSEDED_WEIGHT if i in stale else score for i, score in scores.items()}
         # Passages naming the question's identifiers come first: most of them, then named in the title or
         # heading (the passage about that product rather than one that lists it), then by score.
         named = {row[0]: _named(codes, row) for row in exact}
@@ -490,6 +512,7 @@ class KnowledgeBase:
                 collection=found[i][5],
                 vector_searched=found[i][5] in by_vector and i not in vectorless,
                 text_match=match.get(i),
+                superseded=i in stale,
             )
             for i in best
         ]
@@ -542,7 +565,7 @@ class KnowledgeBase:
             text(
                 "WITH nearest AS MATERIALIZED ("
                 f"SELECT c.id, d.source, c.title, c.heading, c.text, c.collection, 1 - {distance} AS similarity, "
-                "c.dim, NULL AS matched "
+                "c.dim, NULL AS matched, d.superseded "
                 "FROM kb_chunks c JOIN kb_documents d ON d.id = c.document_id "
                 f"WHERE c.dim = {dim} AND c.collection = ANY(:collections) "
                 f"ORDER BY {distance} LIMIT {CANDIDATES}) "
@@ -595,7 +618,7 @@ class KnowledgeBase:
                 f"ORDER BY rank DESC LIMIT {CANDIDATES}) "
                 "SELECT c.id, d.source, c.title, c.heading, c.text, c.collection, best.rank, "
                 "c.dim, (SELECT count(*) FILTER (WHERE c.tsv @@ plainto_tsquery('simple', w))::float "
-                "  / greatest(count(*), 1) FROM unnest(q.words) AS w) AS matched "
+                "  / greatest(count(*), 1) FROM unnest(q.words) AS w) AS matched, d.superseded "
                 "FROM best JOIN kb_chunks c ON c.id = best.id JOIN kb_documents d ON d.id = c.document_id, q "
                 "ORDER BY best.rank DESC, c.id"
             ),
@@ -609,7 +632,7 @@ class KnowledgeBase:
             text(
                 "SELECT c.id, d.source, c.title, c.heading, c.text, c.collection, "
                 "cardinality(ARRAY(SELECT unnest(c.identifiers) INTERSECT SELECT unnest(CAST(:codes AS text[])))) "
-                "AS rank, c.dim, NULL AS matched "
+                "AS rank, c.dim, NULL AS matched, d.superseded "
                 "FROM kb_chunks c JOIN kb_documents d ON d.id = c.document_id "
                 "WHERE c.collection = ANY(:collections) AND c.identifiers && CAST(:codes AS text[]) "
                 f"ORDER BY rank DESC, c.id LIMIT {CANDIDATES}"
