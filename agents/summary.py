@@ -129,6 +129,11 @@ def _line(message: Message) -> str:
     return "\n".join(said)
 
 
+RETRY_AFTER_S = 300.0
+"""After a failed summary call, the conversation's next attempt waits this long."""
+MAX_REMEMBERED_FAILURES = 10_000
+
+
 class Summaries:
     """Makes summaries in the background, at most one at a time per conversation in this process."""
 
@@ -148,10 +153,15 @@ class Summaries:
         self.on_call = on_call
         """Told of every summary call, made or failed (the host's metrics)."""
         self._running: dict[int, asyncio.Task[bool]] = {}
+        self._failed: dict[int, float] = {}
+        """When a conversation's last summary call failed (monotonic), so a failing provider is not asked again on
+        every message; bounded like the number of conversations a process is given at once."""
 
     def start(self, conversation_id: int, inbound_id: int | None) -> None:
-        """Summarise in the background, unless this process is at it for the conversation already."""
-        if conversation_id in self._running:
+        """Summarise in the background, unless this process is at it for the conversation already or its last
+        summary call failed less than `RETRY_AFTER_S` ago (the window keeps more history meanwhile)."""
+        failed = self._failed.get(conversation_id)
+        if conversation_id in self._running or (failed is not None and time.monotonic() - failed < RETRY_AFTER_S):
             return
         task = asyncio.create_task(self.summarise(conversation_id, inbound_id), name=f"summary-{conversation_id}")
         self._running[conversation_id] = task
@@ -200,6 +210,9 @@ class Summaries:
         if call is None or not call.ok:
             # A stand-in's answer (agents.offline) is no summary either: keep the history as it is.
             log.warning("summary of conversation %s not made: %s", conversation_id, error)
+            if len(self._failed) >= MAX_REMEMBERED_FAILURES:
+                self._failed.pop(next(iter(self._failed)))
+            self._failed[conversation_id] = time.monotonic()
             elapsed = (time.perf_counter() - started) * 1000
             call = LLMCallRecord(AGENT, self.config.model, False, error, call.usage if call else Usage(), elapsed)
             summary = None

@@ -148,7 +148,8 @@ async def test_a_failing_summary_call_does_not_fail_the_turn(
     assert (row.summary, row.summary_through) == (None, None)
     async with sessions() as s:
         failed = list(await s.scalars(select(m.LLMCall).where(m.LLMCall.agent == AGENT)))
-    assert failed and not any(c.ok for c in failed) and all(c.error for c in failed)
+    # Tried once: a failing provider is not asked again on every message past the mark (agents.summary.RETRY_AFTER_S).
+    assert len(failed) == 1 and not failed[0].ok and failed[0].error
     # The window keeps the whole history instead (the token budget still bounds it).
     fake_llm.requests.clear()
     await service.handle("t:fail", "still there?")
