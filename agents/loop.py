@@ -201,6 +201,7 @@ async def run_turn(
     calls: list[LLMCallRecord] = []
     asked = 0  # model calls made; `calls` may hold two records for one (a provider failure and its stand-in)
     visited = [agent.name]
+    several_writers = shared(turn.history)  # the turn adds no customer messages: once, not once per call
     prepared: set[str] = set()  # agents given their look-ups for this message (once each, even after a hand-back)
     limit = asyncio.Semaphore(config.max_parallel_tools)
 
@@ -248,7 +249,7 @@ async def run_turn(
         schemas = roster.schemas_of(agent.name)
         model_name = agent.model or config.default_model
         window = build_window(
-            system=_system_prompt(agent, context, turn.asker, shared=shared(turn.history)),
+            system=_system_prompt(agent, context, turn.asker, shared=several_writers),
             history=(*turn.history, *new),
             tools=schemas,
             budget=config.token_budget,

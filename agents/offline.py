@@ -21,7 +21,7 @@ import numpy as np
 from agents.errors import AgentsError, ProviderError
 from agents.knowledge.embedders import Embedder
 from agents.knowledge.store import KnowledgeBase
-from agents.knowledge.tool import NOTHING_FOUND
+from agents.knowledge.tool import NOTHING_FOUND, passages_in
 from agents.messages import ToolCall
 from agents.model import Model, ModelResponse, Usage
 
@@ -99,10 +99,8 @@ def _reply(text: str) -> ModelResponse:
 
 
 def _found_articles(result: str) -> str:
-    passages = re.split(r"\n\n(?=\[\d+\] )", result.split("\n\n", 1)[1]) if "\n\n" in result else []
     lines = ["Here is what I found in our help articles:"]
-    for passage in passages[:2]:
-        head, _, body = passage.partition("\n")
+    for head, body in passages_in(result)[:2]:
         excerpt = body.strip()
         excerpt = excerpt if len(excerpt) < 700 else excerpt[:700].rsplit(" ", 1)[0] + "…"
         source = re.sub(r"^\[\d+\] ", "", head)

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from agents.agent import Agent, Roster
 from agents.knowledge.store import KnowledgeBase
-from agents.knowledge.tool import knowledge_retriever, search_knowledge_tool
+from agents.knowledge.tool import knowledge_search
 from agents.shop import SALES_TOOLS, SUPPORT_TOOLS, order_lookups
 from agents.tools import ToolContext, function_tool
 
@@ -218,8 +218,7 @@ def default_roster(knowledge: KnowledgeBase | None = None, *, min_similarity: fl
     )
 
     def grounded(agent: Agent, collections: tuple[str, ...]) -> Agent:
-        search = search_knowledge_tool(knowledge, collections=collections, min_similarity=min_similarity)
-        retrieve = knowledge_retriever(search, knowledge, collections=collections, min_similarity=min_similarity)
+        search, retrieve = knowledge_search(knowledge, collections=collections, min_similarity=min_similarity)
         base = agent.instructions
         return replace(
             agent,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agents.identity import Author
-from agents.knowledge.tool import PASSAGES
+from agents.knowledge.tool import PASSAGES, passages_in
 from agents.shop import ORDERS, Customer
 from agents.summary import PROMPT as SUMMARY_PROMPT
 from fakes.openai_server import FakeReply, RecordedRequest, reply, tool_call, tools
@@ -498,9 +498,8 @@ def _grounded(turn: Turn, about: Sequence[str]) -> FakeReply | None:
     found = turn.passages
     if found is None:
         return None if "search_knowledge" in turn.called else tools(tool_call("search_knowledge", {"query": turn.user}))
-    for passage in re.split(r"\n\n(?=\[\d+\] )", found.split("\n\n", 1)[-1]):
-        head, _, body = passage.partition("\n")
-        if not about or any(word.lower() in passage.lower() for word in about):
+    for head, body in passages_in(found):
+        if not about or any(word.lower() in f"{head}\n{body}".lower() for word in about):
             sentence = re.split(r"(?<=[.!?])\s", body.strip().replace("**", ""), maxsplit=1)[0]
             return reply(f"Here's what I found{_hello(turn)}: {sentence}\n\nSource: {head}")
     return None

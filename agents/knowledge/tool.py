@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Annotated, Any
@@ -38,6 +39,14 @@ def relevant(hits: Sequence[Hit], query: str, min_similarity: float) -> list[Hit
 
 def format_hits(hits: Sequence[Hit]) -> str:
     return "\n\n".join(f"[{n}] {hit.citation}\n{hit.text}" for n, hit in enumerate(hits, 1))
+
+
+def passages_in(result: str) -> list[tuple[str, str]]:
+    """(head "[n] citation", text) of each passage in what the search showed; [] when it found nothing."""
+    if not result.startswith(PASSAGES):
+        return []
+    blocks = re.split(r"\n\n(?=\[\d+\] )", result.removeprefix(PASSAGES).strip("\n"))
+    return [(head, body) for head, _, body in (block.partition("\n") for block in blocks)]
 
 
 PASSAGES = "Answer only from these passages; cite those you use as [n] Title (link):"
@@ -81,6 +90,14 @@ def _finder(kb: KnowledgeBase, collections: Sequence[str], k: int, min_similarit
 def search_knowledge_tool(
     kb: KnowledgeBase, *, collections: Sequence[str], k: int = 4, min_similarity: float = 0.35
 ) -> Tool:
+    return knowledge_search(kb, collections=collections, k=k, min_similarity=min_similarity)[0]
+
+
+def knowledge_search(
+    kb: KnowledgeBase, *, collections: Sequence[str], k: int = 4, min_similarity: float = 0.35
+) -> tuple[Tool, Retriever]:
+    """`search_knowledge`, and the same search run on the customer's message before the agent's first call
+    (agents.loop): only passages that clear `min_similarity`, within a token budget, shown as the tool shows them."""
     scope = ", ".join(collections) or "all collections"
     found = _finder(kb, collections, k, min_similarity)
 
@@ -90,24 +107,11 @@ def search_knowledge_tool(
         hits = await found(query)
         return answer_from(hits) if hits else NOTHING_FOUND
 
-    tool: Tool = function_tool(
-        search_knowledge,
-        description=f"Search our documents ({scope}).",
-    )
-    return tool
-
-
-def knowledge_retriever(
-    search: Tool, kb: KnowledgeBase, *, collections: Sequence[str], k: int = 4, min_similarity: float = 0.35
-) -> Retriever:
-    """The same search as `search` (the tool above, made with the same arguments), run on the customer's
-    message before the agent's first call (agents.loop): only passages that clear `min_similarity`, within a
-    token budget, shown as the tool shows them."""
-    found = _finder(kb, collections, k, min_similarity)
+    tool: Tool = function_tool(search_knowledge, description=f"Search our documents ({scope}).")
 
     async def retrieve(message: str, budget_tokens: int) -> Retrieved | None:
         hits = within(await found(message), budget_tokens) if len(message.strip()) >= 2 else []
         arguments: dict[str, Any] = {"query": message}
-        return Retrieved(search.name, arguments, answer_from(hits)) if hits else None
+        return Retrieved(tool.name, arguments, answer_from(hits)) if hits else None
 
-    return retrieve
+    return tool, retrieve
