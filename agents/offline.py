@@ -98,9 +98,9 @@ def _reply(text: str) -> ModelResponse:
     return ModelResponse(text, (), Usage(), 0.0, OFFLINE)
 
 
-def _found_articles(result: str) -> str:
+def _found_articles(passages: Sequence[tuple[str, str]]) -> str:
     lines = ["Here is what I found in our help articles:"]
-    for head, body in passages_in(result)[:2]:
+    for head, body in passages[:2]:
         excerpt = body.strip()
         excerpt = excerpt if len(excerpt) < 700 else excerpt[:700].rsplit(" ", 1)[0] + "…"
         source = re.sub(r"^\[\d+\] ", "", head)
@@ -126,12 +126,14 @@ class OfflineModel:
         calls = sum(len(m.get("tool_calls") or []) for m in turn)
         if ASKS_FOR_PERSON.search(question) and "escalate_to_human" in available:
             return _call("escalate_to_human", {"reason": "the customer asked for a person"}, calls)
-        searched = [r for r in results if not str(r.get("content", "")).startswith(("Transferred", "Error"))]
-        if searched:
-            found = str(searched[-1]["content"])
-            if found.startswith(NOTHING_FOUND[:30]):
-                return _call("escalate_to_human", {"reason": "no help article matches the question"}, calls)
-            return _reply(_found_articles(found))
+        # Only the knowledge base's passages are answered from: other results (an order looked up before the
+        # first call) are written for a model, not for the customer.
+        outputs = [str(r.get("content", "")) for r in results]
+        passages = [passage for output in outputs for passage in passages_in(output)]
+        if passages:
+            return _reply(_found_articles(passages))
+        if any(output.startswith(NOTHING_FOUND[:30]) for output in outputs):
+            return _call("escalate_to_human", {"reason": "no help article matches the question"}, calls)
         if not any(str(r.get("content", "")).startswith("Transferred") for r in results):
             route = await self.router.route(question)
             if f"transfer_to_{route.agent}" in available and (

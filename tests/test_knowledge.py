@@ -238,9 +238,11 @@ async def test_offline_mode_answers_with_sources_and_escalates_when_nothing_matc
     sessions: Sessions, minilm: object
 ) -> None:
     from agents.conversations import Conversations
+    from agents.identity import Author
     from agents.knowledge.local import LocalEmbedder
     from agents.offline import OfflineModel, SimilarityRouter
     from agents.roster import KNOWLEDGE_OF, default_roster
+    from agents.shop import DEMO_CUSTOMER
     from tests.conftest import CONFIG
 
     kb = KnowledgeBase(sessions=sessions, embedder=LocalEmbedder(minilm))  # type: ignore[arg-type]
@@ -274,6 +276,13 @@ async def test_offline_mode_answers_with_sources_and_escalates_when_nothing_matc
     )
     nothing = await picky.handle("t:2", "I want to return my drone and get a refund")
     assert nothing.kind == "escalated" and nothing.escalation_reason == "no help article matches the question"
+
+    # An order the message names is looked up before support's first call; the offline model answers only from
+    # passages, never with that look-up's text (written for a model), and without passages asks a person in.
+    casey = Author("cli", None, "terminal", DEMO_CUSTOMER.name, DEMO_CUSTOMER.email)
+    order = await picky.handle("t:4", "where is my order DW-1006?", author=casey)
+    assert order.kind == "escalated" and order.escalation_reason == "no help article matches the question"
+    assert "Order DW-1006" not in (order.reply or "") and "Here is what I found" not in (order.reply or "")
 
 
 # --- retrieval: identifiers first, full text AND before OR, a small collection beside a big one ---
