@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,7 +68,7 @@ class Scored:
     benchmark sweeps thresholds over these."""
 
     agent: str | None
-    """None: the message asks for a person."""
+    """None: the message asks for a person (or it could not be embedded)."""
     score: float
 
 
@@ -87,9 +87,18 @@ class Router:
     """Names the agent for a message, or abstains (None). Embeds the examples on first use, once."""
 
     def __init__(
-        self, embedder: Embedder, examples: Mapping[str, Sequence[str]], *, min_score: float, k: int = K
+        self,
+        embedder: Embedder,
+        examples: Mapping[str, Sequence[str]],
+        *,
+        min_score: float,
+        k: int = K,
+        query_vector: Callable[[str], Awaitable[list[float] | None]] | None = None,
     ) -> None:
         self.embedder = embedder
+        self.query_vector = query_vector or self._embedded
+        """A message's vector from `embedder`: the knowledge base's remembered one when it embeds with the same
+        model, so that the search before the first call does not embed the message again."""
         self.labels = [name for name, texts in examples.items() if texts]
         self.texts = {name: tuple(examples[name]) for name in self.labels} | {PERSON: PERSON_EXAMPLES}
         self.min_score = min_score
@@ -110,6 +119,10 @@ class Router:
                 self._vectors = out
             return self._vectors
 
+    async def _embedded(self, text: str) -> list[float]:
+        [vector] = await self.embedder.embed([text])
+        return vector
+
     async def warm(self) -> None:
         """Load the model and embed the examples now (at start-up, in the background), not on the first message,
         which would wait seconds for it. A failure is left for `route`, which abstains."""
@@ -122,7 +135,10 @@ class Router:
         if ASKS_FOR_PERSON.search(text):
             return Scored(None, 0.0)
         examples = await self._examples()
-        query = np.array((await self.embedder.embed([text]))[0], dtype=np.float32)
+        vector = await self.query_vector(text)
+        if vector is None:
+            return Scored(None, 0.0)
+        query = np.array(vector, dtype=np.float32)
         similarity = {name: float(np.sort(vectors @ query)[-self.k :].mean()) for name, vectors in examples.items()}
         ranked = sorted(similarity, key=similarity.__getitem__, reverse=True)
         best, second = ranked[0], ranked[1]

@@ -164,6 +164,9 @@ class CaseOutcome:
     reply: str
     messages: int
     llm_calls: int
+    """The agents' calls that answered; the tokens and the cost count the summaries' calls too."""
+    summary_calls: int
+    """Calls that folded older turns into the conversation's running summary (HISTORY_TOKENS)."""
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
@@ -198,19 +201,28 @@ class CaseOutcome:
         }
 
 
-async def evaluate(service: Conversations, spec: EvalFile, *, run_id: str) -> list[CaseOutcome]:
+async def evaluate(
+    service: Conversations, spec: EvalFile, *, run_id: str, summaries: Sequence[LLMCallRecord] = ()
+) -> list[CaseOutcome]:
+    """`summaries`: where the service records its summary calls (`terminal_engine(on_summary=...)`)."""
     outcomes = []
     for n, case in enumerate(spec.cases):
         key = f"eval:{run_id}:{n}"
         calls: list[LLMCallRecord] = []
+        summarised = len(summaries)
         escalated, reply, agent = False, "", service.roster.entry
         for text in case.messages:
             result = await service.handle(key, text, author=EVAL_AUTHOR)
             calls.extend(result.llm_calls)
             escalated = escalated or result.kind == ResultKind.ESCALATED
             reply, agent = result.reply or "", result.agent
+            if service.summaries is not None:
+                # Made after the reply, in the background: waited for, so that the next message sees it (as a
+                # customer writing a minute later would) and its cost counts for this case.
+                await service.summaries.settled()
+        folded = list(summaries[summarised:])
         by_model: dict[str, tuple[int, int]] = {}
-        for call in calls:
+        for call in [*calls, *folded]:
             prompt, completion = by_model.get(call.model, (0, 0))
             by_model[call.model] = (prompt + call.usage.prompt_tokens, completion + call.usage.completion_tokens)
         outcomes.append(
@@ -227,9 +239,10 @@ async def evaluate(service: Conversations, spec: EvalFile, *, run_id: str) -> li
                 reply=reply,
                 messages=len(case.messages),
                 llm_calls=sum(1 for c in calls if c.ok),
-                prompt_tokens=sum(c.usage.prompt_tokens for c in calls),
-                completion_tokens=sum(c.usage.completion_tokens for c in calls),
-                cached_tokens=sum(c.usage.cached_tokens or 0 for c in calls),  # None: not reported
+                summary_calls=len(folded),
+                prompt_tokens=sum(c.usage.prompt_tokens for c in [*calls, *folded]),
+                completion_tokens=sum(c.usage.completion_tokens for c in [*calls, *folded]),
+                cached_tokens=sum(c.usage.cached_tokens or 0 for c in [*calls, *folded]),  # None: not reported
                 tokens_by_model=by_model,
             )
         )
@@ -267,6 +280,7 @@ def summarize(outcomes: Sequence[CaseOutcome], prices: Mapping[str, Price]) -> d
         "citation_rate": rate("citation"),
         "contains_rate": rate("contains"),
         "llm_calls": sum(o.llm_calls for o in outcomes),
+        "summary_calls": sum(o.summary_calls for o in outcomes),
         "prompt_tokens": sum(o.prompt_tokens for o in outcomes),
         "completion_tokens": sum(o.completion_tokens for o in outcomes),
         "cached_tokens": sum(o.cached_tokens for o in outcomes),
@@ -376,6 +390,8 @@ def render(result: Mapping[str, Any]) -> str:
         f"{_num(s['prompt_tokens_per_message'], 0)} prompt and {_num(s['completion_tokens_per_message'], 0)} "
         f"completion tokens, cost {cost}",
     ]
+    if s.get("summary_calls"):
+        lines.append(f"running summaries     {s['summary_calls']} calls (in the tokens and the cost above)")
     diff = result.get("diff")
     if diff is not None:
         lines += ["", "against the previous run:"]
@@ -444,9 +460,10 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return 2
-            service = runtime.terminal_engine(settings, db, brain)
+            summaries: list[LLMCallRecord] = []
+            service = runtime.terminal_engine(settings, db, brain, on_summary=summaries.append)
             try:
-                outcomes = await evaluate(service, spec, run_id=run_id)
+                outcomes = await evaluate(service, spec, run_id=run_id, summaries=summaries)
             finally:
                 if service.summaries is not None:  # a summary still being made would write into a deleted case
                     await service.summaries.settled()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +25,7 @@ from agents.knowledge.local import MODEL as LOCAL_MODEL
 from agents.knowledge.local import LocalEmbedder
 from agents.knowledge.store import KnowledgeBase
 from agents.limits import Limits
-from agents.loop import LoopConfig, Texts
+from agents.loop import LLMCallRecord, LoopConfig, Texts
 from agents.model import Model, OpenAIChatModel
 from agents.offline import FallbackModel, OfflineModel, SimilarityRouter
 from agents.roster import KNOWLEDGE_OF, default_roster
@@ -273,13 +273,20 @@ def calibrated_router(settings: Settings, knowledge: KnowledgeBase, roster: Rost
     model. Loaded on the first message, not at start-up."""
     if settings.router_min_score is None:
         return None
-    embedder = knowledge.embedder if isinstance(knowledge.embedder, LocalEmbedder) else LocalEmbedder()
     examples = {name: agent.examples for name, agent in roster.agents.items()}
-    return Router(embedder, examples, min_score=settings.router_min_score)
+    if isinstance(knowledge.embedder, LocalEmbedder):
+        # The message the router embeds is searched next: one embedding, remembered by the knowledge base.
+        return Router(
+            knowledge.embedder, examples, min_score=settings.router_min_score, query_vector=knowledge.query_vector
+        )
+    return Router(LocalEmbedder(), examples, min_score=settings.router_min_score)
 
 
-def terminal_engine(settings: Settings, db: Database, brain: Brain) -> Conversations:
-    """The engine as the terminal commands (chat, eval) run it: no platform to deliver to, no rate limits."""
+def terminal_engine(
+    settings: Settings, db: Database, brain: Brain, *, on_summary: Callable[[LLMCallRecord], None] | None = None
+) -> Conversations:
+    """The engine as the terminal commands (chat, eval) run it: no platform to deliver to, no rate limits.
+    `on_summary` is told of each call made for a running summary."""
     return Conversations(
         takeover=TAKEOVER,
         sessions=db.sessions,
@@ -287,6 +294,7 @@ def terminal_engine(settings: Settings, db: Database, brain: Brain) -> Conversat
         model=brain.model,
         config=loop_config(settings, token_budget=brain.token_budget),
         summarising=summarising(settings, brain),
+        on_summary=on_summary,
         router=brain.router,
     )
 

@@ -294,10 +294,11 @@ class KnowledgeChunk(Base):
 
     __tablename__ = "kb_chunks"
     __table_args__ = (
-        Index("ix_kb_chunks_tsv", "tsv", postgresql_using="gin"),
+        # fastupdate off (migration 0023): searched with every message, written at ingestion only.
+        Index("ix_kb_chunks_tsv", "tsv", postgresql_using="gin", postgresql_with={"fastupdate": "off"}),
         Index("ix_kb_chunks_collection", "collection"),
         Index("ix_kb_chunks_unembedded", "collection", postgresql_where=sql("dim IS NULL")),
-        Index("ix_kb_chunks_identifiers", "identifiers", postgresql_using="gin"),
+        Index("ix_kb_chunks_identifiers", "identifiers", postgresql_using="gin", postgresql_with={"fastupdate": "off"}),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)

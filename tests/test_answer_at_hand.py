@@ -94,14 +94,17 @@ async def test_the_search_tool_still_works_for_a_follow_up(
         tools(tool_call("search_knowledge", {"query": "how do I return a drone for a refund"})), reply("Sure [1].")
     )
     await conversation.handle("t:4", "thanks. and xyzzy plugh?")
+    first = fake_llm.requests[0].messages
+    [prepared] = [c["id"] for m in first for c in m.get("tool_calls") or ()]
+    assert any(CITATION in r for r in tool_results(first))
     follow_up = fake_llm.requests[-1].messages
     results = tool_results(follow_up)
     # The first turn's passages were answered from; the window leaves them out (the answer stays), call and
     # result together. The model's own search of this turn is there.
-    assert not any(CITATION in r for r in results)
+    ids = [c["id"] for m in follow_up for c in m.get("tool_calls") or ()]
+    assert prepared not in ids and prepared not in [m.get("tool_call_id") for m in follow_up]
     assert "12 months [1]." in [m.get("content") for m in follow_up]
     assert "(support/returns" in results[-1]
-    ids = [c["id"] for m in follow_up for c in m.get("tool_calls") or ()]
     assert ids == [m["tool_call_id"] for m in follow_up if m["role"] == "tool"]
 
 

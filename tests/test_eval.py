@@ -143,3 +143,22 @@ def test_the_shipped_example_is_valid() -> None:
     assert {"sales", "support"} <= agents
     assert any(c.expect.escalate for c in spec.cases) and any(c.expect.cites for c in spec.cases)
     assert any("refund" in " ".join(c.messages).lower() for c in spec.cases)
+
+
+async def test_the_running_summarys_calls_count_in_the_tokens_and_the_cost(
+    database_url: str, fake_llm: FakeOpenAI, tmp_path: Path
+) -> None:
+    """HISTORY_TOKENS low: the angry customer's second message makes a summary of the first turn. Its call is a
+    provider's call like the agents': it counts in the tokens and the cost, and is reported apart from them."""
+    (tmp_path / "cases.yaml").write_text(CASES)
+    script(fake_llm, cite=True, battery_to="support")
+    fake_llm.script(reply("The customer called the bot useless; the agent apologised."))
+    run_env = env(database_url, fake_llm) | {"HISTORY_TOKENS": "1"}
+    code, out, err = await run_bot("eval", "cases.yaml", "--out", "run.json", env=run_env, cwd=tmp_path, wait_s=300)
+    assert code == 0, err
+    s = json.loads((tmp_path / "run.json").read_text())["summary"]
+    assert fake_llm.calls == 8 and (s["llm_calls"], s["summary_calls"]) == (7, 1)
+    assert "summary" in json.dumps(fake_llm.requests[-1].messages).casefold()
+    assert s["prompt_tokens"] == prompt_tokens(fake_llm)
+    assert s["cost_usd"] == round((s["prompt_tokens"] * 1.0 + s["completion_tokens"] * 2.0) / 1e6, 6)
+    assert "running summaries     1 calls" in out

@@ -508,3 +508,43 @@ async def test_a_superseded_page_ranks_below_the_current_one_and_is_still_found(
     assert hits[0].source == "help/returns.html" and not hits[0].superseded
     [old] = [h for h in hits if h.heading == "Sending it back"]
     assert old.superseded and old.citation.startswith("Returns policy (2022) › Sending it back (superseded)")
+
+
+async def test_the_passage_nearest_in_meaning_stays_in_the_first_two(kb: KnowledgeBase, tmp_path: Path) -> None:
+    """Full text sees only a question's content words, stemmed; here three passages hold all of them (and rank
+    well by vector too), while the passage nearest to the whole question holds one. Fused, those three outrank
+    it; it still comes second, so an agent reading the first few passages sees it."""
+    paths = write(
+        tmp_path / "help",
+        {
+            "nearest.md": "# Help\n\n## What to do\n\nIf it is the cable, what you should do is this: do it as I do.",
+            "b.md": "# Charger\n\n## Charger and cable\n\nCharger and charging cable: it charges over the cable.",
+            "c.md": "# Cable\n\n## Charging cable\n\nCharging cable for the charger, sold separately.",
+            "d.md": "# Car\n\n## In the car\n\nThe charger and the cable for charging in the car.",
+        },
+    )
+    await kb.ingest(paths, collection="help", root=tmp_path)
+    question = "what should I do if it is the charger or the charging cable"
+    [nearest] = await kb.search(question, collections=["help"], k=1, mode="vector")
+    assert nearest.heading == "What to do"
+    by_text = [h.heading for h in await kb.search(question, collections=["help"], mode="text")]
+    assert by_text.index("What to do") == 3
+    hits = await kb.search(question, collections=["help"], k=4)
+    assert [h.heading for h in hits].index("What to do") == 1
+
+
+async def test_the_full_text_indexes_keep_no_pending_list(sessions: Sessions) -> None:
+    """Entries go into the GIN indexes as passages are stored (migration 0023), not into a pending list that every
+    index search would read whole until a vacuum merged it."""
+    async with sessions() as s:
+        options = dict(
+            (
+                await s.execute(
+                    text(
+                        "SELECT relname, reloptions FROM pg_class "
+                        "WHERE relname IN ('ix_kb_chunks_tsv', 'ix_kb_chunks_identifiers')"
+                    )
+                )
+            ).all()
+        )
+    assert options == {"ix_kb_chunks_tsv": ["fastupdate=off"], "ix_kb_chunks_identifiers": ["fastupdate=off"]}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import cache
+from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -13,9 +14,12 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from agents.agent import Roster
 from agents.conversations import Conversations
 from agents.knowledge.local import LocalEmbedder, MiniLM
+from agents.knowledge.store import KnowledgeBase
 from agents.model import OpenAIChatModel
 from agents.roster import SALES, SUPPORT, TRIAGE, default_roster
 from agents.router import MIN_SCORE, Router, acts_on
+from bot.runtime import calibrated_router
+from bot.settings import Settings
 from db import models as m
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply
@@ -108,3 +112,32 @@ def test_a_specialists_question_answered_with_a_product_name_stays_with_the_spec
     assert acts_on("sales", entry="triage", active="support", text="and do you sell guards for it?", answering=True)
     assert acts_on("sales", entry="triage", active="support", text="I want to buy a Harrier X4", answering=False)
     assert acts_on("support", entry="triage", active="triage", text="my order DW-1002 is late", answering=True)
+
+
+class CountedEmbedder(LocalEmbedder):
+    def __init__(self) -> None:
+        super().__init__(minilm())
+        self.texts: list[str] = []
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        self.texts += texts
+        return await super().embed(texts)
+
+
+async def test_the_router_and_the_search_before_the_first_call_embed_a_message_once(
+    sessions: Sessions, tmp_path: Path
+) -> None:
+    """As the bot wires them (`calibrated_router`): with the local model, the router takes the message's vector
+    from the knowledge base, which remembers it for the search that follows."""
+    embedder = CountedEmbedder()
+    kb = KnowledgeBase(sessions=sessions, embedder=embedder)
+    (tmp_path / "drones.md").write_text("# Drones\n\n## Landscape\n\nThe Harrier X4 shoots landscapes in 4K.")
+    await kb.ingest([tmp_path / "drones.md"], collection="catalogue", root=tmp_path)
+    settings = Settings(_env_file=None, router_min_score=MIN_SCORE)  # type: ignore[call-arg]
+    router = calibrated_router(settings, kb, default_roster(kb))
+    assert router is not None
+    routed = await router.route(SALES_MESSAGE)
+    assert routed is not None and routed.agent == SALES.name
+    [hit] = await kb.search(SALES_MESSAGE, collections=["catalogue"], k=1)
+    assert hit.similarity is not None
+    assert embedder.texts.count(SALES_MESSAGE) == 1

@@ -61,6 +61,12 @@ EF_SEARCH = 100
 SUPERSEDED_WEIGHT = 0.5
 """A superseded document's passages score this share of what they would (see README for the evaluation that
 chose it): below the current page on the same subject, still found when the question is about the old one."""
+NEAREST_AT_WORST = 2
+"""The passage nearest to the question in meaning ranks at worst here (after any naming its identifiers): the
+full-text ranking adds exact words, and a few words shared by many passages (a stem such as "charg" in both
+"charge" and "charging") should not push the best match in meaning out of the few the agent reads. Only a current
+passage that full text found too (it holds some of the question's words) is lifted (see README, "Hybrid search",
+for the evaluation that chose it)."""
 REPROBE_S = 60.0
 REMEMBERED_QUERIES = 256
 """How many query vectors a knowledge base keeps (384 floats each: about 3 MB as Python lists)."""
@@ -77,7 +83,9 @@ class Hit:
     heading: str | None
     text: str
     score: float
-    """The fused score (hybrid), cosine similarity (vector) or 1 / place in the full-text ranking (text)."""
+    """The fused score (hybrid), cosine similarity (vector) or 1 / place in the full-text ranking (text). Hybrid hits
+    come in score order but for passages naming the question's identifiers (first) and the one nearest in meaning
+    (`NEAREST_AT_WORST`)."""
     similarity: float | None
     """Cosine similarity of the passage to the question, when the vector search saw it."""
     collection: str
@@ -146,6 +154,7 @@ class KnowledgeBase:
         reprobe_every_s: float = REPROBE_S,
         text_weight: float = TEXT_WEIGHT,
         remembered_queries: int = REMEMBERED_QUERIES,
+        nearest_at_worst: int | None = NEAREST_AT_WORST,
     ) -> None:
         self.sessions = sessions
         self.embedder = embedder
@@ -160,6 +169,8 @@ class KnowledgeBase:
         """The full-text ranking's weight in the fusion, the vector ranking's being 1 (see README for the
         evaluation that chose it)."""
         self.remembered_queries = remembered_queries
+        self.nearest_at_worst = nearest_at_worst
+        """Where the passage nearest in meaning ranks at worst in a hybrid search (None: by its fused score)."""
         self._query_vectors: OrderedDict[str, list[float]] = OrderedDict()
         """The vectors of the latest queries, least recently used first (bounded by `remembered_queries`)."""
         self._iterative: bool | None = None
@@ -468,7 +479,7 @@ class KnowledgeBase:
             ).all()
         names = [row.name for row in rows]
         by_vector = [row.name for row in rows if works and self._vector_ready(row)]
-        vector = await self._embed_query(query) if mode != "text" and by_vector else None
+        vector = await self.query_vector(query) if mode != "text" and by_vector else None
         if vector is None:
             by_vector = []
             mode = "text" if mode == "hybrid" else mode
@@ -500,7 +511,14 @@ class KnowledgeBase:
         # Passages naming the question's identifiers come first: most of them, then named in the title or
         # heading (the passage about that product rather than one that lists it), then by score.
         named = {row[0]: _named(codes, row) for row in exact}
-        best = sorted({*scores, *named}, key=lambda i: (named.get(i, (0, 0)), scores.get(i, 0.0)), reverse=True)[:k]
+        best = sorted({*scores, *named}, key=lambda i: (named.get(i, (0, 0)), scores.get(i, 0.0)), reverse=True)
+        # The nearest current passage (a superseded page stays below the current one), if it holds some of the
+        # question's words: one that holds none rests on the embedding alone, which its fused score reflects.
+        nearest = next((row[0] for row in vector_ranked if not row[9]), None)
+        if mode == "hybrid" and nearest in match and self.nearest_at_worst is not None:
+            assert nearest is not None
+            best = _nearest_kept(best, nearest, at_worst=max(self.nearest_at_worst, len(named) + 1))
+        best = best[:k]
         return [
             Hit(
                 source=found[i][1],
@@ -517,10 +535,11 @@ class KnowledgeBase:
             for i in best
         ]
 
-    async def _embed_query(self, query: str) -> list[float] | None:
+    async def query_vector(self, query: str) -> list[float] | None:
         """The query's vector; None (full text only, until a probe succeeds) when the embedder fails now."""
         # Remembered: a customer's message is searched before the agent's first call, and the agent's own search
-        # often repeats it; the local embedder takes tens of milliseconds a query.
+        # often repeats it; the router embeds the same message just before (`bot.runtime.calibrated_router`);
+        # the local embedder takes tens of milliseconds a query.
         if (vector := self._query_vectors.get(query)) is not None:
             self._query_vectors.move_to_end(query)
             return vector
@@ -588,41 +607,52 @@ class KnowledgeBase:
         least half of them, then with any of them (a customer's sentence rarely has every word of the passage
         that answers it). Ranking every passage with any word is what made full text slow in a large
         collection; the stricter queries match few passages, so the common case ranks few."""
-        words = await s.scalar(text("SELECT plainto_tsquery('english', :query)::text"), {"query": query})
+        # Planned for each query's own words, never by a cached generic plan: how many passages a tsquery matches
+        # decides between scanning the table and the index. In the same round trip as the words.
+        words = await s.scalar(
+            text(
+                "SELECT plainto_tsquery('english', :query)::text "
+                "FROM set_config('plan_cache_mode', 'force_custom_plan', true)"
+            ),
+            {"query": query},
+        )
         terms = str(words or "").split(" & ") if words else []
         # A step's matches are ranked by any of the words: ts_rank_cd's cost grows with the query's size, and the
         # "at least half" step ORs up to MAX_TERMS combinations (ten times slower to rank, for the same order
         # within the step, which is all that counts: the steps come one after the other).
         any_word = " | ".join(terms)
         ranked: list[tuple] = []  # type: ignore[type-arg]
-        for tsquery in relaxed(terms):
+        for tsqueries in relaxed(terms):
             if len(ranked) >= ENOUGH_TEXT:
                 break
-            ranked += await self._text_ranked(s, query, collections, tsquery, any_word, [row[0] for row in ranked])
+            ranked += await self._text_ranked(s, query, collections, tsqueries, any_word, [row[0] for row in ranked])
         return ranked
 
     async def _text_ranked(
-        self, s: AsyncSession, query: str, collections: list[str], tsquery: str, rank_by: str, skip: list[int]
+        self, s: AsyncSession, query: str, collections: list[str], tsqueries: list[str], rank_by: str, skip: list[int]
     ) -> list[tuple]:  # type: ignore[type-arg]
-        """The passages matching `tsquery` (tsquery syntax, of the question's stemmed words), best first by
-        `rank_by`."""
-        # `matched` (the share of the question's words a passage holds) only for the passages kept.
+        """The passages matching any of `tsqueries` (tsquery syntax, of the question's stemmed words), best first
+        by `rank_by`."""
+        # The step's tsqueries are bound in `matching` itself, not read from a CTE, so that the planner sees them:
+        # a scan of the table that stops at RANKED_AT_MOST when most passages match (any of a few common words),
+        # the GIN index when few do. Through a CTE it could not tell, and built the bitmap of every passage with
+        # any of the words (20 ms at 100k passages) to keep 300 of them. `matched` (the share of the question's
+        # words a passage holds) only for the passages kept.
         result = await s.execute(
             text(
-                "WITH q AS (SELECT CAST(:tsq AS tsquery) AS tsq, CAST(:rank_by AS tsquery) AS rank_by, "
-                "tsvector_to_array(to_tsvector('english', :query)) AS words), "
-                "matching AS MATERIALIZED (SELECT c.id, c.tsv FROM kb_chunks c, q "
-                "WHERE c.collection = ANY(:collections) AND c.tsv @@ q.tsq AND c.id <> ALL(:skip) "
-                f"LIMIT {RANKED_AT_MOST}), "
-                "best AS (SELECT m.id, ts_rank_cd(m.tsv, q.rank_by) AS rank FROM matching m, q "
-                f"ORDER BY rank DESC LIMIT {CANDIDATES}) "
+                "WITH matching AS MATERIALIZED (SELECT c.id, c.tsv FROM kb_chunks c "
+                "WHERE c.collection = ANY(:collections) AND c.tsv @@ ANY(CAST(:tsqs AS tsquery[])) "
+                f"AND c.id <> ALL(:skip) LIMIT {RANKED_AT_MOST}), "
+                "best AS (SELECT m.id, ts_rank_cd(m.tsv, CAST(:rank_by AS tsquery)) AS rank FROM matching m "
+                f"ORDER BY rank DESC LIMIT {CANDIDATES}), "
+                "q AS (SELECT tsvector_to_array(to_tsvector('english', :query)) AS words) "
                 "SELECT c.id, d.source, c.title, c.heading, c.text, c.collection, best.rank, "
                 "c.dim, (SELECT count(*) FILTER (WHERE c.tsv @@ plainto_tsquery('simple', w))::float "
                 "  / greatest(count(*), 1) FROM unnest(q.words) AS w) AS matched, d.superseded "
                 "FROM best JOIN kb_chunks c ON c.id = best.id JOIN kb_documents d ON d.id = c.document_id, q "
                 "ORDER BY best.rank DESC, c.id"
             ),
-            {"query": query, "tsq": tsquery, "rank_by": rank_by, "collections": collections, "skip": skip},
+            {"query": query, "tsqs": tsqueries, "rank_by": rank_by, "collections": collections, "skip": skip},
         )
         return [tuple(r) for r in result]
 
@@ -694,16 +724,27 @@ class KnowledgeBase:
             return result.first() is not None
 
 
+def _nearest_kept(ranked: list[int], nearest: int, at_worst: int) -> list[int]:
+    """`ranked` with the passage nearest in meaning moved up to `at_worst` if it was lower."""
+    place = ranked.index(nearest)
+    if place < at_worst:
+        return ranked
+    return [*ranked[: at_worst - 1], nearest, *(i for i in ranked[at_worst - 1 :] if i != nearest)]
+
+
 def _named(codes: set[str], row: tuple) -> tuple[int, int]:  # type: ignore[type-arg]
     """How many of the question's identifiers the passage names, and how many in its title or heading."""
     return int(row[6]), len(codes & in_document(f"{row[2]} {row[3] or ''}"))
 
 
-def relaxed(words: Sequence[str]) -> list[str]:
-    """tsqueries for all the words, at least half of them, and any of them (`words` in tsquery syntax)."""
+def relaxed(words: Sequence[str]) -> list[list[str]]:
+    """The steps of the full-text search, each a list of tsqueries a passage must match one of: all the words, at
+    least half of them (one conjunction per combination, each its own index search: GIN evaluates one big OR of
+    conjunctions against every passage holding any of the words, which took 50 ms at 100k passages), and any
+    of them (`words` in tsquery syntax)."""
     steps = sorted({len(words), (len(words) + 1) // 2, 1} - {0}, reverse=True)
     return [
-        " | ".join(f"({' & '.join(c)})" for c in itertools.combinations(words, m))
+        [" | ".join(words)] if m == 1 else [" & ".join(c) for c in itertools.combinations(words, m)]
         for m in steps
         if math.comb(len(words), m) <= MAX_TERMS
     ]
