@@ -221,8 +221,9 @@ async def evaluate(
                 # customer writing a minute later would) and its cost counts for this case.
                 await service.summaries.settled()
         folded = list(summaries[summarised:])
+        spent = [*calls, *folded]
         by_model: dict[str, tuple[int, int]] = {}
-        for call in [*calls, *folded]:
+        for call in spent:
             prompt, completion = by_model.get(call.model, (0, 0))
             by_model[call.model] = (prompt + call.usage.prompt_tokens, completion + call.usage.completion_tokens)
         outcomes.append(
@@ -240,9 +241,9 @@ async def evaluate(
                 messages=len(case.messages),
                 llm_calls=sum(1 for c in calls if c.ok),
                 summary_calls=len(folded),
-                prompt_tokens=sum(c.usage.prompt_tokens for c in [*calls, *folded]),
-                completion_tokens=sum(c.usage.completion_tokens for c in [*calls, *folded]),
-                cached_tokens=sum(c.usage.cached_tokens or 0 for c in [*calls, *folded]),  # None: not reported
+                prompt_tokens=sum(c.usage.prompt_tokens for c in spent),
+                completion_tokens=sum(c.usage.completion_tokens for c in spent),
+                cached_tokens=sum(c.usage.cached_tokens or 0 for c in spent),  # None: not reported
                 tokens_by_model=by_model,
             )
         )

@@ -515,8 +515,7 @@ class KnowledgeBase:
         # The nearest current passage (a superseded page stays below the current one), if it holds some of the
         # question's words: one that holds none rests on the embedding alone, which its fused score reflects.
         nearest = next((row[0] for row in vector_ranked if not row[9]), None)
-        if mode == "hybrid" and nearest in match and self.nearest_at_worst is not None:
-            assert nearest is not None
+        if mode == "hybrid" and nearest is not None and nearest in match and self.nearest_at_worst is not None:
             best = _nearest_kept(best, nearest, at_worst=max(self.nearest_at_worst, len(named) + 1))
         best = best[:k]
         return [
