@@ -52,3 +52,16 @@ class Author:
             raw.get("name"),
             raw.get("email"),
         )
+
+
+def asker_claims(asker: Author | None) -> dict[str, str]:
+    """Who is asking, as the bot tells an operator's system (MCP request metadata, signed HTTP headers): only what
+    the platform vouched for, never anything from the model's arguments. Empty when nobody is known."""
+    if asker is None:
+        return {}
+    claims = {"platform": asker.platform, "workspace": asker.workspace or "", "user": asker.user, "key": asker.key}
+    if asker.email:
+        claims["email"] = asker.email
+    if asker.name:
+        claims["name"] = asker.name
+    return claims

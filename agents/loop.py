@@ -26,7 +26,7 @@ from typing import Any, Literal, cast
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.agent import Agent, Roster
-from agents.errors import ProviderError
+from agents.errors import ProviderError, ToolUnavailable
 from agents.identity import Author
 from agents.messages import PREPARED, Message, ToolCall
 from agents.model import Model, Usage
@@ -440,6 +440,8 @@ async def _run_tool(
             ok, output = False, f"Error: {exc}. Call {call.name} again with corrected arguments."
         except TimeoutError:
             ok, output = False, f"Error: {call.name} did not answer within {timeout_s:g} s."
+        except ToolUnavailable as exc:
+            ok, output = False, f"Error: {exc}"
         except Exception as exc:  # a tool's failure is news for the model, not a crash of the turn
             ok, output = False, f"Error: {call.name} failed: {type(exc).__name__}: {exc}"
     return ToolRecord(agent, call, ok, output, (time.perf_counter() - started) * 1000, result)

@@ -1,8 +1,11 @@
-"""Tools: typed Python functions whose JSON schema comes from their signature.
+"""Tools: typed Python functions whose JSON schema comes from their signature, or tools described by a JSON schema
+(an MCP server's, an HTTP endpoint's: `schema_tool`).
 
-A tool is `async def f(ctx: ToolContext, a: int, b: str = "x") -> str | HandoffTo | EscalateTo`.
+A Python tool is `async def f(ctx: ToolContext, a: int, b: str = "x") -> str | HandoffTo | EscalateTo`.
 The first parameter, when annotated `ToolContext`, is injected and hidden from the model; the rest are
-built into a pydantic model that both produces the JSON schema and validates the model's arguments.
+built into a pydantic model that both produces the JSON schema and validates the model's arguments. A schema tool's
+arguments are validated against its JSON schema (`jsonschema`) before it runs, so a broken call goes back to the model
+instead of reaching the operator's system.
 The schema sent to the model is pydantic's made compact (`compact_schema`): every call pays for it in prompt tokens,
 and pydantic's titles, null unions and `additionalProperties` tell the model nothing the validator does not enforce.
 Returning `HandoffTo` or `EscalateTo` is how a tool moves the conversation: the loop acts on the value.
@@ -12,11 +15,13 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
+import jsonschema
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -55,41 +60,117 @@ class EscalateTo:
 
 ToolResult = str | HandoffTo | EscalateTo
 ToolFn = Callable[..., Awaitable[ToolResult]]
+Check = Callable[[dict[str, Any]], dict[str, Any]]
+"""The model's arguments (a JSON object) -> the keyword arguments the tool's function takes; raises
+ToolArgumentsError when they do not fit."""
 
 
 @dataclass(frozen=True)
 class Tool:
     name: str
     description: str
-    params: type[BaseModel]
-    """Validates the model's arguments and yields the JSON schema."""
+    parameters: dict[str, Any]
+    """The JSON schema of the arguments as the model is shown it (`compact_schema`)."""
+    check: Check
     fn: ToolFn
     wants_context: bool
+    source: str = "python"
+    """Where it runs, for the audit trail and /support: "python", "http" or "mcp:<server>"."""
+    acts: bool = False
+    """It changes something for the asker (a refund, a cancellation): `agents.confirm` makes it wait for the asker's
+    yes in a later message."""
 
     def schema(self) -> dict[str, Any]:
-        parameters = compact_schema(self.params.model_json_schema())
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": parameters},
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
         }
 
     async def invoke(self, ctx: ToolContext, arguments: str) -> ToolResult:
         """Validate and run; raises ToolArgumentsError for bad arguments, and lets the tool's own errors out."""
+        kwargs = self.check(parse_arguments(arguments))
+        return await (self.fn(ctx, **kwargs) if self.wants_context else self.fn(**kwargs))
+
+
+def parse_arguments(arguments: str) -> dict[str, Any]:
+    """The model's arguments as a JSON object, or ToolArgumentsError saying what is wrong with them."""
+    try:
+        raw = json.loads(arguments or "{}")
+    except json.JSONDecodeError as exc:
+        raise ToolArgumentsError(f"arguments are not valid JSON ({exc.msg} at position {exc.pos})") from exc
+    if not isinstance(raw, dict):
+        raise ToolArgumentsError("arguments must be a JSON object")
+    return raw
+
+
+def pydantic_check(model: type[BaseModel]) -> Check:
+    def check(raw: dict[str, Any]) -> dict[str, Any]:
         try:
-            raw = json.loads(arguments or "{}")
-        except json.JSONDecodeError as exc:
-            raise ToolArgumentsError(f"arguments are not valid JSON ({exc.msg} at position {exc.pos})") from exc
-        if not isinstance(raw, dict):
-            raise ToolArgumentsError("arguments must be a JSON object")
-        try:
-            parsed = self.params.model_validate(raw)
+            parsed = model.model_validate(raw)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()
             )
             raise ToolArgumentsError(f"invalid arguments: {problems}") from exc
-        kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
-        return await (self.fn(ctx, **kwargs) if self.wants_context else self.fn(**kwargs))
+        return {name: getattr(parsed, name) for name in type(parsed).model_fields}
+
+    return check
+
+
+def schema_check(schema: dict[str, Any]) -> Check:
+    """Validation against a JSON schema (an MCP tool's `inputSchema`, an HTTP tool's parameters). Raises ConfigError
+    for a schema that is not one, at start-up or when a server lists its tools."""
+    try:
+        validator_class = jsonschema.validators.validator_for(schema)
+        validator_class.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ConfigError(f"not a valid JSON schema: {exc.message}") from None
+    validator = validator_class(schema)
+
+    def check(raw: dict[str, Any]) -> dict[str, Any]:
+        errors = sorted(validator.iter_errors(raw), key=lambda e: list(e.path))
+        if errors:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e.path) or 'arguments'}: {e.message}" for e in errors[:5])
+            raise ToolArgumentsError(f"invalid arguments: {problems}")
+        return raw
+
+    return check
+
+
+def schema_tool(
+    *,
+    name: str,
+    description: str,
+    parameters: dict[str, Any] | None,
+    fn: Callable[[ToolContext, dict[str, Any]], Awaitable[ToolResult]],
+    source: str,
+    acts: bool = False,
+) -> Tool:
+    """A tool described by a JSON schema rather than a Python signature: `fn(ctx, arguments)` gets the validated
+    arguments as one object (an MCP server's or an HTTP endpoint's tools). Raises ConfigError for a name providers
+    refuse or a schema that is not one."""
+    if not TOOL_NAME.fullmatch(name):
+        raise ConfigError(f"tool name {name!r}: use letters, digits, _ and - only (64 at most), as providers require")
+    schema = dict(parameters or {"type": "object", "properties": {}})
+    schema.setdefault("type", "object")
+
+    async def run(ctx: ToolContext, **arguments: Any) -> ToolResult:
+        return await fn(ctx, arguments)
+
+    return Tool(
+        name=name,
+        description=" ".join(description.split()) or name.replace("_", " "),
+        parameters=compact_schema(schema),
+        check=schema_check(schema),
+        fn=run,
+        wants_context=True,
+        source=source,
+        acts=acts,
+    )
+
+
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""What OpenAI (and the providers that copy its API) accept as a function's name."""
 
 
 _KEPT = frozenset({"type", "description", "enum", "items", "properties", "required"})
@@ -144,8 +225,11 @@ class ToolArgumentsError(AgentsError):
     """The model's arguments did not fit the tool's signature; the message goes back to the model."""
 
 
-def function_tool(fn: ToolFn | None = None, *, name: str | None = None, description: str | None = None) -> Any:
-    """Decorator: turn a typed async function into a Tool. Parameter docs come from `Annotated[T, Field(...)]`."""
+def function_tool(
+    fn: ToolFn | None = None, *, name: str | None = None, description: str | None = None, acts: bool = False
+) -> Any:
+    """Decorator: turn a typed async function into a Tool. Parameter docs come from `Annotated[T, Field(...)]`;
+    `acts`: the tool changes something for the asker and runs only after their yes (`agents.confirm`)."""
 
     def build(f: ToolFn) -> Tool:
         if not inspect.iscoroutinefunction(f):
@@ -168,9 +252,12 @@ def function_tool(fn: ToolFn | None = None, *, name: str | None = None, descript
         return Tool(
             name=name or f.__name__,
             description=description or doc or f.__name__.replace("_", " "),
-            params=model,
+            # Built once: pydantic's schema generation costs about a millisecond, on every LLM call otherwise.
+            parameters=compact_schema(model.model_json_schema()),
+            check=pydantic_check(model),
             fn=f,
             wants_context=wants_context,
+            acts=acts,
         )
 
     return build(fn) if fn is not None else build
