@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.confirm import confirming
 from agents.errors import ConfigError
 from agents.tools import EscalateTo, HandoffTo, Tool, function_tool
+from agents.toolsets import Toolset
+
+log = logging.getLogger(__name__)
 
 Instructions = str | Callable[[Mapping[str, Any]], str]
 
@@ -62,6 +67,10 @@ class Agent:
     examples: tuple[str, ...] = ()
     """Short customer-style messages this agent handles: what agents.router compares a message with to route it
     without a model call. Empty: the router never names this agent."""
+    toolsets: tuple[Toolset, ...] = ()
+    """Tools from the operator's systems (MCP servers, HTTP endpoints), which may change while the bot runs."""
+    knowledge: tuple[str, ...] = ()
+    """The knowledge base collections it searches (`search_knowledge`), for the offline stand-in and /support."""
 
     def render_instructions(self, context: Mapping[str, Any]) -> str:
         return self.instructions(context) if callable(self.instructions) else self.instructions
@@ -90,6 +99,13 @@ def handoff_tool(target: Agent) -> Tool:
 
 
 @dataclass(frozen=True)
+class _Listing:
+    versions: tuple[int, ...]
+    tools: tuple[Tool, ...]
+    schemas: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
 class Roster:
     """Every agent, keyed by name, with the entry agent new conversations start with."""
 
@@ -97,6 +113,10 @@ class Roster:
     entry: str
     _tools: Mapping[str, tuple[Tool, ...]] = field(default_factory=dict, repr=False)
     _schemas: Mapping[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    _own: Mapping[str, tuple[Tool, ...]] = field(default_factory=dict, repr=False)
+    _moves: Mapping[str, tuple[Tool, ...]] = field(default_factory=dict, repr=False)
+    _drawn: dict[str, _Listing] = field(default_factory=dict, repr=False)
+    """Agents with toolsets: their list as of their sources' versions, rebuilt when one moves."""
 
     @classmethod
     def of(cls, agents: Iterable[Agent], *, entry: str) -> Roster:
@@ -105,21 +125,53 @@ class Roster:
             raise ConfigError(f"entry agent {entry!r} is not in the roster")
         escalate = escalate_tool()
         tools: dict[str, tuple[Tool, ...]] = {}
+        own: dict[str, tuple[Tool, ...]] = {}
+        moves: dict[str, tuple[Tool, ...]] = {}
         for agent in by_name.values():
             for target in agent.handoffs:
                 if target not in by_name:
                     raise ConfigError(f"{agent.name} hands off to unknown agent {target!r}")
                 if target == agent.name:
                     raise ConfigError(f"{agent.name} cannot hand off to itself")
+            own[agent.name] = tuple(confirming(t) for t in agent.tools)
+            moves[agent.name] = (*(handoff_tool(by_name[t]) for t in agent.handoffs), escalate)
             # Stable order (own tools, transfers, escalation) keeps the prompt prefix cacheable.
-            all_tools = (*agent.tools, *(handoff_tool(by_name[t]) for t in agent.handoffs), escalate)
+            all_tools = (*own[agent.name], *moves[agent.name])
             names = [t.name for t in all_tools]
             if len(names) != len(set(names)):
                 raise ConfigError(f"{agent.name} has two tools with one name: {names}")
             tools[agent.name] = all_tools
-        # Built once: pydantic schema generation costs about a millisecond per agent, on every LLM call otherwise.
+        # Built once: every LLM call would pay for rebuilding them otherwise.
         schemas = {name: [t.schema() for t in agent_tools] for name, agent_tools in tools.items()}
-        return cls(agents=by_name, entry=entry, _tools=tools, _schemas=schemas)
+        return cls(agents=by_name, entry=entry, _tools=tools, _schemas=schemas, _own=own, _moves=moves)
+
+    def _listing(self, name: str) -> _Listing | None:
+        """The tool list of an agent with toolsets, current with its sources."""
+        agent = self.agents[name]
+        if not agent.toolsets:
+            return None
+        versions = tuple(toolset.source.version for toolset in agent.toolsets)
+        listing = self._drawn.get(name)
+        if listing is not None and listing.versions == versions:
+            return listing
+        taken = {t.name for t in (*self._own[name], *self._moves[name])}
+        drawn: list[Tool] = []
+        for toolset in agent.toolsets:
+            for tool in toolset.tools():
+                if tool.name in taken:
+                    log.warning(
+                        "%s: %s of %s has the name of another of its tools and is left out",
+                        name,
+                        tool.name,
+                        tool.source,
+                    )
+                    continue
+                taken.add(tool.name)
+                drawn.append(confirming(tool))
+        tools = (*self._own[name], *drawn, *self._moves[name])
+        listing = _Listing(versions, tools, [t.schema() for t in tools])
+        self._drawn[name] = listing
+        return listing
 
     def __getitem__(self, name: str) -> Agent:
         return self.agents[name]
@@ -130,7 +182,9 @@ class Roster:
         return self.agents.get(name) or self.agents[self.entry]
 
     def tools_of(self, name: str) -> tuple[Tool, ...]:
-        return self._tools[name]
+        listing = self._listing(name)
+        return self._tools[name] if listing is None else listing.tools
 
     def schemas_of(self, name: str) -> list[dict[str, Any]]:
-        return self._schemas[name]
+        listing = self._listing(name)
+        return self._schemas[name] if listing is None else listing.schemas

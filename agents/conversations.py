@@ -41,6 +41,7 @@ from agents.loop import (
     HandoffRecord,
     LLMCallRecord,
     LoopConfig,
+    ToolRecord,
     TurnInput,
     TurnResult,
     run_turn,
@@ -158,6 +159,8 @@ class MessageResult:
     llm_calls: tuple[LLMCallRecord, ...] = field(default=(), compare=False)
     """The model calls its turn committed, for the host's running totals; not stored with the result (they are
     rows of `llm_calls`)."""
+    tools: tuple[ToolRecord, ...] = field(default=(), compare=False)
+    """The tool calls of the committed turn (metrics count them; the audit trail is `tool_runs`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -580,6 +583,7 @@ class Conversations:
             turn.handoffs,
             escalation.reason if escalation else None,
             llm_calls=turn.llm_calls,
+            tools=turn.tools,
         )
         user = started.inbound.message()
         mode = self.takeover.after_turn(escalated=escalation is not None)
@@ -810,6 +814,7 @@ def _tools_json(turn: TurnResult | None) -> list[dict[str, Any]]:
             "ok": t.ok,
             "output": t.output,
             "duration_ms": t.duration_ms,
+            "source": t.source,
         }
         for t in (turn.tools if turn else ())
     ]
@@ -962,11 +967,13 @@ WITH others AS (
     SELECT CAST(:id AS bigint), CAST(:inbound_id AS bigint), x.from_agent, x.to_agent, x.reason
     FROM jsonb_to_recordset(CAST(:handoffs AS jsonb)) AS x(from_agent text, to_agent text, reason text), conv
 ), tools AS (
-    INSERT INTO tool_runs (conversation_id, inbound_id, agent, call_id, tool, arguments, ok, output, duration_ms)
+    INSERT INTO tool_runs (
+        conversation_id, inbound_id, agent, call_id, tool, arguments, ok, output, duration_ms, source
+    )
     SELECT CAST(:id AS bigint), CAST(:inbound_id AS bigint),
-           x.agent, x.call_id, x.tool, x.arguments, x.ok, x.output, x.duration_ms
+           x.agent, x.call_id, x.tool, x.arguments, x.ok, x.output, x.duration_ms, x.source
     FROM jsonb_to_recordset(CAST(:tools AS jsonb)) AS x(
-        agent text, call_id text, tool text, arguments text, ok boolean, output text, duration_ms float8
+        agent text, call_id text, tool text, arguments text, ok boolean, output text, duration_ms float8, source text
     ), conv
 ), calls AS (
     INSERT INTO llm_calls (

@@ -152,6 +152,8 @@ class ToolRecord:
     """What the model sees as the result; an error message when not ok."""
     duration_ms: float
     result: HandoffTo | EscalateTo | None = None
+    source: str = "python"
+    """Where the tool ran (`Tool.source`): "python", "http", "mcp:<server>"; "unknown" for a name no tool has."""
 
 
 @dataclass(frozen=True)
@@ -402,12 +404,12 @@ def _system_prompt(
 ) -> list[str]:
     # Instructions first and unchanging within a conversation's agent, so prompt caching can hit; the
     # shared context, which changes more often, follows as its own message.
-    prompt = [agent.render_instructions(context)]
     visible = {k: v for k, v in context.items() if not k.startswith("_")}
     if asker is not None and asker.name and not shared:
         # One writer only: in a shared thread each message carries its writer's name, and a note changing with
         # every writer would cut the cached prefix at the instructions. As long as a recorded name may be.
         visible[WRITER] = asker.name[:80]
+    prompt = [agent.render_instructions(visible)]
     if visible:
         prompt.append("Known about this conversation: " + json.dumps(visible, ensure_ascii=False, sort_keys=True))
     return prompt
@@ -444,7 +446,8 @@ async def _run_tool(
             ok, output = False, f"Error: {exc}"
         except Exception as exc:  # a tool's failure is news for the model, not a crash of the turn
             ok, output = False, f"Error: {call.name} failed: {type(exc).__name__}: {exc}"
-    return ToolRecord(agent, call, ok, output, (time.perf_counter() - started) * 1000, result)
+    source = tool.source if tool is not None else "unknown"
+    return ToolRecord(agent, call, ok, output, (time.perf_counter() - started) * 1000, result, source)
 
 
 def _decide(

@@ -109,11 +109,15 @@ def _found_articles(passages: Sequence[tuple[str, str]]) -> str:
     return "\n\n".join(lines)
 
 
+GREETING = "Hello! I can answer from our help articles, or bring in a colleague. What can I do for you?"
+
+
 class OfflineModel:
     """Answers from the knowledge base; `min_route_score` is the similarity needed to transfer."""
 
-    def __init__(self, router: SimilarityRouter, *, min_route_score: float = 0.15) -> None:
+    def __init__(self, router: SimilarityRouter, *, greeting: str = GREETING, min_route_score: float = 0.15) -> None:
         self.router = router
+        self.greeting = greeting
         self.min_route_score = min_route_score
 
     async def complete(
@@ -147,10 +151,7 @@ class OfflineModel:
                 return _call(f"transfer_to_{route.agent}", {"reason": reason}, calls)
         if "search_knowledge" in available:
             return _call("search_knowledge", {"query": question}, calls)
-        return _reply(
-            "Hello! I'm the Driftwing assistant. I can help with choosing a drone or accessory, and with orders, "
-            "deliveries, repairs, returns and refunds. What can I do for you?"
-        )
+        return _reply(self.greeting)
 
 
 def _current_turn(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

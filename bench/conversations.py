@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 from agents.identity import Author
 from agents.knowledge.tool import PASSAGES, passages_in
-from agents.shop import ORDERS, Customer
 from agents.summary import PROMPT as SUMMARY_PROMPT
+from bot.examples.driftwing.shop import ORDERS, Customer
 from fakes.openai_server import FakeReply, RecordedRequest, reply, tool_call, tools
 
 AgentName = Literal["triage", "sales", "support"]

@@ -47,7 +47,6 @@ from agents.knowledge.local import LocalEmbedder
 from agents.knowledge.store import KnowledgeBase
 from agents.loop import LoopConfig
 from agents.model import OpenAIChatModel
-from agents.roster import default_roster
 from agents.router import MIN_SCORE, Router
 from agents.summary import AGENT as SUMMARY_AGENT
 from agents.summary import Summarising
@@ -60,6 +59,7 @@ from db.engine import make_engine, make_sessions
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply
 from harness.database import admin, postgres_server, throwaway_database
+from harness.sample import default_roster
 
 TABLES = "conversations, inbound, messages, handoffs, tool_runs, llm_calls, escalations, refunds"
 GROWTH_SAMPLES = (1, 5, 10, 20, 30, 40, 50)

@@ -54,11 +54,11 @@ from agents.knowledge.local import LocalEmbedder, MiniLM
 from agents.knowledge.store import NEAREST_AT_WORST, TEXT_WEIGHT, Hit, KnowledgeBase, Mode
 from agents.knowledge.tool import relevant, search_knowledge_tool
 from agents.offline import ASKS_FOR_PERSON, OfflineModel, SimilarityRouter
-from agents.roster import KNOWLEDGE_OF, default_roster
 from bench.setup import DATABASE_PREFIX, RESULTS, run_benchmark, section, summary, summary_rows, table
-from bot.runtime import SAMPLE_KNOWLEDGE as SAMPLE
 from db.engine import make_engine, make_sessions
 from harness.database import admin, throwaway_database
+from harness.sample import KNOWLEDGE_OF, default_roster
+from harness.sample import SAMPLE_KNOWLEDGE as SAMPLE
 
 DATA = Path(__file__).resolve().parent / "data"
 COLLECTIONS = ("catalogue", "support")

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from agents.knowledge.local import LocalEmbedder
-from agents.roster import default_roster
 from agents.router import MIN_SCORE, Router, Scored, acts_on
 from bench.setup import RESULTS, section, table
+from harness.sample import default_roster
 
 DATA = Path(__file__).resolve().parent / "data"
 SETS = ("routing.jsonl", "routing_b.jsonl")

@@ -8,10 +8,9 @@ import sys
 import uuid
 
 from agents.conversations import ResultKind
-from agents.identity import Author
 from agents.loop import Escalate, Event, HandoffRecord, Reply, ToolRecord, ToolStarted, TurnStarted
-from agents.shop import DEMO_CUSTOMER, ORDERS
 from bot import runtime
+from bot.declaration.build import helpdesk, test_customer
 from bot.settings import Settings
 
 OFFLINE = """Offline mode: no LLM provider is configured, so answers are the knowledge base's best passages.
@@ -19,9 +18,6 @@ For the agents themselves, set one of:
   OPENAI_API_KEY=sk-...                      (OpenAI; optionally OPENAI_MODEL, default gpt-4o-mini)
   OPENAI_BASE_URL=http://localhost:11434/v1  (any OpenAI-compatible server: Ollama, vLLM, LiteLLM, Azure)
 in the environment or in .env (see .env.example)."""
-
-TERMINAL = Author("cli", None, "terminal", DEMO_CUSTOMER.name, DEMO_CUSTOMER.email)
-"""Whoever types in the terminal writes as the sample shop's customer, whose orders can be looked up and refunded."""
 
 
 def _style(code: str, text: str) -> str:
@@ -46,14 +42,18 @@ async def _show(event: Event) -> None:
 
 async def chat(settings: Settings, *, conversation: str | None) -> int:
     key = f"cli:{conversation or uuid.uuid4().hex[:8]}"
+    settings, declared = helpdesk(settings)
+    # Whoever types writes as the declaration's test customer (the sample's owns orders that can be refunded).
+    author = test_customer(declared.declaration, "cli")
     async with runtime.open_database(settings) as db:
-        brain = await runtime.brain(settings, db)
+        brain = await runtime.brain(settings, db, declared)
         if brain.offline:
             print(OFFLINE, file=sys.stderr)
         service = runtime.terminal_engine(settings, db, brain)
         print(f"Conversation {key!r} (resume it with --conversation {key[4:]}). Ctrl-D to quit.")
-        orders = ", ".join(o.order_id for o in ORDERS.values() if o.customer == DEMO_CUSTOMER)
-        print(f"You write as {TERMINAL.name} <{TERMINAL.email}>, whose orders are {orders}.")
+        person = declared.declaration.spec.test_customer
+        note = f", {person.note}" if person is not None and person.note else ""
+        print(f"You write as {author.name}" + (f" <{author.email}>" if author.email else "") + f"{note}.")
         state = await service.state(key)
         if state is not None:
             print(f"Resuming: {state.agent} is active, mode {state.mode}, context {json.dumps(state.context)}")
@@ -65,7 +65,7 @@ async def chat(settings: Settings, *, conversation: str | None) -> int:
                 break
             if not text.strip():
                 continue
-            result = await service.handle(key, text, author=TERMINAL, on_event=_show)
+            result = await service.handle(key, text, author=author, on_event=_show)
             if result.kind == ResultKind.HUMAN:
                 print(_style("35", "  (a human owns this conversation now; the bot stays quiet)"))
             elif result.reply:

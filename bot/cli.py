@@ -6,12 +6,15 @@ import argparse
 import asyncio
 import logging
 import sys
+from pathlib import Path
 
 from pydantic import ValidationError
 
 from agents.logcontext import current_conversation
 from bot import eval as evaluation
 from bot import kb, teams_package
+from bot.declaration import scaffold
+from bot.declaration.parse import DeclarationError
 from bot.preflight import RefusedToStart
 from bot.settings import Settings, get_settings
 
@@ -27,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("run", help="run the bot with what is configured (what `make run` calls)")
     sub.add_parser("playground", help="the whole bot with a Slack-like workspace in the browser, no Slack needed")
     kb.add_commands(sub)
+    scaffold.add_command(sub)
     evaluation.add_command(sub)
     teams_package.add_command(sub)
     return parser
@@ -38,6 +42,38 @@ async def _migrate() -> int:
     settings = get_settings()
     async with runtime.open_database(settings) as db:
         print(f"database migrated to head ({'embedded' if db.embedded else 'DATABASE_URL'})")
+    return 0
+
+
+async def _check(settings: Settings, file: Path | None) -> int:
+    """Read, build and connect the declaration as `run` would, and say what it runs; no database, no platform."""
+    from bot.declaration.build import build, declared
+
+    settings, declaration = declared(settings if file is None else settings.model_copy(update={"helpdesk_file": file}))
+    helpdesk = build(declaration)
+    await helpdesk.start()
+    try:
+        roster = helpdesk.roster()
+        spec = declaration.spec
+        print(f"{declaration.path}: {spec.brand.name}, {len(roster.agents)} agents, entry {roster.entry}")
+        for name, agent in roster.agents.items():
+            tools = [t.name + (f" ({t.source})" if t.source != "python" else "") for t in roster.tools_of(name)]
+            hands = f" -> {', '.join(agent.handoffs)}" if agent.handoffs else ""
+            print(f"  {name} ({agent.title}){hands}")
+            print(f"    tools: {', '.join(tools)}")
+            if agent.knowledge:
+                print(f"    searches: {', '.join(agent.knowledge)}")
+        for collection in helpdesk.collections:
+            found = "" if collection.folder.is_dir() else "  (no such folder)"
+            print(f"  knowledge {collection.name}: {collection.folder}{found}")
+        down = 0
+        for source in helpdesk.sources:
+            status = source.status()
+            down += not status.up
+            print(f"  {status.kind} {status.name}: {'up' if status.up else 'DOWN'}, {status.detail}")
+    finally:
+        await helpdesk.close()
+    print("OK" if not down else f"OK, but {down} tool source(s) are down: the bot would start and keep retrying them")
     return 0
 
 
@@ -56,8 +92,18 @@ def _configure_logging(level: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        return _main(args)
+    except DeclarationError as exc:  # the operator's file: every problem with its line, nothing started
+        print(exc, file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.command == "teams-package":  # writes a file: no settings, database or logging needed
         return teams_package.run(args)
+    if args.command == "init":
+        return scaffold.run(args)
     try:
         settings = get_settings()
     except ValidationError as exc:
@@ -89,6 +135,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     match args.command:
         case "migrate":
             return asyncio.run(_migrate())
+        case "check":
+            return asyncio.run(_check(settings, args.file))
         case "chat":
             return asyncio.run(chat(settings, conversation=args.conversation))
         case "serve":

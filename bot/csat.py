@@ -51,6 +51,8 @@ class CsatPolicy:
     cooldown: timedelta = timedelta(days=7)
     """No customer is asked twice within this."""
     question: str = QUESTION
+    thanks: str = THANKS
+    """Said to a customer who rated, when the comment form cannot be shown."""
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ from sqlalchemy import delete
 from agents.conversations import Conversations, ResultKind
 from agents.identity import Author
 from agents.loop import LLMCallRecord
-from agents.shop import DEMO_CUSTOMER
 from bot import runtime
+from bot.declaration.build import helpdesk, test_customer
 from bot.settings import Settings
 from db import models as m
 
@@ -144,9 +144,6 @@ def load(path: Path) -> EvalFile:
 CITED = re.compile(r"\[\d+\]|\bSources?:")
 """How the agents cite (`[n] Title`, as their instructions ask) and how the offline mode does (`_Source: …_`)."""
 
-EVAL_AUTHOR = Author("eval", None, "eval", DEMO_CUSTOMER.name, DEMO_CUSTOMER.email)
-"""The cases write as the sample shop's customer, so that order and refund questions can be answered."""
-
 
 @dataclass(frozen=True)
 class CaseOutcome:
@@ -202,9 +199,15 @@ class CaseOutcome:
 
 
 async def evaluate(
-    service: Conversations, spec: EvalFile, *, run_id: str, summaries: Sequence[LLMCallRecord] = ()
+    service: Conversations,
+    spec: EvalFile,
+    *,
+    run_id: str,
+    author: Author,
+    summaries: Sequence[LLMCallRecord] = (),
 ) -> list[CaseOutcome]:
-    """`summaries`: where the service records its summary calls (`terminal_engine(on_summary=...)`)."""
+    """`summaries`: where the service records its summary calls (`terminal_engine(on_summary=...)`); `author`: who the
+    cases write as."""
     outcomes = []
     for n, case in enumerate(spec.cases):
         key = f"eval:{run_id}:{n}"
@@ -212,7 +215,7 @@ async def evaluate(
         summarised = len(summaries)
         escalated, reply, agent = False, "", service.roster.entry
         for text in case.messages:
-            result = await service.handle(key, text, author=EVAL_AUTHOR)
+            result = await service.handle(key, text, author=author)
             calls.extend(result.llm_calls)
             escalated = escalated or result.kind == ResultKind.ESCALATED
             reply, agent = result.reply or "", result.agent
@@ -421,7 +424,7 @@ def _price_flag(text: str) -> tuple[str, Price]:
 
 def add_command(sub: Any) -> None:
     parser = sub.add_parser("eval", help="run YAML conversations through the agents and report how they did")
-    parser.add_argument("file", type=Path, help="the conversations (see bot/eval_examples/driftwing.yaml)")
+    parser.add_argument("file", type=Path, help="the conversations (see bot/examples/driftwing/eval.yaml)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--previous", type=Path, help="a previous run's JSON, to say what got better or worse")
     parser.add_argument(
@@ -451,8 +454,11 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     prices = {**PRICES, **spec.prices, **dict(args.price)}
     run_id = uuid.uuid4().hex[:8]
+    settings, declared = helpdesk(settings)
+    # The cases write as the declaration's test customer, so that questions about their own records can be answered.
+    author = test_customer(declared.declaration, "eval")
     async with runtime.open_database(settings) as db:
-        brain = await runtime.brain(settings, db)
+        brain = await runtime.brain(settings, db, declared)
         try:
             unknown = sorted({c.expect.agent for c in spec.cases if c.expect.agent} - brain.roster.agents.keys())
             if unknown:
@@ -464,7 +470,7 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
             summaries: list[LLMCallRecord] = []
             service = runtime.terminal_engine(settings, db, brain, on_summary=summaries.append)
             try:
-                outcomes = await evaluate(service, spec, run_id=run_id, summaries=summaries)
+                outcomes = await evaluate(service, spec, run_id=run_id, summaries=summaries, author=author)
             finally:
                 if service.summaries is not None:  # a summary still being made would write into a deleted case
                     await service.summaries.settled()

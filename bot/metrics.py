@@ -7,6 +7,11 @@ and outbox backlog, open cases) are the same for every process, whoever holds th
 database: read at most once per `ttl_s` on a connection of their own, through the partial indexes of unsent and
 unprocessed rows, under a statement timeout; between reads, and when a read fails, the last values are served and
 `helpdesk_gauges_age_seconds` says how old they are.
+
+The operator's tools are counted the same way: each call a turn of this process made, by where it ran
+(`helpdesk_tool_calls_total{source, outcome}` and the histogram of their duration, never by tool name, whose number
+the operator's servers decide), and whether each tool source is up now (`helpdesk_tool_source_up{source, kind}`),
+asked of the sources themselves at each scrape, so that a server that is down shows before a customer meets it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -23,7 +28,8 @@ from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agents.conversations import SET_ASIDE
-from agents.loop import LLMCallRecord
+from agents.loop import LLMCallRecord, ToolRecord
+from agents.toolsets import SourceStatus
 from db import models as m
 from db.deliveries import GIVEN_UP
 from escalation.machine import OPEN_CASE
@@ -93,6 +99,43 @@ class DatabaseGauges(Collector):
         yield age
 
 
+def source_label(status: SourceStatus) -> str:
+    """A source's name as `ToolRecord.source` writes it ("http", "mcp:<server>"), so that its calls and whether it is
+    up can be put side by side in a query."""
+    return status.kind if status.name == status.kind else f"{status.kind}:{status.name}"
+
+
+class SourceGauges(Collector):
+    """Whether each tool source is up, read from the sources at each scrape: their status is in memory and cheap to
+    ask, so it is always current (unlike the database gauges, nothing is cached)."""
+
+    def __init__(self, statuses: Callable[[], Iterable[SourceStatus]]) -> None:
+        self.statuses = statuses
+
+    def describe(self):  # type: ignore[no-untyped-def]
+        """What the registry checks names against when registering, so that registering asks the sources nothing."""
+        yield self._family()
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        up = self._family()
+        try:
+            statuses = list(self.statuses())
+        except Exception as exc:  # a scrape must not fail because one source cannot say
+            log.warning("metrics: the tool sources could not say how they are (%s)", type(exc).__name__)
+            statuses = []
+        for status in statuses:
+            up.add_metric([source_label(status), status.kind], 1.0 if status.up else 0.0)
+        yield up
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "helpdesk_tool_source_up",
+            "1 when a tool source (MCP server, HTTP tools) is up, 0 when down",
+            labels=["source", "kind"],
+        )
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -143,12 +186,43 @@ class Metrics:
             "running summaries not made (the agents then see more history, within the token budget)",
             registry=self.registry,
         )
+        self.tool_calls = Counter(
+            "helpdesk_tool_calls_total",
+            "tool calls made by this process's turns, by where the tool ran and outcome (ok, failed)",
+            ["source", "outcome"],
+            registry=self.registry,
+        )
+        self.tool_seconds = Histogram(
+            "helpdesk_tool_call_seconds",
+            "duration of one tool call, by where the tool ran",
+            ["source"],
+            registry=self.registry,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+        )
         self.gauges: DatabaseGauges | None = None
         """Set once the database is open (`watch`)."""
+        self.sources: SourceGauges | None = None
+        """Set once the tool sources exist (`watch_sources`)."""
 
     def watch(self, engine: AsyncEngine, *, ttl_s: float = GAUGES_TTL_S) -> None:
         self.gauges = DatabaseGauges(engine, ttl_s=ttl_s)
         self.registry.register(self.gauges)
+
+    def watch_sources(self, statuses: Callable[[], Iterable[SourceStatus]]) -> None:
+        """Report `helpdesk_tool_source_up` from `statuses` at each scrape (once; a second call replaces the first)."""
+        if self.sources is not None:
+            self.registry.unregister(self.sources)
+        self.sources = SourceGauges(statuses)
+        self.registry.register(self.sources)
+
+    def tool_call(self, record: ToolRecord) -> None:
+        """One tool call of a turn: counted by source and outcome, its duration observed."""
+        self.tool_calls.labels(record.source, "ok" if record.ok else "failed").inc()
+        self.tool_seconds.labels(record.source).observe(record.duration_ms / 1000)
+
+    def count_tool_calls(self, records: Iterable[ToolRecord]) -> None:
+        for record in records:
+            self.tool_call(record)
 
     def count_llm_calls(self, calls: Iterable[LLMCallRecord]) -> None:
         for call in calls:

@@ -24,7 +24,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from pydantic import BaseModel, Field, SecretStr, ValidationError
 
-from agents.shop import DEMO_CUSTOMER
+from bot.declaration.build import declared, test_customer
 from bot.playground_state import recent_conversations
 from bot.server import Bot, running_bot, until_signalled, web_app
 from bot.settings import Settings
@@ -294,8 +294,9 @@ async def running_playground(settings: Settings, *, port: int | None = None) -> 
     token = f"xoxb-playground-{secrets.token_hex(8)}"
     async with SlackEmulator(signing_secret=secrets.token_hex(16), bot_token=token) as slack:
         slack.add_user(ADMIN_USER, "alex", "Alex Admin", is_admin=True)
-        # The customer is the sample shop's: their orders can be looked up and refunded.
-        slack.add_user(ROLES["customer"], "casey", DEMO_CUSTOMER.name, email=DEMO_CUSTOMER.email)
+        # The customer is the declaration's test customer: the sample's has orders that can be looked up and refunded.
+        customer = test_customer(declared(settings)[1])
+        slack.add_user(ROLES["customer"], "casey", customer.name or "Casey Customer", email=customer.email)
         bot_settings = playground_settings(settings, slack, token=token)
         async with running_bot(bot_settings) as bot:
             bot_runner, bot_port = await _listen(web_app(bot), 0)

@@ -28,9 +28,10 @@ from agents.limits import Limits
 from agents.loop import LLMCallRecord, LoopConfig, Texts
 from agents.model import Model, OpenAIChatModel
 from agents.offline import FallbackModel, OfflineModel, SimilarityRouter
-from agents.roster import KNOWLEDGE_OF, default_roster
 from agents.router import Router
 from agents.summary import Summarising
+from bot.declaration.build import SAMPLE, Collection, Helpdesk, build, find
+from bot.declaration.parse import load
 from bot.settings import Settings
 from db import migrate
 from db.embedded import start_embedded
@@ -90,6 +91,8 @@ def loop_config(settings: Settings, *, token_budget: int | None = None) -> LoopC
         token_budget=token_budget or settings.context_token_budget,
         texts=Texts(
             escalated=settings.escalation_message,
+            budget=settings.budget_message,
+            provider_failure=settings.provider_failure_message,
             paused=settings.paused_message,
             limited=settings.rate_limited_message,
         ),
@@ -174,19 +177,14 @@ def _said(kb: KnowledgeBase) -> KnowledgeBase:
     return kb
 
 
-SAMPLE_KNOWLEDGE = Path(__file__).resolve().parent / "sample_knowledge"
-SAMPLE_VECTORS = SAMPLE_KNOWLEDGE / "vectors.npz"
-"""The sample's passages embedded by the local model, so that a first start need not embed them (checked
-against the model before use; `scripts/sample_vectors.py` writes it)."""
-SAMPLE_COLLECTIONS = ("catalogue", "support")
-
-
-async def ensure_sample_knowledge(kb: KnowledgeBase) -> None:
-    """First start on an empty knowledge base: ingest the sample (catalogue and support collections), with
-    its shipped vectors when they fit the embedder. Then, in the background, embed whatever was stored
-    without vectors (while no embedder worked)."""
-    if not await kb.stats():
-        await _ingest_sample(kb)
+async def ensure_knowledge(kb: KnowledgeBase, helpdesk: Helpdesk) -> None:
+    """Each collection the declaration names with a folder, ingested from it while it has no documents yet (later
+    changes go in with `python -m bot kb ingest`), with shipped vectors where the declaration gives some and they fit
+    the embedder. Then, in the background, embed whatever was stored without vectors (while no embedder worked)."""
+    stored = {row["collection"]: row["documents"] for row in await kb.stats()}
+    missing = [c for c in helpdesk.collections if not stored.get(c.name)]
+    if missing:
+        await _ingest(kb, missing)
     status = await kb.status()
     for problem in status.problems:
         log.warning("knowledge: %s", problem)
@@ -194,28 +192,47 @@ async def ensure_sample_knowledge(kb: KnowledgeBase) -> None:
         kb.start_backfill()
 
 
-async def _ingest_sample(kb: KnowledgeBase) -> None:
-    shipped = await Precomputed.load(kb.embedder, SAMPLE_VECTORS) if kb.unavailable is None else None
-    files = sum(len(find_documents([SAMPLE_KNOWLEDGE / c])) for c in SAMPLE_COLLECTIONS)
-    how = "shipped vectors" if shipped else "embedding them now" if kb.unavailable is None else "no vectors yet"
-    log.info("first start: adding the sample knowledge (%d documents, %s)", files, how)
-    embedder, kb.embedder = kb.embedder, shipped or kb.embedder
+async def ensure_sample_knowledge(kb: KnowledgeBase) -> None:
+    """The Driftwing sample's knowledge (tests and benchmarks that use the sample)."""
+    await ensure_knowledge(kb, build(load(SAMPLE)))
+
+
+async def _ingest(kb: KnowledgeBase, collections: list[Collection]) -> None:
+    files = sum(len(find_documents([c.folder])) for c in collections)
+    # One check of each vectors file against the model, however many collections share it.
+    shipped: dict[Path, Precomputed | None] = {}
+    for collection in collections:
+        if collection.vectors is not None and collection.vectors not in shipped and kb.unavailable is None:
+            shipped[collection.vectors] = await Precomputed.load(kb.embedder, collection.vectors)
+    how = (
+        "shipped vectors"
+        if any(shipped.values())
+        else "embedding them now"
+        if kb.unavailable is None
+        else "no vectors yet"
+    )
+    log.info("first start: adding the knowledge (%d documents, %s)", files, how)
+    embedder = kb.embedder
+    done = 0
     try:
-        done = 0
-        for collection in SAMPLE_COLLECTIONS:
+        for collection in collections:
+            vectors = shipped.get(collection.vectors) if collection.vectors is not None else None
+            kb.embedder = vectors or embedder
 
             def progress(n: int, of: int, source: str, before: int = done) -> None:
-                log.info("  sample knowledge %d/%d: %s", before + n, files, source)
+                log.info("  knowledge %d/%d: %s", before + n, files, source)
 
+            # Sources are named from the folder above the collection's ("support/warranty.md"), as `kb ingest` does.
             report = await kb.ingest(
-                [SAMPLE_KNOWLEDGE / collection], collection=collection, root=SAMPLE_KNOWLEDGE, progress=progress
+                [collection.folder], collection=collection.name, root=collection.folder.parent, progress=progress
             )
             done += report.added + report.replaced + report.unchanged
-            log.info("ingested the sample %s: %d documents, %d chunks", collection, report.added, report.chunks)
+            log.info("ingested %s: %d documents, %d chunks", collection.name, report.added, report.chunks)
     finally:
         kb.embedder = embedder
-    if shipped is not None and shipped.misses:
-        log.info("%d passages were not among the shipped vectors and were embedded now", shipped.misses)
+    misses = sum(p.misses for p in shipped.values() if p is not None)
+    if misses:
+        log.info("%d passages were not among the shipped vectors and were embedded now", misses)
 
 
 @dataclass
@@ -232,29 +249,41 @@ class Brain:
     """History tokens that fit the provider's context window, where it says what that is."""
     router: Router | None = None
     """Routes without a model call when sure (ROUTER_MIN_SCORE); None when off."""
+    helpdesk: Helpdesk | None = None
+    """The operator's declaration, built: its tool sources run as long as the brain."""
 
     async def close(self) -> None:
+        if self.helpdesk is not None:
+            await self.helpdesk.close()
         await self.knowledge.close()
         closer = getattr(self.model, "close", None) or getattr(getattr(self.model, "primary", None), "close", None)
         if closer is not None:
             await closer()
 
 
-async def brain(settings: Settings, db: Database) -> Brain:
+async def brain(settings: Settings, db: Database, helpdesk: Helpdesk | None = None) -> Brain:
+    """`helpdesk`: the declaration built (`bot.declaration.build.helpdesk`); None: the one the settings point to."""
+    if helpdesk is None:
+        helpdesk = build(load(find(settings)))
     knowledge = await knowledge_base(settings, db.sessions)
-    await ensure_sample_knowledge(knowledge)
-    roster = default_roster(knowledge, min_similarity=settings.kb_min_similarity)
+    try:
+        await ensure_knowledge(knowledge, helpdesk)
+        await helpdesk.start()
+    except BaseException:
+        await knowledge.close()
+        raise
+    roster = helpdesk.roster(knowledge, min_similarity=settings.kb_min_similarity)
     router = SimilarityRouter(
         knowledge.embedder,
         {name: a.description for name, a in roster.agents.items()},
         knowledge=knowledge,
-        collections=KNOWLEDGE_OF,
+        collections={name: a.knowledge for name, a in roster.agents.items() if a.knowledge},
         min_passage_similarity=settings.kb_min_similarity,
     )
-    offline = OfflineModel(router)
+    offline = OfflineModel(router, greeting=settings.offline_greeting)
     routes = calibrated_router(settings, knowledge, roster)
     if not settings.llm_configured:
-        return Brain(roster, offline, knowledge, offline=True, router=routes)
+        return Brain(roster, offline, knowledge, offline=True, router=routes, helpdesk=helpdesk)
     chat = chat_model(settings)
     budget = await fitted_budget(settings)
     return Brain(
@@ -265,6 +294,7 @@ async def brain(settings: Settings, db: Database) -> Brain:
         provider=chat.client,
         token_budget=budget,
         router=routes,
+        helpdesk=helpdesk,
     )
 
 

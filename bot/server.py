@@ -38,12 +38,14 @@ from agents.identity import Author
 from agents.knowledge.store import KnowledgeBase
 from agents.leases import Leases, process_owner
 from agents.model import Model
+from agents.toolsets import SourceStatus
 from bot import runtime
 from bot.admin.actions import AdminActions
 from bot.admin.command import AdminCommands, provider_probe
 from bot.admin.command import register as register_admin
 from bot.admin.queries import AdminQueries
 from bot.csat import Csat, CsatPolicy
+from bot.declaration.build import helpdesk as declared_helpdesk
 from bot.feedback import Feedback
 from bot.files import SlackFiles, file_limits
 from bot.home import Home
@@ -137,6 +139,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
     """Database migrated, workers running, the Slack app and the Teams edge ready (whichever are configured);
     everything stopped on exit."""
     assert settings.slack_configured or settings.teams_configured
+    settings, helpdesk = declared_helpdesk(settings)
     if not settings.llm_configured:
         log.warning("no LLM provider configured: answering from the knowledge base (offline mode)")
     now = clock or (lambda: datetime.now(UTC))
@@ -148,7 +151,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
     client = slack_client(token=token, base_url=api) if slack else None
     files = SlackFiles(token=token, limits=file_limits(settings), api_url=api) if slack else None
     async with runtime.open_database(settings) as db, AsyncExitStack() as closing:
-        brain = await runtime.brain(settings, db)
+        brain = await runtime.brain(settings, db, helpdesk)
         roster, model = brain.roster, brain.model
         leases = Leases(db.sessions, owner=process_owner(), ttl_s=settings.lease_seconds)
         metrics = Metrics()
@@ -196,7 +199,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             summarize=llm_summarizer(runtime.chat_model(settings), settings.openai_model)
             if policy.llm_summary
             else None,
-            name_suffix=settings.staff_name_suffix,
+            name_suffix=settings.staff_name_suffix or "",
         )
         sender = OutboxSender(
             engine=db.engine,
@@ -244,6 +247,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
         # And so does monitoring: a scrape never waits behind turns, nor a turn behind a scrape.
         monitoring_engine = make_engine(db.url, pool_size=1, transaction_pooler=pooler)
         metrics.watch(monitoring_engine)
+        metrics.watch_sources(lambda: tool_statuses(brain))
         inbox = Inbox(
             sessions=make_sessions(ack_engine),
             conversations=conversations,
@@ -354,6 +358,8 @@ def csat_policy(settings: Settings) -> CsatPolicy:
         enabled=settings.csat,
         sample_rate=settings.csat_sample_rate,
         cooldown=timedelta(days=settings.csat_cooldown_days),
+        question=settings.csat_question,
+        thanks=settings.csat_thanks,
     )
 
 
@@ -381,7 +387,13 @@ def admin_commands(
         probe=provider_probe(brain.provider, model=settings.openai_model),
         version=_version(),
         staff_channel=staff_channel,
+        tool_sources=lambda: tool_statuses(brain),
     )
+
+
+def tool_statuses(brain: runtime.Brain) -> list[SourceStatus]:
+    """How the operator's MCP servers and HTTP tools are doing, for /support status and /metrics."""
+    return [source.status() for source in (brain.helpdesk.sources if brain.helpdesk else ())]
 
 
 def _version() -> str:

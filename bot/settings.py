@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     # env_ignore_empty: `.env.example` copied as-is leaves `KEY=`, which means "not configured", not "empty".
     model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore", env_ignore_empty=True)
 
+    # The operator's declaration: agents, brand, texts, knowledge and tools (bot.declaration)
+    helpdesk_file: Path | None = None
+    """Unset: ./helpdesk.yaml when there is one, else the Driftwing sample."""
+
     # Storage
     database_url: str | None = Field(default=None, description="Postgres URL; unset starts an embedded one.")
     data_dir: Path = Field(default=Path(".data"), description="Local state (the embedded Postgres), from the cwd.")
@@ -95,8 +99,9 @@ class Settings(BaseSettings):
     staff_email_domains: str = ""
     """Writers in customer threads who are colleagues, not customers (besides our own workspace's members in Slack
     Connect channels): comma-separated workspace ids, and domains of verified emails (`bot.staff.Colleagues`)."""
-    staff_name_suffix: str = " (Driftwing team)"
-    """After a colleague's name on what they say to customers; empty (`STAFF_NAME_SUFFIX=`): nothing."""
+    staff_name_suffix: str | None = None
+    """After a colleague's name on what they say to customers; unset: the declaration's brand (" (Acme team)");
+    empty (`STAFF_NAME_SUFFIX=`): nothing."""
     admin_user_ids: str = ""
     admin_workspace_admins: bool = False
     admin_command: str = "/support"
@@ -152,7 +157,11 @@ class Settings(BaseSettings):
     """Where the bot posts in a tenant before anyone there has written to it (the staff channel's first case)."""
 
     # Human takeover
-    escalation_message: str = "I've asked a colleague to join. A person will reply here shortly."
+    escalation_message: str = Texts.escalated
+    budget_message: str = Texts.budget
+    """Told when the agents could not finish within a message's budgets and a colleague takes over."""
+    provider_failure_message: str = Texts.provider_failure
+    """Told when the LLM provider failed and a colleague takes over."""
     business_hours: str = ""
     business_timezone: str = "UTC"
     off_hours_message: str = "Our team is available {hours}; a colleague will reply as soon as they are back."
@@ -174,8 +183,16 @@ class Settings(BaseSettings):
     feedback_escalate_on_bad: bool = False
     """A 👎 on an answer opens a case for the conversation (as if the agent had escalated)."""
     csat: bool = True
+    csat_question: str = "How did we do? Please rate the help you got from our team."
+    csat_thanks: str = "Thank you for your rating!"
     csat_sample_rate: float = Field(default=1.0, ge=0, le=1)
     csat_cooldown_days: float = Field(default=7, ge=0)
+
+    offline_greeting: str = (
+        "Hello! I'm the assistant here. I can answer from our help articles, or bring in a colleague. What can I do "
+        "for you?"
+    )
+    """What the offline stand-in (no LLM configured) says when it has nothing to search or route."""
 
     # Playground (`python -m bot playground`, or `run` without Slack credentials)
     playground_port: int = 8000

@@ -32,7 +32,6 @@ from bot.csat import (
     COMMENT_CALLBACK,
     COMMENT_NOT_YOURS,
     NOT_YOURS,
-    THANKS,
     Csat,
     comment_modal,
     csat_click_of,
@@ -248,7 +247,7 @@ def build_app(
             await client.views_open(trigger_id=click.trigger, view=comment_modal(click.escalation_id))
         except Exception:
             log.warning("could not open the CSAT comment modal of case %s", click.escalation_id, exc_info=True)
-            await respond(text=THANKS, response_type="ephemeral", replace_original=False)
+            await respond(text=csat.policy.thanks, response_type="ephemeral", replace_original=False)
 
     @app.view(COMMENT_CALLBACK)
     async def csat_comment(ack: AsyncAck, body: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import re
 import struct
 import sys
@@ -32,7 +33,8 @@ from bot.admin.parse import USAGE
 
 APP_ID_VARIABLE = "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__CLIENTID"
 """The Agents SDK's variable for the Entra app registration's client id: the Teams app id and the bot id too."""
-DEFAULT_NAME = "Driftwing Helpdesk"
+DEFAULT_NAME = "Helpdesk"
+"""When no declaration names the app (its brand's `teams_app_name`)."""
 DEFAULT_OUT = Path("teams-app.zip")
 ADMIN_COMMANDS = ("help", "status", "conversations", "show", "escalations", "pause", "resume", "kb", "stats")
 """Suggested in the personal chat, where admins type them; Teams shows at most 12 per scope."""
@@ -323,7 +325,7 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     command = sub.add_parser("teams-package", help="write the Teams app package (manifest.json and icons, zipped)")
     command.add_argument("--app-id", help=f"the app registration's client id (default: {APP_ID_VARIABLE})")
     command.add_argument("--host", help="the public host name where the bot serves /api/messages")
-    command.add_argument("--name", default=DEFAULT_NAME, help=f"the app's name in Teams (default: {DEFAULT_NAME})")
+    command.add_argument("--name", help="the app's name in Teams (default: the declaration's brand.teams_app_name)")
     command.add_argument("--developer", help="the publisher's name (default: the app's name)")
     command.add_argument("--website", help="the publisher's https:// page (default: https://HOST/)")
     command.add_argument("--privacy-url", help="the privacy policy's https:// URL (default: the website)")
@@ -332,12 +334,22 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     command.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"the zip to write (default: {DEFAULT_OUT})")
 
 
+def _declared_name() -> str:
+    """The name the operator's declaration gives the app (HELPDESK_FILE, ./helpdesk.yaml, else the sample's)."""
+    from bot.declaration.build import DEFAULT_FILE, SAMPLE, teams_app_name
+    from bot.declaration.parse import load
+
+    chosen = os.environ.get("HELPDESK_FILE")
+    path = Path(chosen) if chosen else DEFAULT_FILE if DEFAULT_FILE.is_file() else SAMPLE
+    return teams_app_name(load(path))
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         details = app_details(
             app_id=args.app_id or _SdkVariables().app_id,
             host=args.host,
-            name=args.name,
+            name=args.name or _declared_name(),
             developer=args.developer,
             website_url=args.website,
             privacy_url=args.privacy_url,

@@ -268,6 +268,7 @@ class Workers:
             if result.limited_by is not None:
                 self.metrics.rate_limited.labels(result.limited_by).inc()
             self.metrics.count_llm_calls(result.llm_calls)
+            self.metrics.count_tool_calls(result.tools)
         if results:
             self.metrics.turn_seconds.observe((time.perf_counter() - started) / len(results))
             self.wake_sender()

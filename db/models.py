@@ -132,6 +132,7 @@ class Handoff(Base):
 
 class ToolRun(Base):
     __tablename__ = "tool_runs"
+    __table_args__ = (Index("ix_tool_runs_created_at", "created_at"),)
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
@@ -143,6 +144,9 @@ class ToolRun(Base):
     ok: Mapped[bool] = mapped_column(Boolean)
     output: Mapped[str] = mapped_column(Text)
     duration_ms: Mapped[float] = mapped_column(Float)
+    source: Mapped[str] = mapped_column(Text, server_default="python")
+    """Where the tool ran: "python", "http" or "mcp:<server>" (`agents.tools.Tool.source`). Who asked is the inbound
+    message's verified author (`inbound.identity`)."""
     created_at: Mapped[datetime] = _now()
 
 

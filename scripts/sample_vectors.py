@@ -1,4 +1,4 @@
-"""Write `bot/sample_knowledge/vectors.npz`: the sample's passages embedded by the local model, which a first
+"""Write the sample's `knowledge/vectors.npz`: its passages embedded by the local model, which a first
 start uses instead of embedding them (after checking a few against the model).
 
 Run after changing the sample or the local model (tests/test_first_start.py fails until you do):
@@ -14,7 +14,7 @@ from agents.knowledge.chunking import chunk_document
 from agents.knowledge.documents import find_documents, read_document
 from agents.knowledge.embedders import save_precomputed
 from agents.knowledge.local import LocalEmbedder
-from bot.runtime import SAMPLE_COLLECTIONS, SAMPLE_KNOWLEDGE, SAMPLE_VECTORS
+from harness.sample import SAMPLE_COLLECTIONS, SAMPLE_KNOWLEDGE, SAMPLE_VECTORS
 
 
 def sample_texts() -> list[str]:

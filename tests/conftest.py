@@ -14,7 +14,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from agents.conversations import Conversations
 from agents.loop import LoopConfig
 from agents.model import OpenAIChatModel
-from agents.roster import default_roster
 from bot.server import Bot
 from db.engine import make_engine, make_sessions
 from escalation.machine import TAKEOVER
@@ -22,6 +21,7 @@ from fakes.openai_server import FakeOpenAI
 from fakes.slack_api import SlackEmulator
 from harness import bot as harness
 from harness.database import postgres_server, throwaway_database
+from harness.sample import default_roster
 
 TABLES = (
     "conversations, inbound, messages, handoffs, tool_runs, llm_calls, escalations, refunds, slack_events, outbox, "

@@ -454,7 +454,6 @@ async def test_status_still_answers_when_the_database_is_down(sessions: Sessions
     goes to the working database, as the action log would)."""
     from agents.knowledge.embedders import OpenAIEmbedder
     from agents.knowledge.store import KnowledgeBase
-    from agents.roster import default_roster
     from bot.admin.actions import AdminActions
     from bot.admin.command import AdminCommands, Invocation, provider_probe
     from bot.admin.queries import AdminQueries
@@ -462,6 +461,7 @@ async def test_status_still_answers_when_the_database_is_down(sessions: Sessions
     from db.engine import make_engine, make_sessions
     from escalation.desk import CaseDesk
     from escalation.policy import EscalationPolicy
+    from harness.sample import default_roster
 
     dead_engine = make_engine("postgresql+asyncpg://nobody@127.0.0.1:9/nothing")
     dead = AdminQueries(sessions=make_sessions(dead_engine))

@@ -19,11 +19,10 @@ from agents.knowledge.embedders import OpenAIEmbedder
 from agents.knowledge.store import KnowledgeBase
 from agents.knowledge.tool import NOTHING_FOUND
 from agents.model import OpenAIChatModel
-from agents.roster import default_roster
-from agents.shop import ORDERS
-from bot.runtime import SAMPLE_KNOWLEDGE
+from bot.examples.driftwing.shop import ORDERS
 from escalation.machine import TAKEOVER
 from fakes.openai_server import EMBEDDING_DIM, FakeOpenAI, reply, tool_call, tools
+from harness.sample import SAMPLE_KNOWLEDGE, default_roster
 from tests.conftest import CONFIG
 
 Sessions = async_sessionmaker[AsyncSession]

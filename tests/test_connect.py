@@ -12,6 +12,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from bot.declaration.build import SAMPLE, with_declaration
+from bot.declaration.parse import load
 from bot.settings import Settings
 from db import models as m
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
@@ -175,4 +177,8 @@ async def test_the_staff_name_suffix_is_a_setting(
     (tmp_path / ".env").write_text("STAFF_NAME_SUFFIX=\nHANDOFF_NOTICE=\n")
     read = Settings(_env_file=tmp_path / ".env")  # type: ignore[call-arg]
     assert (read.staff_name_suffix, read.handoff_notice) == ("", Settings.model_fields["handoff_notice"].default)
-    assert Settings(_env_file=None).staff_name_suffix == " (Driftwing team)"  # type: ignore[call-arg]
+    # Unset: the declaration's brand signs for the team.
+    unset = Settings(_env_file=None)  # type: ignore[call-arg]
+    assert unset.staff_name_suffix is None
+    assert with_declaration(unset, load(SAMPLE)).staff_name_suffix == " (Driftwing team)"
+    assert with_declaration(read, load(SAMPLE)).staff_name_suffix == ""

@@ -24,11 +24,12 @@ from agents.knowledge.store import KnowledgeBase
 from agents.knowledge.tool import NOTHING_FOUND, search_knowledge_tool
 from agents.tools import ToolContext
 from bot import runtime
-from bot.runtime import SAMPLE_KNOWLEDGE, SAMPLE_VECTORS, ensure_sample_knowledge, fitted_budget, knowledge_base
+from bot.runtime import ensure_sample_knowledge, fitted_budget, knowledge_base
 from bot.settings import Settings
 from db import models as m
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
 from harness.bot import bot_settings, serving
+from harness.sample import SAMPLE_KNOWLEDGE, SAMPLE_VECTORS
 
 Sessions = async_sessionmaker[AsyncSession]
 SUPPORT = SAMPLE_KNOWLEDGE / "support"
@@ -262,7 +263,7 @@ async def test_first_start_uses_the_shipped_vectors_and_shows_progress(
         await ensure_sample_knowledge(kb)
     await kb.settle()
     assert counting.texts == 3  # the check against the model; the 121 passages came with the sample
-    assert "sample knowledge 17/17" in caplog.text and "shipped vectors" in caplog.text
+    assert "knowledge 17/17" in caplog.text and "shipped vectors" in caplog.text
     assert await chunk_dims(sessions) == [384]
     async with sessions() as s:
         assert await s.scalar(select(func.count()).select_from(m.KnowledgeChunk)) == 121

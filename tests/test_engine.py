@@ -12,12 +12,12 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
 from agents.identity import Author
-from agents.roster import default_roster
-from agents.shop import ORDERS
 from agents.tools import HandoffTo
+from bot.examples.driftwing.shop import ORDERS
 from db import models as m
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, RecordedRequest, cached, error, reply, slow, tool_call, tools
+from harness.sample import default_roster
 from tests.conftest import CONFIG, make_model
 
 Sessions = async_sessionmaker[AsyncSession]

@@ -137,7 +137,7 @@ async def test_a_bad_file_names_the_line_and_field_and_exits_2(tmp_path: Path) -
 def test_the_shipped_example_is_valid() -> None:
     from bot.eval import load
 
-    spec = load(ROOT / "bot" / "eval_examples" / "driftwing.yaml")
+    spec = load(ROOT / "bot" / "examples" / "driftwing" / "eval.yaml")
     assert 10 <= len(spec.cases) <= 15
     agents = {c.expect.agent for c in spec.cases}
     assert {"sales", "support"} <= agents

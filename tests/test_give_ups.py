@@ -16,7 +16,6 @@ from sqlalchemy import func, select, update
 
 from agents.conversations import SET_ASIDE, Conversations, MessageResult, ResultKind, TurnCommit
 from agents.identity import Author
-from agents.roster import default_roster
 from db import models as m
 from db.deliveries import CasePost, Outcome
 from escalation.machine import TAKEOVER, Mode
@@ -24,6 +23,7 @@ from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
 from fakes.slack_api import SlackEmulator
 from harness.bot import bot_settings, serving
 from harness.database import settle
+from harness.sample import default_roster
 from tests.conftest import CONFIG
 from tests.test_admin import ADMIN, shown, support
 from tests.test_escalation import STAFF, SUPPORT, Sessions

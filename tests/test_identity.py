@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
 from agents.identity import Author
-from agents.shop import ORDERS, REFUND_CONFIRMATION
+from bot.examples.driftwing.shop import ORDERS, REFUND_CONFIRMATION
 from db import models as m
 from fakes.openai_server import FakeOpenAI, RecordedRequest, reply, tool_call, tools
 from fakes.slack_api import TEAM_ID, SlackEmulator

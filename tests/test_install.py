@@ -84,7 +84,7 @@ async def test_pip_install_gives_a_bot_that_starts_and_answers(python: Path, tmp
             lines.append(line)
         first_start_s = time.monotonic() - started
         log = "".join(lines)
-        assert "shipped vectors" in log and "sample knowledge 17/17" in log, log
+        assert "shipped vectors" in log and "knowledge 17/17" in log, log
         warnings = [line for line in lines if "WARNING" in line and "no LLM provider configured" not in line]
         assert warnings == []
         assert (home / ".data" / "postgres" / "PG_VERSION").exists()  # DATA_DIR defaults to the current folder

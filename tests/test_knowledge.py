@@ -21,9 +21,9 @@ from agents.knowledge.documents import find_documents, read_document, read_html,
 from agents.knowledge.embedders import OpenAIEmbedder
 from agents.knowledge.identifiers import in_document, in_question
 from agents.knowledge.store import RRF_K, EmbedderMismatch, KnowledgeBase
-from bot.runtime import SAMPLE_KNOWLEDGE
 from escalation.machine import TAKEOVER
 from fakes.openai_server import EMBEDDING_DIM, FakeOpenAI
+from harness.sample import SAMPLE_KNOWLEDGE
 from tests import ROOT
 
 SAMPLE = SAMPLE_KNOWLEDGE
@@ -144,8 +144,8 @@ async def test_search_knowledge_tool_cites_sources_or_says_nothing_found(
     kb: KnowledgeBase, sessions: Sessions, fake_llm: FakeOpenAI, model: object
 ) -> None:
     from agents.conversations import Conversations
-    from agents.roster import default_roster
     from fakes.openai_server import reply, tool_call, tools
+    from harness.sample import default_roster
     from tests.conftest import CONFIG
 
     await kb.ingest([SAMPLE / "support"], collection="support", root=SAMPLE)
@@ -241,8 +241,8 @@ async def test_offline_mode_answers_with_sources_and_escalates_when_nothing_matc
     from agents.identity import Author
     from agents.knowledge.local import LocalEmbedder
     from agents.offline import OfflineModel, SimilarityRouter
-    from agents.roster import KNOWLEDGE_OF, default_roster
-    from agents.shop import DEMO_CUSTOMER
+    from bot.examples.driftwing.shop import DEMO_CUSTOMER
+    from harness.sample import KNOWLEDGE_OF, default_roster
     from tests.conftest import CONFIG
 
     kb = KnowledgeBase(sessions=sessions, embedder=LocalEmbedder(minilm))  # type: ignore[arg-type]

@@ -15,13 +15,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from agents.conversations import Conversations
 from agents.leases import LeaseLost, Leases
 from agents.model import OpenAIChatModel
-from agents.roster import default_roster
 from bot.outbox import OutboxSender
 from bot.slack_app import slack_client
 from db import models as m
 from db.deliveries import AddReaction, Outcome, Post, RemoveReaction, enqueue
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply, slow
+from harness.sample import default_roster
 from tests.conftest import CONFIG
 
 Sessions = async_sessionmaker[AsyncSession]

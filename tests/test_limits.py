@@ -20,7 +20,6 @@ from agents.identity import Author
 from agents.limits import Limit, Limits
 from agents.loop import Texts
 from agents.model import OpenAIChatModel
-from agents.roster import default_roster
 from bot import runtime
 from bot.settings import Settings
 from db import models as m
@@ -29,6 +28,7 @@ from fakes.openai_server import FakeOpenAI, RecordedRequest, reply
 from fakes.slack_api import BOT_USER_ID, SlackEmulator
 from harness.bot import bot_settings, serving
 from harness.database import settle
+from harness.sample import default_roster
 from harness.slack import replies_in
 from tests.conftest import CONFIG
 from tests.test_admin import ADMIN, shown, support

@@ -16,8 +16,8 @@ from agents.identity import Author
 from agents.loop import Escalate, LoopConfig, Reply, TurnInput, run_turn
 from agents.messages import PREPARED, Message, ToolCall
 from agents.model import ModelResponse, Usage
-from agents.roster import default_roster
 from agents.window import SHORTENED, build_window
+from harness.sample import default_roster
 
 CONFIG = LoopConfig(default_model="scripted", max_llm_calls=4, max_handoffs=2)
 

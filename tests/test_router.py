@@ -16,13 +16,13 @@ from agents.conversations import Conversations
 from agents.knowledge.local import LocalEmbedder, MiniLM
 from agents.knowledge.store import KnowledgeBase
 from agents.model import OpenAIChatModel
-from agents.roster import SALES, SUPPORT, TRIAGE, default_roster
 from agents.router import MIN_SCORE, Router, acts_on
 from bot.runtime import calibrated_router
 from bot.settings import Settings
 from db import models as m
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply
+from harness.sample import default_roster
 from tests.conftest import CONFIG
 
 Sessions = async_sessionmaker[AsyncSession]
@@ -93,7 +93,10 @@ async def test_a_customer_asking_for_a_person_is_not_routed_to_an_agent(
 async def test_no_switch_to_an_agent_the_active_one_cannot_hand_off_to(
     sessions: Sessions, model: OpenAIChatModel, fake_llm: FakeOpenAI
 ) -> None:
-    roster = Roster.of((replace(TRIAGE, handoffs=("support",)), SALES, SUPPORT), entry="triage")
+    sample = default_roster()
+    roster = Roster.of(
+        (replace(sample["triage"], handoffs=("support",)), sample["sales"], sample["support"]), entry="triage"
+    )
     fake_llm.script(reply("Let me see."))
     await service(sessions, model, roster).handle("t:r4", SALES_MESSAGE)
     assert fake_llm.requests[0].system.startswith("You are the front desk")
@@ -137,7 +140,7 @@ async def test_the_router_and_the_search_before_the_first_call_embed_a_message_o
     router = calibrated_router(settings, kb, default_roster(kb))
     assert router is not None
     routed = await router.route(SALES_MESSAGE)
-    assert routed is not None and routed.agent == SALES.name
+    assert routed is not None and routed.agent == "sales"
     [hit] = await kb.search(SALES_MESSAGE, collections=["catalogue"], k=1)
     assert hit.similarity is not None
     assert embedder.texts.count(SALES_MESSAGE) == 1

@@ -9,13 +9,13 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
-from agents.roster import default_roster
 from agents.summary import AGENT, PROMPT, Summarising
 from agents.window import EARLIER
 from db import models as m
 from db.engine import make_engine, make_sessions
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, FakeReply, RecordedRequest, error, reply, tool_call, tools
+from harness.sample import default_roster
 from tests.conftest import CONFIG, make_model
 
 Sessions = async_sessionmaker[AsyncSession]

@@ -16,8 +16,8 @@ from agents.agent import Agent, Roster
 from agents.errors import ConfigError
 from agents.knowledge.embedders import OpenAIEmbedder
 from agents.knowledge.store import KnowledgeBase
-from agents.roster import default_roster
 from agents.tools import Tool, ToolArgumentsError, ToolContext, function_tool
+from harness.sample import default_roster
 
 
 @function_tool
@@ -67,7 +67,7 @@ def test_shipped_roster_shape() -> None:
         assert names[-1] == "escalate_to_human"
     assert "transfer_to_support" in [t.name for t in roster.tools_of("sales")]
     assert {"lookup_order", "issue_refund"} <= {t.name for t in roster.tools_of("support")}
-    assert "Ada" in roster["sales"].render_instructions({"customer_name": "Ada"})
+    assert "Sales at Driftwing Drones" in roster["sales"].render_instructions({"customer_name": "Ada"})
 
 
 # ------------------------------------------------------------------------- compact schemas, valid everywhere

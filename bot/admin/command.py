@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -18,6 +18,7 @@ from slack_bolt.context.respond.async_respond import AsyncRespond
 
 from agents.agent import Roster
 from agents.knowledge.store import KnowledgeBase, KnowledgeStatus
+from agents.toolsets import SourceStatus
 from bot.admin import parse as p
 from bot.admin import views
 from bot.admin.actions import AdminActions
@@ -81,12 +82,16 @@ class AdminCommands:
         probe: ProviderProbe,
         version: str,
         staff_channel: Callable[[], Awaitable[str | None]] | None = None,
+        tool_sources: Callable[[], Sequence[SourceStatus]] = lambda: (),
     ) -> None:
         self.members = members
         """Slack's directory, briefly cached: who is a workspace admin, and of which workspace."""
         self.staff_channel = staff_channel
         """What is wrong with the staff channel (`bot.preflight`), checked again on each status, so that inviting
         the bot shows as fixed at once."""
+        self.tool_sources = tool_sources
+        """How the operator's tool sources (MCP servers, HTTP endpoints) are doing now, asked on each status: a
+        source reconnects by itself, and status must show it as soon as it has."""
         self.admin_ids = admin_ids
         self.workspace_admins = workspace_admins
         self.queries = queries
@@ -155,6 +160,7 @@ class AdminCommands:
                     version=self.version,
                     uptime_s=uptime,
                     started=self.started,
+                    sources=self.source_statuses(),
                 )
                 return isinstance(health, Health), reply
             case p.Agents():
@@ -185,11 +191,22 @@ class AdminCommands:
                 return True, views.kb_stats_reply(await self.knowledge.stats())
             case p.Stats(days):
                 return True, views.usage_stats_reply(await self.queries.usage(days))
+            case p.Tools(days):
+                return True, views.tools_reply(await self.queries.tool_calls(days))
 
     async def knowledge_status(self) -> KnowledgeStatus | str:
         try:
             return await self.knowledge.status()
         except Exception as exc:  # the database is down: status still answers, saying so
+            return f"unknown ({type(exc).__name__})"
+
+    def source_statuses(self) -> Sequence[SourceStatus] | str:
+        """The tool sources' statuses, or why there are none: a source that cannot say must not cost the whole
+        status answer."""
+        try:
+            return tuple(self.tool_sources())
+        except Exception as exc:
+            log.warning("status: the tool sources could not say how they are", exc_info=True)
             return f"unknown ({type(exc).__name__})"
 
     async def _staff_channel(self) -> str | None:

@@ -92,6 +92,13 @@ class Stats:
     days: int = 7
 
 
+@dataclass(frozen=True)
+class Tools:
+    """The audit trail of the agents' tool calls over the last `days`."""
+
+    days: int = 1
+
+
 Command = (
     Help
     | Status
@@ -105,6 +112,7 @@ Command = (
     | KbSearch
     | KbStats
     | Stats
+    | Tools
 )
 
 
@@ -117,7 +125,7 @@ class UsageError:
 
 USAGE: dict[str, tuple[str, str]] = {
     "help": ("help", "this list"),
-    "status": ("status", "database, LLM provider, backlog, open escalations, version, uptime"),
+    "status": ("status", "database, LLM provider, tool sources, backlog, open cases, version, uptime"),
     "agents": ("agents", "the roster and who may hand off to whom"),
     "conversations": ("conversations [open|human|recent]", "recent conversations (default: recent)"),
     "show": ("show <thread link>", "one conversation: state, agent, last messages, handoffs"),
@@ -129,6 +137,7 @@ USAGE: dict[str, tuple[str, str]] = {
     "resume": ("resume [#channel]", "answer again there (everywhere without a channel)"),
     "kb": ("kb search <query> | kb stats", "search the knowledge base, or count its documents"),
     "stats": ("stats [days]", "conversations, handoffs, escalations, time to claim, LLM usage (default 7 days)"),
+    "tools": ("tools [days]", "tool calls by tool and source, failures, timings, and the last 10 (default 1 day)"),
 }
 MAX_DAYS = 365
 _LINK = re.compile(r"^https?://[^/\s]+/archives/(?P<channel>[A-Z0-9_]+)/p(?P<ts>\d{7,})(?:\?(?P<query>\S*))?$")
@@ -206,10 +215,10 @@ def parse(text: str) -> Command | UsageError:
             found = _KB_SEARCH.match(text)
             assert found is not None
             return KbSearch(html.unescape(" ".join(found["query"].split())))
-        case "stats", []:
-            return Stats()
-        case "stats", [days] if days.isdigit() and 1 <= int(days) <= MAX_DAYS:
-            return Stats(int(days))
-        case "stats", _:
+        case "stats" | "tools", []:
+            return Stats() if name == "stats" else Tools()
+        case "stats" | "tools", [days] if days.isdigit() and 1 <= int(days) <= MAX_DAYS:
+            return Stats(int(days)) if name == "stats" else Tools(int(days))
+        case "stats" | "tools", _:
             return UsageError(f"The number of days must be between 1 and {MAX_DAYS}.", usage(name))
     return UsageError("That doesn't look right.", usage(name))

@@ -14,6 +14,7 @@ from sqlalchemy.orm import InstrumentedAttribute
 
 from agents.address import DM, Address
 from agents.conversations import SET_ASIDE, ResultKind
+from agents.identity import Author
 from agents.limits import Scope
 from agents.offline import OFFLINE
 from bot.admin.parse import CaseRef, Listing, Ref, ThreadRef
@@ -24,6 +25,10 @@ from escalation.machine import OPEN_CASE, WITH_HUMANS, Mode
 LIST_LIMIT = 15
 RECENT = 5
 """Failures listed by `/support status` (all are counted)."""
+TOOL_CALLS_SHOWN = 10
+FAILURE_SHOWN = 80
+"""Characters of a failed tool call's output that `/support tools` shows: enough to tell a timeout from a refusal,
+too few to turn the admin view into a copy of what the operator's system answered."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +190,55 @@ class Usage:
         if not rated:
             return None
         return Score("all", rated, sum(c.mean * c.rated for c in self.csat_by_agent) / rated)
+
+
+@dataclass(frozen=True)
+class ToolTally:
+    """One tool from one source over the period."""
+
+    tool: str
+    source: str
+    """"python", "http", "mcp:<server>", or "unknown" for a name no tool had."""
+    calls: int
+    failures: int
+    p50_ms: float
+    p95_ms: float
+
+
+@dataclass(frozen=True)
+class ToolCallLine:
+    """One call as the audit trail shows it: never the model's arguments (they may hold a customer's data, and what
+    the model wrote proves nothing about who asked); who asked is the author the platform verified."""
+
+    at: datetime
+    tool: str
+    source: str
+    agent: str
+    asker: Author | None
+    """None when the message is gone or nobody was identified."""
+    ok: bool
+    duration_ms: float
+    failure: str | None
+    """The first `FAILURE_SHOWN` characters of a failed call's output; None when it succeeded."""
+    cut: bool = False
+    """The failure's output was longer than what is shown."""
+
+
+@dataclass(frozen=True)
+class ToolAudit:
+    days: int
+    tallies: tuple[ToolTally, ...]
+    """Every tool and source called in the period, the most called first."""
+    recent: tuple[ToolCallLine, ...]
+    """The latest calls of the period, the latest first."""
+
+    @property
+    def calls(self) -> int:
+        return sum(t.calls for t in self.tallies)
+
+    @property
+    def failures(self) -> int:
+        return sum(t.failures for t in self.tallies)
 
 
 def _conversation_rows(rows: Sequence[tuple[m.Conversation, int]]) -> list[ConversationRow]:
@@ -487,6 +541,71 @@ class AdminQueries:
             csat_by_staff=scores[2],
             csat_comments=tuple(CsatLine(*row) for row in comments),
         )
+
+    async def tool_calls(self, days: int) -> ToolAudit:
+        """The tool calls of the last `days`: counted and timed by tool and source, and the latest few with who asked
+        (the inbound message's verified author). The arguments column is never read."""
+        since = func.now() - timedelta(days=days)
+        run = m.ToolRun
+        async with self.sessions() as s:
+            tallies = await s.execute(
+                select(
+                    run.tool,
+                    run.source,
+                    func.count(),
+                    func.count().filter(run.ok.is_(False)),
+                    _percentile(0.5, run.duration_ms),
+                    _percentile(0.95, run.duration_ms),
+                )
+                .where(run.created_at > since)
+                .group_by(run.tool, run.source)
+                .order_by(func.count().desc(), run.tool, run.source)
+            )
+            recent = await s.execute(
+                select(run.created_at, run.tool, run.source, run.agent, m.Inbound.identity, m.Inbound.author)
+                .add_columns(
+                    run.ok,
+                    run.duration_ms,
+                    func.left(run.output, FAILURE_SHOWN),
+                    func.length(run.output) > FAILURE_SHOWN,
+                )
+                .outerjoin(m.Inbound, m.Inbound.id == run.inbound_id)
+                .where(run.created_at > since)
+                .order_by(run.id.desc())
+                .limit(TOOL_CALLS_SHOWN)
+            )
+            return ToolAudit(
+                days=days,
+                tallies=tuple(
+                    ToolTally(t, src, n, failed, float(p50), float(p95)) for t, src, n, failed, p50, p95 in tallies
+                ),
+                recent=tuple(
+                    ToolCallLine(
+                        at=at,
+                        tool=tool,
+                        source=source,
+                        agent=agent,
+                        asker=_asker(identity, author),
+                        ok=ok,
+                        duration_ms=duration_ms,
+                        failure=None if ok else output,
+                        cut=not ok and bool(longer),
+                    )
+                    for at, tool, source, agent, identity, author, ok, duration_ms, output, longer in recent
+                ),
+            )
+
+
+def _asker(identity: dict[str, Any] | None, author: str | None) -> Author | None:
+    """The verified author stored with the message; a message stored before identities were, by its user id only."""
+    found = Author.from_json(identity)
+    if found is None and author:
+        return Author(platform="", workspace=None, user=author)
+    return found
+
+
+def _percentile(fraction: float, column: InstrumentedAttribute[float]) -> ColumnElement[float]:
+    return func.percentile_cont(fraction).within_group(column)
 
 
 CSAT_LINE = (m.Csat.escalation_id, m.Csat.customer, m.Csat.rating, m.Csat.comment)

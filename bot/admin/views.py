@@ -12,9 +12,22 @@ from typing import Any
 
 from agents.address import Address
 from agents.agent import Roster
+from agents.identity import Author
 from agents.knowledge.store import Hit, KnowledgeStatus
+from agents.toolsets import SourceStatus
 from bot.admin.parse import USAGE, UsageError
-from bot.admin.queries import CaseRow, ConversationDetail, ConversationRow, CsatLine, Health, Score, Usage
+from bot.admin.queries import (
+    CaseRow,
+    ConversationDetail,
+    ConversationRow,
+    CsatLine,
+    Health,
+    Score,
+    ToolAudit,
+    ToolCallLine,
+    ToolTally,
+    Usage,
+)
 from escalation.desk import ActionResult
 from escalation.machine import Mode
 from slacktext.limits import HEADER_TEXT, clip
@@ -121,6 +134,22 @@ def _quote(text: str, limit: int = 160) -> str:
     return clip(inert(" ".join(text.split())), limit)
 
 
+def _code(text: str, limit: int = 80) -> str:
+    """Machine text (a tool's name, a system's error output) shown verbatim: on one line, escaped, and in a code span
+    so that its `*`, `_` and `~` format nothing; a backtick of its own, which would close the span, is shown as ˋ."""
+    flat = " ".join(text.split()).replace("`", "ˋ")
+    return f"`{escape(clip(flat, limit))}`" if flat else "` `"
+
+
+def _ms(ms: float) -> str:
+    return f"{ms:.0f} ms" if ms < 1000 else f"{ms / 1000:.1f} s"
+
+
+def _utc(when: datetime) -> datetime:
+    """The database's times are aware; a naive one (a source's own clock) is taken to be UTC already."""
+    return when.astimezone(UTC) if when.tzinfo else when
+
+
 def help_reply(topic: str | None = None) -> Reply:
     names = [topic] if topic else list(USAGE)
     lines = [f"`/support {USAGE[n][0]}`  {USAGE[n][1]}" for n in names]
@@ -172,10 +201,18 @@ def status_reply(
     version: str,
     uptime_s: float,
     started: datetime,
+    sources: Sequence[SourceStatus] | str = (),
 ) -> Reply:
     running = f"*Version*\n{version}, up {duration(uptime_s)} (since {started:%Y-%m-%d %H:%M} UTC)"
+    tools = [sources_field(sources)] if sources else []
     if isinstance(health, str):
-        fields = [f"*Database*\n⚠️ down: {health}", f"*LLM provider*\n{llm}", knowledge_field(knowledge), running]
+        fields = [
+            f"*Database*\n⚠️ down: {health}",
+            f"*LLM provider*\n{llm}",
+            knowledge_field(knowledge),
+            running,
+            *tools,
+        ]
         return Reply(
             "Status: " + " | ".join(f.replace("\n", " ") for f in fields), [_header("Status"), _fields(fields)]
         )
@@ -197,8 +234,32 @@ def status_reply(
         f"*Rate limits*\n{health.held_back} customer(s) over a limit now",
         running,
         failures_field(health),
+        *tools,
     ]
     return _fields_reply("Status", fields)
+
+
+SOURCE_KIND = {"mcp": "MCP", "http": "HTTP"}
+
+
+def sources_field(sources: Sequence[SourceStatus] | str) -> str:
+    """One line per source of the operator's tools (MCP servers, HTTP endpoints): up with what it offers, or down
+    with why and what the bot does about it, in the source's own words (escaped: an error may quote the system)."""
+    if isinstance(sources, str):
+        return f"*Tool sources*\n⚠️ {escape(sources)}"
+    return "*Tool sources*\n" + "\n".join(source_line(s) for s in sources)
+
+
+def source_line(status: SourceStatus) -> str:
+    kind = SOURCE_KIND.get(status.kind, escape(status.kind))
+    detail = escape(" ".join(status.detail.split()))
+    if status.up:
+        return f"{kind} {_code(status.name, 60)}: ✅ {clip(detail, 300)}"
+    # The source says why it is down; "down" and since when are added only when its words do not already say so.
+    if not detail.lower().startswith("down"):
+        since = f" since {_utc(status.since):%H:%M} UTC" if status.since else ""
+        detail = f"down{since}: {detail}"
+    return f"{kind} {_code(status.name, 60)}: ⚠️ {clip(detail, 300)}"
 
 
 def failures_field(health: Health) -> str:
@@ -333,6 +394,60 @@ def usage_stats_reply(u: Usage) -> Reply:
     return _fields_reply(
         title, [*fields, feedback_field(u), csat_field(u)], _section(f"*Handoffs*\n{pairs}"), *satisfaction(u)
     )
+
+
+TALLIES_SHOWN = 60
+"""Tools listed by `/support tools` (all are counted): about three sections, leaving room for the latest calls."""
+
+
+def tools_reply(audit: ToolAudit) -> Reply:
+    """The audit trail of the tools the agents called: per tool and source, how often, how often it failed and how
+    long it took; then the latest calls with who asked. Names and outputs come from the operator's systems and are
+    shown as code; who asked is the platform's verified author, whose name is escaped."""
+    title = f"Tool calls: last {audit.days} day{'s' if audit.days != 1 else ''}"
+    if not audit.tallies:
+        return _reply(title, _section("No tool calls in the period."))
+    summary = f"*{audit.calls}* call(s), {audit.failures} failed, {len(audit.tallies)} tool(s)"
+    tallies = [_tally_line(t) for t in audit.tallies[:TALLIES_SHOWN]]
+    if len(audit.tallies) > TALLIES_SHOWN:
+        tallies.append(f"…and {len(audit.tallies) - TALLIES_SHOWN} more tool(s), called less often.")
+    latest = [_call_line(c) for c in audit.recent]
+    return _reply(
+        title,
+        _section(summary),
+        _sections(tallies),
+        _section(f"*The last {len(latest)} call(s)*"),
+        _sections(latest),
+        _context(
+            "Times in UTC. Who asked: the author of the message, as the platform verified it. The model's "
+            "arguments are not shown."
+        ),
+    )
+
+
+def _tally_line(t: ToolTally) -> str:
+    failed = f"⚠️ {t.failures} failed" if t.failures else "0 failed"
+    return (
+        f"{_code(t.tool, 64)} · {escape(t.source)} · {t.calls} call(s), {failed} · "
+        f"p50 {_ms(t.p50_ms)}, p95 {_ms(t.p95_ms)}"
+    )
+
+
+def _call_line(c: ToolCallLine) -> str:
+    outcome = f"✅ {_ms(c.duration_ms)}" if c.ok else f"⚠️ failed after {_ms(c.duration_ms)}"
+    what = f"{_code(c.tool, 64)} · {escape(c.source)} · *{escape(c.agent)}*"
+    line = f"{_utc(c.at):%d %b %H:%M} · {what} · {asker(c.asker)} · {outcome}"
+    if not c.ok:
+        line += f": {_code((c.failure or '') + ('…' if c.cut else ''), 90)}"
+    return line
+
+
+def asker(author: Author | None) -> str:
+    """Who asked, for an admin: the name they had and the platform's id for them (the id is what to search for)."""
+    if author is None:
+        return "asker unknown"
+    who = f"{_quote(author.name, 60)} " if author.name else ""
+    return f"asked by {who}{_code(author.user, 60)}"
 
 
 def feedback_field(u: Usage) -> str:

@@ -1,7 +1,9 @@
-"""The drone store's tools: product look-up, order look-up and refunds.
+"""The Driftwing sample's tools, declared in its `helpdesk.yaml` as Python tools: product look-up, order look-up and
+refunds. They show what an operator's own Python tools look like (`function_tool`, `ToolContext.asker`).
 
-Orders and products here are the fictional sample store's; a real deployment replaces `ORDERS` and
-`PRODUCTS` with calls to its shop system. Refunds are recorded in Postgres with the order as idempotency key,
+Orders and products here are the fictional sample store's; a real deployment calls its shop system instead (or
+declares that system's MCP server or HTTP endpoints).
+Refunds are recorded in Postgres with the order as idempotency key,
 so a turn that is run again after a crash never refunds twice.
 
 Orders are only ever the asker's own (`ToolContext.asker`, matched on their verified email): another
@@ -11,8 +13,7 @@ who asked for it, in a later message, within `REFUND_CONFIRMATION`.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
@@ -21,8 +22,7 @@ from pydantic import Field
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 
-from agents.agent import Planned
-from agents.tools import Tool, ToolContext, function_tool
+from agents.tools import ToolContext, function_tool
 from db.models import Refund
 
 REFUND_CONFIRMATION = timedelta(minutes=30)
@@ -238,16 +238,3 @@ async def issue_refund(
         f"Refunded {_money(refund.amount_cents)} for order {order.order_id} (refund R-{refund.id}); "
         "it reaches the customer's account in 3-5 business days."
     )
-
-
-SALES_TOOLS: tuple[Tool, ...] = (find_product,)
-SUPPORT_TOOLS: tuple[Tool, ...] = (lookup_order, issue_refund)
-
-ORDER_NUMBER = re.compile(r"\bDW-\d{4}\b", re.IGNORECASE)
-"""How the store's order numbers look (DW-1234): the customer's message naming one is a look-up the model would do."""
-
-
-def order_lookups(message: str) -> Sequence[Planned]:
-    """Support's prefetch: each order number the message names, looked up (lookup_order checks it is the asker's)."""
-    named = dict.fromkeys(found.upper() for found in ORDER_NUMBER.findall(message))
-    return [Planned("lookup_order", {"order_id": order_id}) for order_id in named]

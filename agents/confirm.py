@@ -1,0 +1,113 @@
+"""Acting tools wait for the asker's yes.
+
+A tool declared as acting (`Tool.acts`: a refund, a cancellation, anything the operator's system does for the person
+asking) runs only after that person confirmed it: the first call answers the model with the question to ask and
+remembers the action in the conversation's context; the same call with `confirmed: true`, from the same person, in a
+later message, within `WINDOW`, runs it, once. A model cannot confirm for the customer (the yes must come in a later
+message), a bystander in a shared thread cannot confirm for them (only the asker's own message counts), and an old
+yes does not carry over to a new action (each action is remembered by its arguments and used up when it runs).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from agents.tools import Tool, ToolArgumentsError, ToolContext, ToolResult
+
+WINDOW = timedelta(minutes=30)
+"""A question not answered with a yes within this is asked again: a yes much later may answer something else."""
+PENDING = "_confirmations"
+"""Where the questions wait in the conversation's context; keys starting with _ are never shown to the model."""
+CONFIRMED = "confirmed"
+
+
+def confirming(tool: Tool) -> Tool:
+    """The tool behind a confirmation; tools that do not act are returned as they are."""
+    if not tool.acts or CONFIRMED in tool.parameters.get("properties", {}):
+        # A tool with its own `confirmed` argument asks for itself (the sample's refund does).
+        return tool
+    parameters = copy.deepcopy(tool.parameters)
+    parameters.setdefault("properties", {})[CONFIRMED] = {
+        "type": "boolean",
+        "description": "true only once the customer said yes to the question this tool gave you",
+    }
+    inner = tool.check
+
+    def check(raw: dict[str, Any]) -> dict[str, Any]:
+        rest = dict(raw)
+        confirmed = rest.pop(CONFIRMED, False)
+        if not isinstance(confirmed, bool):
+            raise ToolArgumentsError(f"invalid arguments: {CONFIRMED}: must be true or false")
+        return {CONFIRMED: confirmed, "arguments": inner(rest)}
+
+    async def run(ctx: ToolContext, *, confirmed: bool, arguments: dict[str, Any]) -> ToolResult:
+        return await _run(tool, ctx, confirmed, arguments)
+
+    return Tool(
+        name=tool.name,
+        description=f"{tool.description} Acts for the customer: asks for their yes first.",
+        parameters=parameters,
+        check=check,
+        fn=run,
+        wants_context=True,
+        source=tool.source,
+        acts=True,
+    )
+
+
+async def _run(tool: Tool, ctx: ToolContext, confirmed: bool, arguments: dict[str, Any]) -> ToolResult:
+    if ctx.asker is None:
+        return f"Not done: {tool.name} acts for a known person, and nobody verified is asking here. Offer a colleague."
+    action = _fingerprint(tool.name, arguments)
+    pending: dict[str, Any] = dict(ctx.state.get(PENDING) or {})
+    now = datetime.now(UTC)
+    # Questions past their window are forgotten, so the context does not grow with abandoned actions.
+    pending = {k: v for k, v in pending.items() if _fresh(v, now)}
+    standing = pending.get(action)
+    if confirmed and standing is not None and standing["asker"] != ctx.asker.key:
+        ctx.state[PENDING] = pending
+        return (
+            f"Not done: {standing['asked_by']} asked for this and only they can confirm it; this message is from "
+            f"{ctx.asker.label}. Ask {standing['asked_by']} to confirm."
+        )
+    if confirmed and standing is not None and standing["asked_in"] != ctx.inbound_id:
+        del pending[action]
+        ctx.state[PENDING] = pending
+        outcome = await (tool.fn(ctx, **arguments) if tool.wants_context else tool.fn(**arguments))
+        return outcome
+    pending[action] = {
+        "tool": tool.name,
+        "asker": ctx.asker.key,
+        "asked_by": ctx.asker.label,
+        "asked_in": ctx.inbound_id,
+        "asked_at": now.isoformat(),
+    }
+    ctx.state[PENDING] = pending
+    shown = json.dumps(_plain(arguments), ensure_ascii=False, sort_keys=True, default=str)
+    lead = "" if not confirmed else "The customer has not confirmed this yet in an earlier message. "
+    return (
+        f"{lead}Not done yet: {tool.name} needs the customer's yes. Ask them, in plain words, whether to go ahead "
+        f"with {tool.name} {shown}, and once they say yes in their next message call {tool.name} again with the "
+        f"same arguments and {CONFIRMED}=true."
+    )
+
+
+def _fresh(question: Mapping[str, Any], now: datetime) -> bool:
+    try:
+        return now - datetime.fromisoformat(str(question["asked_at"])) <= WINDOW
+    except (KeyError, ValueError):
+        return False
+
+
+def _plain(arguments: Mapping[str, Any]) -> Any:
+    return json.loads(json.dumps(arguments, default=str))
+
+
+def _fingerprint(name: str, arguments: Mapping[str, Any]) -> str:
+    canonical = json.dumps([name, _plain(arguments)], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:24]

@@ -1,0 +1,268 @@
+"""The operator's declaration: read, checked with errors that name the file, the line, the place and the fix, built
+into the roster, tools and texts that run, and the starter `bot init` writes."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from agents.confirm import PENDING, confirming
+from agents.identity import Author
+from agents.tools import ToolContext, function_tool
+from bot.cli import main
+from bot.declaration.build import SAMPLE, build, declared, find, with_declaration
+from bot.declaration.parse import DeclarationError, load
+from bot.declaration.scaffold import files
+from bot.settings import Settings
+
+GOOD = """\
+version: 1
+brand: {name: Lumen Energy}
+entry: desk
+instructions: "Be brief. Writer: {writer}."
+texts:
+  escalation_message: "A Lumen colleague will be with you."
+  handoff_notice: "_Passing you to {agent}_"
+knowledge:
+  tariffs: docs/tariffs
+tools:
+  meter_reading: {python: "lumen_tools:meter_reading", acts: true}
+agents:
+  desk:
+    title: the front desk
+    description: Greets and routes.
+    instructions: "You are the front desk of {brand}. Known name: {customer_name}."
+    handoffs: [billing]
+    tools: [record_customer_name]
+  billing:
+    title: Billing
+    description: Bills, tariffs and meter readings.
+    instructions: "You are Billing at {brand}. Plan: {context[plan]}."
+    handoffs: [desk]
+    tools: [meter_reading]
+    knowledge: [tariffs]
+    prefetch:
+      - {pattern: '(?i)\\bMR-\\d{3}\\b', tool: meter_reading, argument: reading, upper: true}
+"""
+
+TOOLS = '''\
+from agents.tools import ToolContext
+
+
+async def meter_reading(ctx: ToolContext, reading: str) -> str:
+    """Submit a meter reading for the asker's account."""
+    return f"recorded {reading} for {ctx.asker.email if ctx.asker else None}"
+'''
+
+
+def write(tmp_path: Path, text: str, *, tools: str | None = TOOLS) -> Path:
+    path = tmp_path / "helpdesk.yaml"
+    path.write_text(text, encoding="utf-8")
+    if tools is not None:
+        (tmp_path / "lumen_tools.py").write_text(tools, encoding="utf-8")
+    return path
+
+
+def problems(tmp_path: Path, text: str) -> list[str]:
+    with pytest.raises(DeclarationError) as raised:
+        build(load(write(tmp_path, text)))
+    return list(raised.value.problems)
+
+
+def test_a_good_declaration_builds_the_agents_it_names(tmp_path: Path) -> None:
+    helpdesk = build(load(write(tmp_path, GOOD)))
+    roster = helpdesk.roster()
+    assert roster.entry == "desk" and list(roster.agents) == ["desk", "billing"]
+    billing = roster["billing"]
+    assert [t.name for t in roster.tools_of("billing")] == ["meter_reading", "transfer_to_desk", "escalate_to_human"]
+    # Declared as acting: the model is shown the confirmation argument.
+    meter = roster.tools_of("billing")[0]
+    assert meter.acts and "confirmed" in meter.parameters["properties"]
+    rendered = billing.render_instructions({"plan": "Green 12", "writer": "Ana"})
+    assert rendered.startswith("You are Billing at Lumen Energy. Plan: Green 12.") and "Writer: Ana." in rendered
+    # A value nobody stored leaves its placeholder empty, never a KeyError in a turn.
+    assert roster["desk"].render_instructions({}).startswith("You are the front desk of Lumen Energy. Known name: .")
+    assert billing.prefetch is not None
+    assert [p.arguments for p in billing.prefetch("my reading mr-123 and MR-123")] == [{"reading": "MR-123"}]
+    assert [c.name for c in helpdesk.collections] == ["tariffs"]
+    assert helpdesk.collections[0].folder == tmp_path / "docs" / "tariffs"
+
+
+def test_texts_and_brand_apply_where_the_environment_set_none(tmp_path: Path) -> None:
+    declaration = load(write(tmp_path, GOOD))
+    settings = with_declaration(Settings(_env_file=None), declaration)  # type: ignore[call-arg]
+    assert settings.escalation_message == "A Lumen colleague will be with you."
+    assert settings.handoff_notice == "_Passing you to {agent}_"
+    assert settings.staff_name_suffix == " (Lumen Energy team)"
+    assert settings.teams_bot_name == "Lumen Energy Helpdesk"
+    chosen = Settings(_env_file=None, escalation_message="From the environment", staff_name_suffix="")  # type: ignore[call-arg]
+    settings = with_declaration(chosen, declaration)
+    assert settings.escalation_message == "From the environment" and settings.staff_name_suffix == ""
+
+
+def test_the_file_is_found_by_setting_then_beside_then_the_sample(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert find(Settings(_env_file=None)) == SAMPLE  # type: ignore[call-arg]
+    write(tmp_path, GOOD)
+    assert find(Settings(_env_file=None)) == Path("helpdesk.yaml")  # type: ignore[call-arg]
+    other = tmp_path / "elsewhere.yaml"
+    assert find(Settings(_env_file=None, helpdesk_file=other)) == other  # type: ignore[call-arg]
+    with pytest.raises(DeclarationError, match="no such file; write a starter with `python -m bot init`"):
+        declared(Settings(_env_file=None, helpdesk_file=other))  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            ("handoffs: [desk]", "handoffs: [desk, biling]"),
+            "helpdesk.yaml:23:22: agents.billing.handoffs[1]: unknown agent 'biling' (did you mean 'billing'?); "
+            "the agents are: billing, desk",
+        ),
+        (
+            ("tools: [meter_reading]", "tools: [meter_readings]"),
+            "helpdesk.yaml:24:13: agents.billing.tools[0]: unknown tool 'meter_readings' (did you mean "
+            "'meter_reading'?); declare it under tools: (python: or url:)",
+        ),
+        (
+            ("Plan: {context[plan]}.", "Plan: {plan}."),
+            "agents.billing.instructions: unknown placeholder {plan}; it may use {brand}, {context}, "
+            "{customer_name}, {writer}",
+        ),
+        (
+            ('handoff_notice: "_Passing you to {agent}_"', 'handoff_notice: "_Passing you to {agnet}_"'),
+            "texts.handoff_notice: unknown placeholder {agnet}; it may use {agent}",
+        ),
+        (("entry: desk", "entry: front"), "helpdesk.yaml:3:8: entry: unknown agent 'front'"),
+        (("    title: Billing", "    titel: Billing"), "agents.billing.titel: unknown key (did you mean 'title'?)"),
+        (
+            ("tools: [meter_reading]", "tools: [mcp:orders]"),
+            "agents.billing.tools[0]: unknown MCP server 'orders'; the servers under mcpServers: none is declared",
+        ),
+        (
+            ("knowledge: [tariffs]", "knowledge: [tarifs]"),
+            "agents.billing.knowledge[0]: unknown collection 'tarifs' (did you mean 'tariffs'?)",
+        ),
+        (
+            ("upper: true}", "upper: true, tool: meter}"),
+            "helpdesk.yaml:27:92: agents.billing.prefetch[0].tool: written twice",
+        ),
+        (("handoffs: [desk]", "handoffs: [desk"), "not valid YAML"),
+    ],
+)
+def test_each_bad_declaration_stops_the_start_with_one_clear_error(
+    tmp_path: Path, change: tuple[str, str], expected: str
+) -> None:
+    assert change[0] in GOOD
+    found = problems(tmp_path, GOOD.replace(change[0], change[1], 1))
+    assert len(found) == 1 and expected in found[0], found
+    assert found[0].startswith(str(tmp_path / "helpdesk.yaml"))
+
+
+def test_malformed_tool_sources_are_located_too(tmp_path: Path) -> None:
+    servers = GOOD + textwrap.dedent(
+        """\
+        mcpServers:
+          orders: {command: python, url: "http://127.0.0.1:9/mcp"}
+        """
+    )
+    [found] = problems(tmp_path, servers)
+    assert "helpdesk.yaml:29:3: mcpServers.orders" in found and "command" in found and "url" in found
+    [found] = problems(tmp_path, GOOD.replace('"lumen_tools:meter_reading"', '"lumen_tools:nothing_here"'))
+    assert "tools.meter_reading.python: lumen_tools has no 'nothing_here'" in found
+    [found] = problems(tmp_path, GOOD.replace('"lumen_tools:meter_reading"', '"lumen tools"'))
+    assert 'tools.meter_reading.python: write "module:function"' in found
+    http = GOOD.replace(
+        '{python: "lumen_tools:meter_reading", acts: true}',
+        '{url: "https://api.lumen.example/readings/{meter}", method: FETCH}',
+    )
+    [found] = problems(tmp_path, http)
+    assert "tools.meter_reading.method" in found and "FETCH" in found
+    secret = GOOD + 'http: {signing_secret: "${LUMEN_SECRET_FOR_TESTS}"}\n'
+    [found] = problems(tmp_path, secret)
+    assert "http.signing_secret: ${LUMEN_SECRET_FOR_TESTS} is not set" in found
+
+
+def test_the_sample_declares_the_driftwing_shop_and_its_knowledge() -> None:
+    helpdesk = build(load(SAMPLE))
+    assert helpdesk.sample and helpdesk.declaration.spec.brand.name == "Driftwing Drones"
+    assert {c.name for c in helpdesk.collections} == {"catalogue", "support"}
+    assert all(c.folder.is_dir() for c in helpdesk.collections)
+
+
+def test_no_driftwing_in_a_declared_helpdesk(tmp_path: Path) -> None:
+    """Once an operator gives a file, nothing of the sample runs: not its agents, tools, knowledge or texts."""
+    settings, declaration = declared(Settings(_env_file=None, helpdesk_file=write(tmp_path, GOOD)))  # type: ignore[call-arg]
+    helpdesk = build(declaration)
+    words = " ".join(
+        [
+            *(a.render_instructions({}) for a in helpdesk.roster().agents.values()),
+            *(
+                str(getattr(settings, name))
+                for name in Settings.model_fields
+                if name.endswith(("_message", "_greeting"))
+            ),
+            str(settings.staff_name_suffix),
+            settings.teams_bot_name,
+            *(c.name for c in helpdesk.collections),
+        ]
+    )
+    assert "driftwing" not in words.lower() and "drone" not in words.lower()
+
+
+async def test_an_acting_tool_waits_for_the_askers_yes_in_a_later_message() -> None:
+    done: list[str] = []
+
+    @function_tool(acts=True)
+    async def cancel_plan(ctx: ToolContext, plan: str) -> str:
+        """Cancel the asker's plan."""
+        done.append(plan)
+        return f"cancelled {plan}"
+
+    tool = confirming(cancel_plan)
+    ana, bob = Author("slack", "T1", "U_ANA", "Ana", "ana@x.test"), Author("slack", "T1", "U_BOB", "Bob", None)
+    state: dict[str, object] = {}
+
+    def ctx(inbound: int, asker: Author | None) -> ToolContext:
+        return ToolContext(1, inbound, "billing", state, asker=asker)
+
+    asked = await tool.invoke(ctx(1, ana), '{"plan": "green"}')
+    assert isinstance(asked, str) and asked.startswith("Not done yet") and not done
+    # The model cannot confirm in the same message it asked in.
+    again = await tool.invoke(ctx(1, ana), '{"plan": "green", "confirmed": true}')
+    assert isinstance(again, str) and "has not confirmed" in again and not done
+    # A bystander's yes does not count; nor does a yes for other arguments.
+    assert "only they can confirm" in str(await tool.invoke(ctx(2, bob), '{"plan": "green", "confirmed": true}'))
+    assert "Not done" in str(await tool.invoke(ctx(2, ana), '{"plan": "blue", "confirmed": true}'))
+    assert await tool.invoke(ctx(3, ana), '{"plan": "green", "confirmed": true}') == "cancelled green"
+    # Used up: a second yes asks again rather than acting twice.
+    assert "Not done" in str(await tool.invoke(ctx(4, ana), '{"plan": "green", "confirmed": true}'))
+    assert done == ["green"] and PENDING in state
+    # Nobody verified: nothing acts.
+    assert "nobody verified" in str(await tool.invoke(ctx(5, None), '{"plan": "green", "confirmed": true}'))
+
+
+def test_init_writes_a_starter_that_checks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["init", str(tmp_path), "--name", "Northwind Bikes"]) == 0
+    assert set(files("x")) <= {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()}
+    declaration = load(tmp_path / "helpdesk.yaml")
+    assert declaration.spec.brand.name == "Northwind Bikes"
+    helpdesk = build(declaration)
+    assert [t.name for t in helpdesk.roster().tools_of("support")][:1] == ["order_status"]
+    # Never over an operator's files.
+    assert main(["init", str(tmp_path)]) == 1
+    assert "already exist" in capsys.readouterr().out
+
+
+def test_check_reports_a_bad_file_with_its_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, GOOD.replace("entry: desk", "entry: nobody"))
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "nothing was started" in err and f"{path}:3:8: entry: unknown agent 'nobody'" in err
+    assert main(["check", str(write(tmp_path, GOOD))]) == 0
+    out = capsys.readouterr().out
+    assert "Lumen Energy, 2 agents, entry desk" in out and "meter_reading" in out
