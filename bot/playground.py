@@ -59,6 +59,8 @@ class Playground:
     slack: SlackEmulator
     bot: Bot
     settings: Settings
+    brand: str = "Helpdesk"
+    """The declaration's brand: the page's title."""
     acks: deque[Ephemeral] = field(default_factory=lambda: deque(maxlen=500))
     """Answers shown only to whoever acted: slash command acks, and what Slack reports when a request failed."""
     _response_stamps: list[str] = field(default_factory=list)
@@ -186,6 +188,7 @@ def page_app(pg: Playground) -> web.Application:
         return web.json_response(
             {
                 "brain": pg.brain,
+                "brand": pg.brand,
                 "offline": not pg.settings.llm_configured,
                 "roles": ROLES,
                 "users": users,
@@ -295,7 +298,8 @@ async def running_playground(settings: Settings, *, port: int | None = None) -> 
     async with SlackEmulator(signing_secret=secrets.token_hex(16), bot_token=token) as slack:
         slack.add_user(ADMIN_USER, "alex", "Alex Admin", is_admin=True)
         # The customer is the declaration's test customer: the sample's has orders that can be looked up and refunded.
-        customer = test_customer(declared(settings)[1])
+        declaration = declared(settings)[1]
+        customer = test_customer(declaration)
         slack.add_user(ROLES["customer"], "casey", customer.name or "Casey Customer", email=customer.email)
         bot_settings = playground_settings(settings, slack, token=token)
         async with running_bot(bot_settings) as bot:
@@ -303,7 +307,7 @@ async def running_playground(settings: Settings, *, port: int | None = None) -> 
             bot.url = f"http://127.0.0.1:{bot_port}"
             slack.events_url = f"{bot.url}/slack/events"
             try:
-                pg = Playground("", slack, bot, bot_settings)
+                pg = Playground("", slack, bot, bot_settings, declaration.spec.brand.name)
                 page_runner, page_port = await _listen(page_app(pg), settings.playground_port if port is None else port)
                 pg.url = f"http://127.0.0.1:{page_port}"
                 try:

@@ -7,7 +7,6 @@ a name providers refuse), runnable as a child process the tests can kill:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -63,19 +62,12 @@ def build_server() -> MCPServer:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fakes.mcp_server", description=__doc__.splitlines()[0])
-    parser.add_argument("--transport", choices=("stdio", "http"), default="stdio")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8931)
+    parser = tallyhouse.arguments("python -m fakes.mcp_server")
     parser.add_argument("--pid-file", help="write the process id there (tests kill the server to see the bot recover)")
     args = parser.parse_args(argv)
     if args.pid_file:
         Path(args.pid_file).write_text(str(os.getpid()))
-    server = build_server()
-    if args.transport == "stdio":
-        server.run("stdio")
-    else:
-        server.run("streamable-http", host=args.host, port=args.port)
+    tallyhouse.serve(build_server(), args)
 
 
 if __name__ == "__main__":

@@ -4,11 +4,12 @@ into the roster, tools and texts that run, and the starter `bot init` writes."""
 from __future__ import annotations
 
 import textwrap
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from agents.confirm import PENDING, confirming
+from agents.confirm import PENDING, WINDOW, confirming
 from agents.identity import Author
 from agents.tools import ToolContext, function_tool
 from bot.cli import main
@@ -242,6 +243,12 @@ async def test_an_acting_tool_waits_for_the_askers_yes_in_a_later_message() -> N
     # Used up: a second yes asks again rather than acting twice.
     assert "Not done" in str(await tool.invoke(ctx(4, ana), '{"plan": "green", "confirmed": true}'))
     assert done == ["green"] and PENDING in state
+    # A question left unanswered past its window is asked again, never acted on.
+    await tool.invoke(ctx(6, ana), '{"plan": "red"}')
+    for question in state[PENDING].values():  # type: ignore[attr-defined]
+        question["asked_at"] = (datetime.now(UTC) - WINDOW - timedelta(seconds=1)).isoformat()
+    assert "Not done" in str(await tool.invoke(ctx(7, ana), '{"plan": "red", "confirmed": true}'))
+    assert done == ["green"]
     # Nobody verified: nothing acts.
     assert "nobody verified" in str(await tool.invoke(ctx(5, None), '{"plan": "green", "confirmed": true}'))
 
@@ -266,3 +273,37 @@ def test_check_reports_a_bad_file_with_its_line(tmp_path: Path, capsys: pytest.C
     assert main(["check", str(write(tmp_path, GOOD))]) == 0
     out = capsys.readouterr().out
     assert "Lumen Energy, 2 agents, entry desk" in out and "meter_reading" in out
+
+
+OPENAPI = """\
+openapi: 3.0.3
+info: {title: Lumen meters, version: "1"}
+servers: [{url: "https://api.lumen.example/v1"}]
+paths:
+  /meters/{meter}:
+    get:
+      operationId: getMeter
+      summary: One meter of the asker's account.
+      parameters: [{name: meter, in: path, required: true, schema: {type: string}}]
+  /meters/{meter}/close:
+    post:
+      operationId: closeMeter
+      summary: Close a meter.
+      parameters: [{name: meter, in: path, required: true, schema: {type: string}}]
+"""
+
+
+def test_operations_picked_from_an_openapi_document_are_http_tools(tmp_path: Path) -> None:
+    (tmp_path / "meters.yaml").write_text(OPENAPI)
+    text = GOOD.replace("    tools: [meter_reading]", "    tools: [meter_reading, getMeter, closeMeter]").replace(
+        "agents:\n",
+        "openapi:\n  - {document: meters.yaml, operations: [getMeter, closeMeter], acting: [closeMeter]}\nagents:\n",
+        1,
+    )
+    tools = {t.name: t for t in build(load(write(tmp_path, text))).roster().tools_of("billing")}
+    assert tools["getMeter"].source == "http" and not tools["getMeter"].acts
+    assert tools["closeMeter"].acts and "confirmed" in tools["closeMeter"].parameters["properties"]
+    [found] = problems(
+        tmp_path, text.replace("operations: [getMeter, closeMeter]", "operations: [getMeter, closeMeter, getMeters]")
+    )
+    assert "openapi[0]" in found and "getMeters" in found

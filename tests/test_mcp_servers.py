@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -26,6 +25,8 @@ from agents.mcp_servers import ASKER_META, RESULT_CHARS, MCPServer, MCPServerCon
 from agents.tools import ToolArgumentsError, ToolContext
 from fakes.mcp_server import NO_SUCH_INVOICE
 from fakes.waiting import poll
+from harness.bot import free_port
+from harness.mcp import start_http
 
 ROOT = Path(__file__).resolve().parent.parent
 CASEY = Author("slack", "T1", "U1", "Casey", "casey@example.com")
@@ -44,13 +45,6 @@ async def call(
     result = await tool.invoke(context(asker), json.dumps(arguments or {}))
     assert isinstance(result, str)
     return result
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def stdio_config(pid_file: Path, **options: Any) -> MCPServerConfig:
@@ -87,22 +81,9 @@ class Processes:
         self.pids: set[int] = set()
 
     async def serve_http(self, port: int) -> asyncio.subprocess.Process:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "fakes.mcp_server", "--transport", "http", "--port", str(port), cwd=ROOT
-        )
+        process = await start_http(port)
         self.http.append(process)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                if process.returncode is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the fake MCP server did not listen on {port}") from None
-                await asyncio.sleep(0.05)
-            else:
-                writer.close()
-                await writer.wait_closed()
-                return process
+        return process
 
     def remember(self, pid_file: Path) -> int:
         pid = int(pid_file.read_text())

@@ -38,7 +38,8 @@ texts:
   off_hours_message: "Our team is available {{hours}}; a colleague will reply as soon as they are back."
   offline_greeting: "Hello! I'm {name}'s assistant. Ask me anything about our products or your account."
 
-# Your documents, one folder per collection (Markdown, HTML, text, PDF, DOCX). Each is read at the first start;
+# Your documents, one folder per collection (Markdown, HTML, text, PDF, DOCX): replace knowledge/help/returns.md
+# with your own help articles. Each collection is read at the first start;
 # later changes go in with `python -m bot kb ingest knowledge/help --collection help`.
 knowledge:
   help: knowledge/help
@@ -126,8 +127,8 @@ async def order_status(ctx: ToolContext, order_id: Annotated[str, Field(descript
 HELP = """\
 # Returns
 
-Replace this file with your own help articles. Customers of {name} may return any item within 45 days of
-delivery for a full refund, as long as it is unused and in its box. Start a return from your order's page.
+Customers of {name} may return any item within 45 days of delivery for a full refund, as long as it is unused and
+in its box. Start a return from your order's page.
 """
 
 CASES = """\
@@ -141,7 +142,7 @@ cases:
     expect: {agent: support, contains: ["Thursday"]}
   - name: asks for a person
     messages: ["I want to talk to a human"]
-    escalate: true
+    expect: {escalate: true}
 """
 
 
@@ -182,6 +183,6 @@ def run(args: argparse.Namespace) -> int:
     shown = "" if folder == Path(".") else f"cd {folder} && "
     print(
         f"Wrote {', '.join(written)} in {folder.resolve()}.\n"
-        f"Next: {shown}python -m bot check, then {shown}python -m bot playground (or chat)."
+        f"Next: {shown}helpdesk-bot check, then {shown}helpdesk-bot playground (or chat; or python -m bot ...)."
     )
     return 0

@@ -133,6 +133,8 @@ function render() {
   const drawn = JSON.stringify([ws, state.convs, state.role, state.channel, state.thread]);
   if (drawn === state.rendered) return;
   state.rendered = drawn;
+  $("#brand").textContent = ws.brand;
+  document.title = `${ws.brand} helpdesk · playground`;
   $("#brain").textContent = ws.brain;
   $("#brain").className = "brain " + (ws.offline ? "offline" : "llm");
   $("#role").value = state.role;

@@ -110,19 +110,24 @@ def _account(ctx: Context) -> Account:
     return account
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m bot.examples.tallyhouse.server", description=__doc__.splitlines()[0]
-    )
+def arguments(prog: str = "python -m bot.examples.tallyhouse.server") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Tallyhouse's billing system as an MCP server.")
     parser.add_argument("--transport", choices=("stdio", "http"), default="stdio")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8931)
-    args = parser.parse_args(argv)
-    server = build_server()
+    return parser
+
+
+def serve(server: MCPServer, args: argparse.Namespace) -> None:
+    """Over stdio (the bot's child process), or Streamable HTTP at http://HOST:PORT/mcp."""
     if args.transport == "stdio":
         server.run("stdio")
     else:
         server.run("streamable-http", host=args.host, port=args.port)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    serve(build_server(), arguments().parse_args(argv))
 
 
 if __name__ == "__main__":

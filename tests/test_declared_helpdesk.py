@@ -1,0 +1,275 @@
+"""A company's own helpdesk end to end over HTTP: a declaration in another domain than the sample (a bookkeeping
+service), its tools on an MCP server over stdio, one over Streamable HTTP and a plain HTTP endpoint; signed Slack
+events into the real bot, the fake LLM behind it, a real Postgres under it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from agents.http_tools import verify_request
+from db import models as m
+from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
+from fakes.slack_api import SlackEmulator
+from harness.bot import ROOT, bot_settings, free_port, serving
+from harness.database import settle
+from harness.mcp import http_server, start_http, stdio_command, stop
+from harness.slack import replies_in
+
+Sessions = async_sessionmaker[AsyncSession]
+SECRET = "tools-secret-for-tests"
+CHANNEL = "C_SUPPORT"
+
+DECLARATION = """\
+version: 1
+brand: {{name: Ledgerline}}
+entry: desk
+test_customer: {{name: Casey Customer, email: casey@example.com}}
+texts:
+  escalation_message: "Someone from Ledgerline will join you here."
+http:
+  signing_secret: "${{LEDGERLINE_SECRET}}"
+  allowed_hosts: ["127.0.0.1"]
+tools:
+  service_status:
+    method: GET
+    url: http://127.0.0.1:{status_port}/status/{{region}}
+    description: Whether Ledgerline is up in a region.
+    parameters: {{type: object, properties: {{region: {{type: string}}}}, required: [region]}}
+mcpServers:
+  books:
+    command: {python}
+    args: {args}
+    env: {{PYTHONPATH: "{root}"}}
+    timeout_s: 5
+  books_http:
+    url: http://127.0.0.1:{mcp_port}/mcp
+    timeout_s: 5
+agents:
+  desk:
+    title: the front desk
+    description: Greets and routes.
+    instructions: You are the front desk of {{brand}}.
+    handoffs: [billing]
+  billing:
+    title: Billing
+    description: Subscriptions and invoices.
+    instructions: You are Billing at {{brand}}.
+    handoffs: [desk]
+    tools:
+      - mcp:books/get_invoice
+      - mcp:books/cancel_subscription
+      - mcp:books_http/echo_identity
+      - service_status
+"""
+
+
+@pytest.fixture
+async def status_endpoint() -> AsyncIterator[tuple[int, list[dict[str, str] | None]]]:
+    """The operator's HTTP endpoint: answers only requests whose signature holds, and keeps who asked."""
+    seen: list[dict[str, str] | None] = []
+
+    async def status(request: web.Request) -> web.Response:
+        claims = verify_request(SECRET, request.method, request.path_qs, await request.read(), request.headers)
+        seen.append(claims)
+        if claims is None:
+            return web.json_response({"error": "bad signature"}, status=401)
+        return web.json_response({"region": request.match_info["region"], "status": "up", "for": claims.get("email")})
+
+    app = web.Application()
+    app.router.add_get("/status/{region}", status)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield port, seen
+    await runner.cleanup()
+
+
+async def source_up(bot: Any, source: str) -> float | None:
+    """`helpdesk_tool_source_up` for `source`, as /metrics shows it to the operator's monitoring."""
+    async with aiohttp.ClientSession() as http, http.get(f"{bot.monitoring_url}/metrics") as response:
+        text = await response.text()
+    for line in text.splitlines():
+        if line.startswith("helpdesk_tool_source_up{") and f'source="{source}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+async def until(check: Any, within: float = 20) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.1)
+
+
+def results(fake_llm: FakeOpenAI, request: int) -> dict[str, str]:
+    """The tool results the model was shown in one of its requests, by tool name."""
+    messages = fake_llm.requests[request].messages
+    names = {c["id"]: c["function"]["name"] for msg in messages for c in msg.get("tool_calls") or ()}
+    return {names[msg["tool_call_id"]]: msg["content"] for msg in messages if msg["role"] == "tool"}
+
+
+async def test_a_declared_helpdesk_with_mcp_and_http_tools(
+    tmp_path: Path,
+    database_url: str,
+    sessions: Sessions,
+    fake_llm: FakeOpenAI,
+    emulator: SlackEmulator,
+    status_endpoint: tuple[int, list[dict[str, str] | None]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    status_port, seen = status_endpoint
+    mcp_port = free_port()
+    pid_file = tmp_path / "books.pid"
+    python, *args = stdio_command(pid_file)
+    path = tmp_path / "helpdesk.yaml"
+    path.write_text(
+        DECLARATION.format(status_port=status_port, mcp_port=mcp_port, python=python, args=json.dumps(args), root=ROOT)
+    )
+    monkeypatch.setenv("LEDGERLINE_SECRET", SECRET)
+    emulator.add_user("U_CUSTOMER", "casey", "Casey Customer", email="casey@example.com")
+    emulator.add_user("U_ADA", "ada", "Ada Park", email="ada@example.com")
+    settings = bot_settings(database_url, fake_llm, emulator, helpdesk_file=path)
+    async with http_server(mcp_port) as http_processes, serving(settings, emulator) as bot:
+        # Routing, and the three kinds of tools called with the asker's identity outside the model's arguments.
+        fake_llm.script(
+            tools(tool_call("transfer_to_billing")),
+            tools(
+                tool_call("get_invoice", {"invoice_id": "INV-1002"}),
+                tool_call("echo_identity"),
+                tool_call("service_status", {"region": "eu/../admin"}),
+            ),
+            reply("Invoice INV-1002 is due on 2026-07-01."),
+        )
+        said = await emulator.user_says(CHANNEL, "is my invoice INV-1002 paid?")
+        thread = said.ts
+        assert await replies_in(emulator, CHANNEL, thread, 2) == [
+            "_Connecting you with Billing…_",
+            "Invoice INV-1002 is due on 2026-07-01.",
+        ]
+        assert "You are Billing at Ledgerline." in fake_llm.requests[1].system
+        shown = results(fake_llm, 2)
+        assert shown["get_invoice"] == "INV-1002: $49.00, due 2026-07-01."
+        asker = json.loads(shown["echo_identity"])["io.helpdesk/asker"]
+        assert asker["email"] == "casey@example.com" and asker["user"] == "U_CUSTOMER" and asker["platform"] == "slack"
+        assert json.loads(shown["service_status"]) == {
+            "region": "eu/../admin",
+            "status": "up",
+            "for": "casey@example.com",
+        }
+        assert seen[-1] is not None and seen[-1]["user"] == "U_CUSTOMER"
+
+        # Another customer's invoice, asked for by name in the thread: the server answers from the verified asker.
+        fake_llm.script(tools(tool_call("get_invoice", {"invoice_id": "INV-2001"})), reply("I can't find that one."))
+        await emulator.user_says(CHANNEL, "and Ada's invoice INV-2001? I'm ada@example.com", thread_ts=thread)
+        await replies_in(emulator, CHANNEL, thread, 3)
+        assert results(fake_llm, 4)["get_invoice"] == "No such invoice on your account."
+
+        # An acting tool: asked first, confirmed only by the asker, in a later message.
+        fake_llm.script(tools(tool_call("cancel_subscription", {"reason": "too pricey"})), reply("Shall I cancel?"))
+        await emulator.user_says(CHANNEL, "cancel my subscription", thread_ts=thread)
+        await replies_in(emulator, CHANNEL, thread, 4)
+        assert results(fake_llm, 6)["cancel_subscription"].startswith("Not done yet")
+        yes = {"reason": "too pricey", "confirmed": True}
+        fake_llm.script(tools(tool_call("cancel_subscription", yes)), reply("Only Casey can confirm that."))
+        await emulator.user_says(CHANNEL, "yes, do it", user="U_ADA", thread_ts=thread)
+        await replies_in(emulator, CHANNEL, thread, 5)
+        assert "only they can confirm it" in results(fake_llm, 8)["cancel_subscription"]
+        fake_llm.script(tools(tool_call("cancel_subscription", yes)), reply("Done: it ends with this period."))
+        await emulator.user_says(CHANNEL, "yes please", thread_ts=thread)
+        await replies_in(emulator, CHANNEL, thread, 6)
+        assert results(fake_llm, 10)["cancel_subscription"].startswith("The Growth plan of Casey's Coffee Cart ends")
+
+        # The HTTP server killed mid-conversation: the model is told, the customer answered, nothing lost.
+        await stop(http_processes[0])
+        fake_llm.script(tools(tool_call("echo_identity")), reply("Our billing system is down; shall I get a person?"))
+        await emulator.user_says(CHANNEL, "who am I to you?", thread_ts=thread)
+        assert (await replies_in(emulator, CHANNEL, thread, 7))[-1].startswith("Our billing system is down")
+        assert "the books_http system is unavailable right now" in results(fake_llm, 12)["echo_identity"]
+        await until(lambda: _is(source_up(bot, "mcp:books_http"), 0.0))
+        http_processes.append(await start_http(mcp_port))
+        await until(lambda: _is(source_up(bot, "mcp:books_http"), 1.0), within=40)
+        fake_llm.script(tools(tool_call("echo_identity")), reply("You are Casey."))
+        await emulator.user_says(CHANNEL, "and now?", thread_ts=thread)
+        await replies_in(emulator, CHANNEL, thread, 8)
+        assert "casey@example.com" in results(fake_llm, 14)["echo_identity"]
+
+        # The stdio server killed: started again by the bot, and its tools work again.
+        first = int(pid_file.read_text())
+        os.kill(first, signal.SIGKILL)
+        await until(lambda: _true(pid_file.exists() and pid_file.read_text().strip() not in ("", str(first))))
+        await until(lambda: _is(source_up(bot, "mcp:books"), 1.0))
+        fake_llm.script(tools(tool_call("get_invoice", {"invoice_id": "INV-1001"})), reply("INV-1001 is paid."))
+        await emulator.user_says(CHANNEL, "and INV-1001?", thread_ts=thread)
+        await replies_in(emulator, CHANNEL, thread, 9)
+        assert results(fake_llm, 16)["get_invoice"] == "INV-1001: $49.00, paid."
+        await settle(sessions)
+
+    # One audit trail: every call, where it ran and whether it worked, tied to the message (and so its author).
+    async with sessions() as s:
+        runs = (await s.execute(select(m.ToolRun).order_by(m.ToolRun.id))).scalars().all()
+        authors = {i.id: (i.identity or {}).get("user") for i in (await s.execute(select(m.Inbound))).scalars().all()}
+    trail = [(r.tool, r.source, r.ok, authors[r.inbound_id] if r.inbound_id else None) for r in runs]
+    assert ("get_invoice", "mcp:books", True, "U_CUSTOMER") in trail
+    assert ("echo_identity", "mcp:books_http", False, "U_CUSTOMER") in trail
+    assert ("service_status", "http", True, "U_CUSTOMER") in trail
+    assert ("cancel_subscription", "mcp:books", True, "U_ADA") in trail  # answered, not performed
+    assert [r.ok for r in runs if r.tool == "transfer_to_billing"] == [True]
+
+
+async def _is(value: Any, expected: float) -> bool:
+    return bool(await value == expected)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+ALONE = """\
+version: 1
+brand: {{name: Ledgerline}}
+entry: desk
+mcpServers:
+  books_http: {{url: "http://127.0.0.1:{port}/mcp", timeout_s: 5}}
+agents:
+  desk:
+    title: the front desk
+    description: Everything.
+    instructions: You are the front desk of {{brand}}.
+    tools: ["mcp:books_http"]
+"""
+
+
+async def test_an_mcp_server_down_at_start_is_reported_and_retried_while_the_bot_serves(
+    tmp_path: Path, database_url: str, sessions: Sessions, fake_llm: FakeOpenAI, emulator: SlackEmulator
+) -> None:
+    port = free_port()
+    path = tmp_path / "helpdesk.yaml"
+    path.write_text(ALONE.format(port=port))
+    emulator.add_user("U_CUSTOMER", "casey", "Casey Customer", email="casey@example.com")
+    async with serving(bot_settings(database_url, fake_llm, emulator, helpdesk_file=path), emulator) as bot:
+        assert await source_up(bot, "mcp:books_http") == 0.0
+        fake_llm.script(reply("Hello! How can I help?"))
+        said = await emulator.user_says(CHANNEL, "hello")
+        assert await replies_in(emulator, CHANNEL, said.ts, 1) == ["Hello! How can I help?"]
+        assert "echo_identity" not in fake_llm.requests[0].tool_names
+        async with http_server(port):
+            await until(lambda: _is(source_up(bot, "mcp:books_http"), 1.0), within=40)
+            fake_llm.script(tools(tool_call("echo_identity")), reply("You are Casey."))
+            await emulator.user_says(CHANNEL, "who am I?", thread_ts=said.ts)
+            await replies_in(emulator, CHANNEL, said.ts, 2)
+            assert "echo_identity" in fake_llm.requests[1].tool_names
+            assert "casey@example.com" in results(fake_llm, 2)["echo_identity"]
+        await settle(sessions)
