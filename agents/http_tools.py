@@ -712,6 +712,7 @@ class HTTPTools:
                     fn=self._caller(config, endpoint),
                     source="http",
                     acts=config.acts,
+                    timeout_s=config.timeout_s,
                 )
             )
         self._tools = tuple(tools)

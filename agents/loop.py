@@ -432,8 +432,10 @@ async def _run_tool(
         names = [t.name for t in available]
         ok, output = False, f"Error: there is no tool named {call.name!r}. Available: {names}"
     else:
+        # A tool with its own limit (an operator's server) reports its own timeout, in its own words.
+        allowed = max(timeout_s, tool.timeout_s + 1) if tool.timeout_s is not None else timeout_s
         try:
-            async with limit, asyncio.timeout(timeout_s):
+            async with limit, asyncio.timeout(allowed):
                 value = await tool.invoke(ctx, call.arguments)
             ok = True
             result = value if isinstance(value, HandoffTo | EscalateTo) else None
@@ -441,7 +443,7 @@ async def _run_tool(
         except ToolArgumentsError as exc:
             ok, output = False, f"Error: {exc}. Call {call.name} again with corrected arguments."
         except TimeoutError:
-            ok, output = False, f"Error: {call.name} did not answer within {timeout_s:g} s."
+            ok, output = False, f"Error: {call.name} did not answer within {allowed:g} s."
         except ToolUnavailable as exc:
             ok, output = False, f"Error: {exc}"
         except Exception as exc:  # a tool's failure is news for the model, not a crash of the turn

@@ -478,8 +478,9 @@ class MCPServer:
                 fn=self._caller(spec.name),
                 source=f"mcp:{self.name}",
                 acts=destructive or spec.name in self._acting,
+                timeout_s=self._config.timeout_s,
             )
-        except ConfigError as exc:
+        except (ConfigError, TypeError, ValueError, KeyError) as exc:  # one odd tool never costs the others
             log.warning("MCP server %s: tool %r left out: %s", self.name, spec.name, exc)
             return None
 

@@ -37,7 +37,7 @@ AGENT = "summary"
 """The `llm_calls.agent` of summary calls: they belong to no agent of the roster."""
 
 PROMPT = (
-    "You keep the running summary of a customer-service conversation between a customer and a shop's assistants. "
+    "You keep the running summary of a customer-service conversation between a customer and a company's assistants. "
     "Write the new summary from the previous summary (if any) and the newer part of the conversation below. Keep "
     "the facts the assistants still need: the customer's name, order ids, products, what was found, what was "
     "promised or done (refunds, repairs, replacements), and the open questions. What the customer says of "

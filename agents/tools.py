@@ -79,6 +79,9 @@ class Tool:
     acts: bool = False
     """It changes something for the asker (a refund, a cancellation): `agents.confirm` makes it wait for the asker's
     yes in a later message."""
+    timeout_s: float | None = None
+    """Its own time limit (an MCP server's or an HTTP endpoint's `timeout_s`); the engine waits that long (and a
+    moment), not only its default."""
 
     def schema(self) -> dict[str, Any]:
         return {
@@ -126,8 +129,14 @@ def schema_check(schema: dict[str, Any]) -> Check:
     except jsonschema.SchemaError as exc:
         raise ConfigError(f"not a valid JSON schema: {exc.message}") from None
     validator = validator_class(schema)
+    declared = schema.get("properties")
+    # Arguments the schema does not name go nowhere (a model adds "query" or "email" of its own accord), unless the
+    # schema says it takes more: the operator's system gets what it declared, never what the model made up.
+    keep = set(declared) if isinstance(declared, dict) and "additionalProperties" not in schema else None
 
     def check(raw: dict[str, Any]) -> dict[str, Any]:
+        if keep is not None:
+            raw = {k: v for k, v in raw.items() if k in keep}
         errors = sorted(validator.iter_errors(raw), key=lambda e: list(e.path))
         if errors:
             problems = "; ".join(f"{'.'.join(str(p) for p in e.path) or 'arguments'}: {e.message}" for e in errors[:5])
@@ -145,6 +154,7 @@ def schema_tool(
     fn: Callable[[ToolContext, dict[str, Any]], Awaitable[ToolResult]],
     source: str,
     acts: bool = False,
+    timeout_s: float | None = None,
 ) -> Tool:
     """A tool described by a JSON schema rather than a Python signature: `fn(ctx, arguments)` gets the validated
     arguments as one object (an MCP server's or an HTTP endpoint's tools). Raises ConfigError for a name providers
@@ -166,6 +176,7 @@ def schema_tool(
         wants_context=True,
         source=source,
         acts=acts,
+        timeout_s=timeout_s,
     )
 
 
@@ -184,7 +195,11 @@ def compact_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """Pydantic's JSON schema in the subset every provider we serve accepts (OpenAI and Azure validate the schema,
     vLLM hands it to its grammar, Ollama keeps only `type`, `description`, `enum` and `items` of each property):
     `$ref`s inlined, no titles, and an optional argument as its own type rather than `anyOf` with null."""
-    defs = schema.get("$defs", {})
+    defs = {
+        f"#/{section}/{name}": value
+        for section in ("$defs", "definitions")
+        for name, value in (schema.get(section) or {}).items()
+    }
 
     def walk(node: Any, seen: tuple[str, ...]) -> Any:
         if isinstance(node, list):
@@ -193,11 +208,13 @@ def compact_schema(schema: dict[str, Any]) -> dict[str, Any]:
             return node
         node = dict(node)
         if "$ref" in node:
-            name = node.pop("$ref").rsplit("/", 1)[-1]
-            if name in seen:
-                raise ConfigError(f"tool schema: {name} refers to itself, which not every provider accepts")
-            node = {**defs[name], **node}
-            seen = (*seen, name)
+            ref = str(node.pop("$ref"))
+            if ref in seen or ref == "#":
+                raise ConfigError(f"tool schema: {ref} refers to itself, which not every provider accepts")
+            if ref not in defs or not isinstance(defs[ref], dict):
+                raise ConfigError(f"tool schema: {ref} is not among the schema's $defs or definitions")
+            node = {**defs[ref], **node}
+            seen = (*seen, ref)
         branches = node.get("anyOf")
         if isinstance(branches, list) and {"type": "null"} in branches:
             rest = [b for b in branches if b != {"type": "null"}]

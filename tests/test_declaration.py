@@ -61,6 +61,7 @@ async def meter_reading(ctx: ToolContext, reading: str) -> str:
 def write(tmp_path: Path, text: str, *, tools: str | None = TOOLS) -> Path:
     path = tmp_path / "helpdesk.yaml"
     path.write_text(text, encoding="utf-8")
+    (tmp_path / "docs" / "tariffs").mkdir(parents=True, exist_ok=True)
     if tools is not None:
         (tmp_path / "lumen_tools.py").write_text(tools, encoding="utf-8")
     return path
@@ -153,6 +154,7 @@ def test_the_file_is_found_by_setting_then_beside_then_the_sample(
             "helpdesk.yaml:27:92: agents.billing.prefetch[0].tool: written twice",
         ),
         (("handoffs: [desk]", "handoffs: [desk"), "not valid YAML"),
+        (("tariffs: docs/tariffs", "tariffs: docs/tarifs"), "helpdesk.yaml:9:12: knowledge.tariffs:"),
     ],
 )
 def test_each_bad_declaration_stops_the_start_with_one_clear_error(

@@ -37,7 +37,7 @@ DEFAULT_FILE = Path("helpdesk.yaml")
 """Where the operator's declaration is looked for when HELPDESK_FILE is not set (in the working folder)."""
 
 CITE = (
-    " For product facts and policies, use search_knowledge first and cite the passages you use as [n] Title; if it "
+    " For facts, products and policies, use search_knowledge first and cite the passages you use as [n] Title; if it "
     "finds nothing, say so and offer a colleague."
 )
 
@@ -281,6 +281,14 @@ def build(declaration: Declaration) -> Helpdesk:
         except ConfigError as exc:
             located, message = _located(str(exc))
             problems.append(declaration.at(located or ("openapi", i), message))
+    for name, knowledge in spec.knowledge.items():
+        folder = declaration.resolve(knowledge.path)
+        if not folder.is_dir():
+            problems.append(
+                declaration.at(("knowledge", name), f"{folder} is not a folder; put the collection's documents there")
+            )
+        if knowledge.vectors and not declaration.resolve(knowledge.vectors).is_file():
+            problems.append(declaration.at(("knowledge", name, "vectors"), "no such file; leave vectors out to embed"))
     mcp: dict[str, MCPServer] = {}
     for name, raw in spec.mcp_servers.items():
         entry = dict(raw) if isinstance(raw, Mapping) else raw
