@@ -181,6 +181,12 @@ class Roster:
         must not strand old conversations)."""
         return self.agents.get(name) or self.agents[self.entry]
 
+    def listing(self, name: str) -> tuple[tuple[Tool, ...], list[dict[str, Any]]]:
+        """An agent's tools and their schemas, taken together: a server relisting between the two cannot show the
+        model a tool the turn then cannot find."""
+        listing = self._listing(name)
+        return (self._tools[name], self._schemas[name]) if listing is None else (listing.tools, listing.schemas)
+
     def tools_of(self, name: str) -> tuple[Tool, ...]:
         listing = self._listing(name)
         return self._tools[name] if listing is None else listing.tools

@@ -14,6 +14,7 @@ import copy
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,16 +27,60 @@ PENDING = "_confirmations"
 CONFIRMED = "confirmed"
 
 
+@dataclass(frozen=True)
+class Question:
+    """An action the asker was asked to confirm, kept in the conversation's context until it is answered."""
+
+    tool: str
+    asker: str
+    """`Author.key` of the person asked: only their yes counts."""
+    asked_by: str
+    asked_in: int | None
+    """The message the question answered: the yes must come in a later one."""
+    asked_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tool": self.tool,
+            "asker": self.asker,
+            "asked_by": self.asked_by,
+            "asked_in": self.asked_in,
+            "asked_at": self.asked_at.isoformat(),
+        }
+
+    @classmethod
+    def of(cls, raw: object) -> Question | None:
+        if not isinstance(raw, Mapping):
+            return None
+        try:
+            asked_in = raw.get("asked_in")
+            return cls(
+                str(raw["tool"]),
+                str(raw["asker"]),
+                str(raw["asked_by"]),
+                int(asked_in) if asked_in is not None else None,
+                datetime.fromisoformat(str(raw["asked_at"])),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def fresh(self, now: datetime) -> bool:
+        return now - self.asked_at <= WINDOW
+
+
 def confirming(tool: Tool) -> Tool:
-    """The tool behind a confirmation; tools that do not act are returned as they are."""
-    if not tool.acts or CONFIRMED in tool.parameters.get("properties", {}):
-        # A tool with its own `confirmed` argument asks for itself (the sample's refund does).
+    """The tool behind a confirmation; tools that do not act are returned as they are. A tool that takes a
+    `confirmed` argument of its own gets `confirmed: true` once the asker said yes (and never before)."""
+    if not tool.acts:
         return tool
+    own = CONFIRMED in tool.parameters.get("properties", {})
     parameters = copy.deepcopy(tool.parameters)
     parameters.setdefault("properties", {})[CONFIRMED] = {
         "type": "boolean",
         "description": "true only once the customer said yes to the question this tool gave you",
     }
+    if own and CONFIRMED in parameters.get("required", []):
+        parameters["required"] = [r for r in parameters["required"] if r != CONFIRMED]
     inner = tool.check
 
     def check(raw: dict[str, Any]) -> dict[str, Any]:
@@ -43,10 +88,12 @@ def confirming(tool: Tool) -> Tool:
         confirmed = rest.pop(CONFIRMED, False)
         if not isinstance(confirmed, bool):
             raise ToolArgumentsError(f"invalid arguments: {CONFIRMED}: must be true or false")
-        return {CONFIRMED: confirmed, "arguments": inner(rest)}
+        arguments = inner({**rest, CONFIRMED: False} if own else rest)
+        arguments.pop(CONFIRMED, None)
+        return {CONFIRMED: confirmed, "arguments": arguments}
 
     async def run(ctx: ToolContext, *, confirmed: bool, arguments: dict[str, Any]) -> ToolResult:
-        return await _run(tool, ctx, confirmed, arguments)
+        return await _run(tool, ctx, confirmed, arguments, own=own)
 
     return Tool(
         name=tool.name,
@@ -57,37 +104,35 @@ def confirming(tool: Tool) -> Tool:
         wants_context=True,
         source=tool.source,
         acts=True,
+        timeout_s=tool.timeout_s,
     )
 
 
-async def _run(tool: Tool, ctx: ToolContext, confirmed: bool, arguments: dict[str, Any]) -> ToolResult:
+async def _run(tool: Tool, ctx: ToolContext, confirmed: bool, arguments: dict[str, Any], *, own: bool) -> ToolResult:
     if ctx.asker is None:
         return f"Not done: {tool.name} acts for a known person, and nobody verified is asking here. Offer a colleague."
     action = _fingerprint(tool.name, arguments)
-    pending: dict[str, Any] = dict(ctx.state.get(PENDING) or {})
     now = datetime.now(UTC)
     # Questions past their window are forgotten, so the context does not grow with abandoned actions.
-    pending = {k: v for k, v in pending.items() if _fresh(v, now)}
-    standing = pending.get(action)
-    if confirmed and standing is not None and standing["asker"] != ctx.asker.key:
-        ctx.state[PENDING] = pending
-        return (
-            f"Not done: {standing['asked_by']} asked for this and only they can confirm it; this message is from "
-            f"{ctx.asker.label}. Ask {standing['asked_by']} to confirm."
-        )
-    if confirmed and standing is not None and standing["asked_in"] != ctx.inbound_id:
-        del pending[action]
-        ctx.state[PENDING] = pending
-        outcome = await (tool.fn(ctx, **arguments) if tool.wants_context else tool.fn(**arguments))
-        return outcome
-    pending[action] = {
-        "tool": tool.name,
-        "asker": ctx.asker.key,
-        "asked_by": ctx.asker.label,
-        "asked_in": ctx.inbound_id,
-        "asked_at": now.isoformat(),
+    pending = {
+        key: question
+        for key, raw in dict(ctx.state.get(PENDING) or {}).items()
+        if (question := Question.of(raw)) is not None and question.fresh(now)
     }
-    ctx.state[PENDING] = pending
+    standing = pending.get(action)
+    if confirmed and standing is not None and standing.asker != ctx.asker.key:
+        ctx.state[PENDING] = {k: q.to_json() for k, q in pending.items()}
+        return (
+            f"Not done: {standing.asked_by} asked for this and only they can confirm it; this message is from "
+            f"{ctx.asker.label}. Ask {standing.asked_by} to confirm."
+        )
+    if confirmed and standing is not None and standing.asked_in != ctx.inbound_id:
+        del pending[action]
+        ctx.state[PENDING] = {k: q.to_json() for k, q in pending.items()}
+        call = {**arguments, CONFIRMED: True} if own else arguments
+        return await (tool.fn(ctx, **call) if tool.wants_context else tool.fn(**call))
+    pending[action] = Question(tool.name, ctx.asker.key, ctx.asker.label, ctx.inbound_id, now)
+    ctx.state[PENDING] = {k: q.to_json() for k, q in pending.items()}
     shown = json.dumps(_plain(arguments), ensure_ascii=False, sort_keys=True, default=str)
     lead = "" if not confirmed else "The customer has not confirmed this yet in an earlier message. "
     return (
@@ -95,13 +140,6 @@ async def _run(tool: Tool, ctx: ToolContext, confirmed: bool, arguments: dict[st
         f"with {tool.name} {shown}, and once they say yes in their next message call {tool.name} again with the "
         f"same arguments and {CONFIRMED}=true."
     )
-
-
-def _fresh(question: Mapping[str, Any], now: datetime) -> bool:
-    try:
-        return now - datetime.fromisoformat(str(question["asked_at"])) <= WINDOW
-    except (KeyError, ValueError):
-        return False
 
 
 def _plain(arguments: Mapping[str, Any]) -> Any:

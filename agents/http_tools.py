@@ -6,28 +6,36 @@ so `../` cannot climb out of it), sends the other arguments in the query string 
 PUT, PATCH), and gives the model the answer: JSON made compact, text as it is, at most `max_response_bytes` of either.
 A 4xx is the operator's system answering ("no such order"), so its body goes to the model as "Error: HTTP 404: ...";
 a 5xx, 429, redirect, timeout or failed connection means the system cannot answer, and the model is told to say so
-and offer a colleague (`ToolUnavailable`).
+and offer a colleague (`ToolUnavailable`). What failed is said by the exception's class and a reason in our words,
+never by aiohttp's message (which holds the whole URL, an API key in its query included), and a URL shown anywhere
+(errors, `/support status`, logs) is shown as scheme://host[:port]/path, without its userinfo, query and fragment.
 
 Who is asking (signed by the bot, never taken from the model)
 --------------------------------------------------------------
 Every request carries the asker as the platform vouched for it (`agents.identity.asker_claims`):
 
-    X-Helpdesk-Asker:      base64url, unpadded, of the compact JSON of the claims (sorted keys, UTF-8), e.g.
-                           {"email":"ann@example.com","key":"slack:T1:U1","name":"Ann","platform":"slack",
-                           "user":"U1","workspace":"T1"}; `{}` when the bot knows nobody
-    X-Helpdesk-Timestamp:  unix seconds when the bot sent it
-    X-Helpdesk-Signature:  v1=<hex HMAC-SHA256(signing secret, base)>, only when a signing secret is set, where
-                           base = "v1:" + timestamp + ":" + METHOD + ":" + path_and_query + ":" + X-Helpdesk-Asker
-                                  + ":" + body bytes
+    X-Helpdesk-Asker:            base64url, unpadded, of the compact JSON of the claims (sorted keys, UTF-8), e.g.
+                                 {"email":"ann@example.com","key":"slack:T1:U1","name":"Ann","platform":"slack",
+                                 "user":"U1","workspace":"T1"}; `{}` when the bot knows nobody
+    X-Helpdesk-Idempotency-Key:  hex SHA-256 of "<conversation id>:<inbound message id>:<tool name>:<arguments as
+                                 compact JSON, keys sorted>" (`idempotency_key`): the same when a turn that crashed
+                                 is run again and calls the tool with the same arguments, so a system that acts (a
+                                 refund) does so once per key
+    X-Helpdesk-Timestamp:        unix seconds when the bot sent it
+    X-Helpdesk-Signature:        v1=<hex HMAC-SHA256(signing secret, base)>, only when a signing secret is set, where
+                                 base = "v1:" + timestamp + ":" + METHOD + ":" + path_and_query + ":"
+                                        + X-Helpdesk-Asker + ":" + X-Helpdesk-Idempotency-Key + ":" + body bytes
 
 `path_and_query` is the request target exactly as sent (percent-encoding untouched, e.g. `/orders/A%2F1?full=true`),
 the body is the raw bytes (empty for GET and DELETE). The asker header is inside the signature, so a captured request
-cannot be replayed for somebody else; the timestamp is inside it too, so the operator's system refuses requests older
-than a few minutes. A Python service checks a request with `verify_request`, which returns the claims or None:
+cannot be replayed for somebody else; so is the idempotency key, so it cannot be swapped to make one action twice; the
+timestamp is inside it too, so the operator's system refuses requests older than a few minutes. A Python service
+checks a request with `verify_request`, which returns the claims or None:
 
     claims = verify_request(secret, request.method, request.raw_path, await request.read(), request.headers)
     if claims is None: return 401
     customer = claims.get("email")     # never an email, id or name from the query or the body
+    once = request.headers["X-Helpdesk-Idempotency-Key"]   # act at most once per key
 
 Addresses: the bot calls public addresses only. A host that resolves to a loopback, private, link-local, multicast,
 reserved or unspecified address (IPv4 or IPv6, including IPv4 inside IPv6) is refused at connection time, where every
@@ -60,7 +68,16 @@ from yarl import URL
 
 from agents.errors import ConfigError, ToolUnavailable
 from agents.identity import asker_claims
-from agents.tools import TOOL_NAME, Tool, ToolArgumentsError, ToolContext, ToolResult, schema_check, schema_tool
+from agents.tools import (
+    TOOL_NAME,
+    Tool,
+    ToolArgumentsError,
+    ToolContext,
+    ToolResult,
+    idempotency_key,
+    schema_check,
+    schema_tool,
+)
 from agents.toolsets import SourceStatus
 
 log = logging.getLogger(__name__)
@@ -70,16 +87,31 @@ QUERY_METHODS = frozenset({"GET", "DELETE"})
 """Methods whose arguments travel in the query string: many servers and proxies drop a body on these."""
 
 ASKER_HEADER = "X-Helpdesk-Asker"
+IDEMPOTENCY_HEADER = "X-Helpdesk-Idempotency-Key"
 TIMESTAMP_HEADER = "X-Helpdesk-Timestamp"
 SIGNATURE_HEADER = "X-Helpdesk-Signature"
 _RESERVED_HEADERS = frozenset(
     h.lower()
-    for h in (ASKER_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER, "Host", "Content-Length", "Content-Type", "Cookie")
+    for h in (
+        ASKER_HEADER,
+        IDEMPOTENCY_HEADER,
+        TIMESTAMP_HEADER,
+        SIGNATURE_HEADER,
+        "Host",
+        "Content-Length",
+        "Content-Type",
+        "Cookie",
+    )
 )
 """Headers an operator may not configure: the identity ones are the bot's to set, the rest are the request's own."""
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _TEMPLATE = re.compile(r"\{([^{}]*)\}")
 USER_AGENT = "helpdesk-bot"
+UNSIGNED_WARNING = (
+    "HTTP tools send the asker unsigned (http.unsigned: true): anyone who can reach your endpoints can claim to be "
+    "anyone"
+)
+"""Logged at start-up when there is no signing secret (the declaration allows that only with `http.unsigned`)."""
 ALLOW_SETTING = "http.allowed_hosts"
 """The declaration's key an operator adds a host to when it is theirs on a private network; named in every refusal."""
 
@@ -257,19 +289,33 @@ def openapi_tools(
     else the first `servers` entry's (the operation's, its path's, then the document's; variables at their defaults).
     The arguments are the path and query parameters and the properties of a JSON request body, in one object schema,
     with local `$ref`s inlined. An operation acts when it says `x-helpdesk-acts: true` or is named in `acting`.
-    `headers` go with every request (an API key). `where` prefixes every ConfigError (the declaration's key path)."""
-    paths = document.get("paths")
-    if not str(document.get("openapi", "")).startswith("3."):
+    `headers` go with every request (an API key). `where` prefixes every ConfigError (the declaration's key path),
+    followed by the place in the document when the error is there (`<where>.paths./orders.get.parameters: ...`): a
+    part of the document of a shape this cannot read is a ConfigError naming it, never a traceback."""
+    if not isinstance(document, Mapping) or not str(document.get("openapi", "")).startswith("3."):
         raise ConfigError(f"{where}: not an OpenAPI 3 document (no `openapi: 3.x`); convert Swagger 2 documents first")
+    paths = document.get("paths")
     if not isinstance(paths, Mapping):
         raise ConfigError(f"{where}: the document has no paths; point it at the API's OpenAPI document")
-    found: dict[str, tuple[str, str, Mapping[str, Any], Mapping[str, Any]]] = {}
-    for path, item in paths.items():
-        item = _resolve(item, document, f"{where}.paths.{path}")
+    found: dict[str, _Operation] = {}
+    for path, raw_item in paths.items():
+        item_at = f"{where}.paths.{path}"
+        if isinstance(path, str) and path.startswith("x-"):
+            continue  # an extension, not a path
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise ConfigError(f"{item_at}: a path starts with /; fix the document")
+        item = _mapping(_resolve(raw_item, document, item_at), item_at, "a path item (a mapping of methods)")
         for method in METHODS:
-            operation = item.get(method.lower())
-            if isinstance(operation, Mapping) and operation.get("operationId"):
-                found[str(operation["operationId"])] = (str(path), method, item, operation)
+            at = f"{item_at}.{method.lower()}"
+            if (raw := item.get(method.lower())) is None:
+                continue
+            operation = _mapping(raw, at, "an operation (a mapping with operationId, parameters, ...)")
+            op = operation.get("operationId")
+            if op is None or op == "":
+                continue
+            if not isinstance(op, str):
+                raise ConfigError(f"{at}.operationId: {_show(op)} is not a name; quote it")
+            found[op] = _Operation(path, method, item, operation, item_at, at)
     unknown = [op for op in [*operations, *acting] if op not in found]
     if unknown:
         raise ConfigError(
@@ -278,121 +324,198 @@ def openapi_tools(
     for key in headers or {}:
         _check_header(key, (headers or {})[key], f"{where}.headers.{key}")
     return [
-        _operation_tool(
-            document, op, *found[op], base_url=base_url, where=f"{where}.{op}", acting=acting, headers=headers or {}
-        )
+        _operation_tool(document, op, found[op], base_url=base_url, where=where, acting=acting, headers=headers or {})
         for op in operations
     ]
+
+
+@dataclass(frozen=True)
+class _Operation:
+    """An operation of the document, with what it inherits from its path and its places for error messages."""
+
+    path: str
+    method: str
+    item: Mapping[str, Any]
+    """Its path item: parameters and servers that apply to every method of the path."""
+    operation: Mapping[str, Any]
+    item_at: str
+    """The path item's place: `<where>.paths./orders/{id}`."""
+    at: str
+    """The operation's place: `<where>.paths./orders/{id}.get`."""
+
+
+_PLACES = ("path", "query", "header", "cookie")
 
 
 def _operation_tool(
     document: Mapping[str, Any],
     op: str,
-    path: str,
-    method: str,
-    item: Mapping[str, Any],
-    operation: Mapping[str, Any],
+    found: _Operation,
     *,
     base_url: str | None,
     where: str,
     acting: Collection[str],
     headers: Mapping[str, str],
 ) -> HTTPToolConfig:
+    at, operation = found.at, found.operation
     if not TOOL_NAME.fullmatch(op):
-        raise ConfigError(f"{where}: operationId {op!r} cannot be a tool's name (letters, digits, _ and - only)")
+        raise ConfigError(f"{at}.operationId: {op!r} cannot be a tool's name (letters, digits, _ and - only)")
     properties: dict[str, Any] = {}
     required: list[str] = []
     query: set[str] = set()
     # Operation-level parameters override path-level ones of the same name and place.
     declared = {
-        (p.get("name"), p.get("in")): p
-        for p in (_resolve(p, document, where) for p in [*item.get("parameters", []), *operation.get("parameters", [])])
+        (parameter["name"], parameter["in"]): (parameter, here)
+        for parameter, here in [
+            *_parameters(found.item, document, found.item_at),
+            *_parameters(operation, document, at),
+        ]
     }
-    for (name, place), parameter in declared.items():
+    for (name, place), (parameter, here) in declared.items():
         if place not in ("path", "query"):
             continue  # headers and cookies are the operator's to set (`headers`), not the model's
-        schema = _schema(parameter.get("schema", {}), document, f"{where}.parameters.{name}")
+        schema = _schema(parameter.get("schema", {}), document, f"{here}.schema")
         if not isinstance(schema, dict):
-            raise ConfigError(f"{where}.parameters.{name}: its schema is not a JSON schema object; fix the document")
-        if parameter.get("description") and "description" not in schema:
-            schema["description"] = parameter["description"]
-        properties[str(name)] = schema
-        if place == "path" or parameter.get("required"):
-            required.append(str(name))
+            raise ConfigError(f"{here}.schema: not a JSON schema object; fix the document")
+        text = parameter.get("description")
+        if isinstance(text, str) and text and "description" not in schema:
+            schema["description"] = text
+        properties[name] = schema
+        if place == "path" or parameter.get("required") is True:
+            required.append(name)
         if place == "query":
-            query.add(str(name))
-    body = _request_body(operation, document, where)
+            query.add(name)
+    body = _request_body(operation, document, f"{at}.requestBody")
     if body is not None:
-        for name, schema in (body.get("properties") or {}).items():
+        fields, needed = body
+        for name, schema in fields.items():
             if name in properties:
                 raise ConfigError(
-                    f"{where}: {name!r} is both a parameter and a body property; HTTP tools need one name per argument"
+                    f"{at}: {name!r} is both a parameter and a body property; HTTP tools need one name per argument"
                 )
             properties[name] = schema
-        required += [r for r in body.get("required", []) if r in properties]
+        required += [r for r in needed if r in properties]
     parameters: dict[str, Any] = {"type": "object", "properties": properties}
     if required:
         parameters["required"] = required
-    _check_schema(parameters, f"{where}.parameters")
+    _check_schema(parameters, at)
 
-    url = _server_url(document, item, operation, base_url, where) + path
-    slots = _Endpoint.of(url, f"{where}.url").slots
+    url = _server_url(document, found, base_url, where) + found.path
+    slots = _Endpoint.of(url, found.item_at).slots
     for slot in slots:
         if slot not in properties:
-            raise ConfigError(f"{where}: the path's {{{slot}}} has no path parameter; declare it in the operation")
+            raise ConfigError(f"{at}: the path's {{{slot}}} has no path parameter; declare it in the operation")
     summary, detail = str(operation.get("summary") or ""), str(operation.get("description") or "")
     description = " ".join(dict.fromkeys(t for t in (summary.strip(), detail.strip()) if t)) or op
     return HTTPToolConfig(
         name=op,
         description=description[:1000],
-        method=method,
+        method=found.method,
         url=url,
         parameters=parameters,
         headers=dict(headers),
         acts=operation.get("x-helpdesk-acts") is True or op in acting,
-        query=frozenset(query) if method not in QUERY_METHODS else frozenset(),
+        query=frozenset(query) if found.method not in QUERY_METHODS else frozenset(),
     )
 
 
-def _request_body(operation: Mapping[str, Any], document: Mapping[str, Any], where: str) -> dict[str, Any] | None:
-    """A JSON request body's object schema, with `allOf` branches merged; None when the operation has no body."""
+def _mapping(node: Any, at: str, what: str) -> Mapping[str, Any]:
+    """`node` when it is a mapping; a ConfigError naming its place and what was expected there otherwise."""
+    if not isinstance(node, Mapping):
+        raise ConfigError(f"{at}: expected {what}; got {_show(node)}")
+    return node
+
+
+def _parameters(holder: Mapping[str, Any], document: Mapping[str, Any], at: str) -> list[tuple[Mapping[str, Any], str]]:
+    """A path item's or an operation's `parameters`, each resolved, checked to have a name and a place (`in`), and
+    paired with its place in the document."""
+    listed = holder.get("parameters")
+    at = f"{at}.parameters"
+    if listed is None:
+        return []
+    if not isinstance(listed, list):
+        raise ConfigError(f"{at}: expected a list of parameters; got {_show(listed)}")
+    found: list[tuple[Mapping[str, Any], str]] = []
+    for i, raw in enumerate(listed):
+        here = f"{at}[{i}]"
+        parameter = _mapping(_resolve(raw, document, here), here, "a parameter (a mapping with name, in and schema)")
+        name, place = parameter.get("name"), parameter.get("in")
+        if not isinstance(name, str) or not name:
+            problem = "missing" if name is None else f"{_show(name)} is not a name"
+            raise ConfigError(f"{here}.name: {problem}; every parameter needs its name")
+        if place not in _PLACES:
+            problem = "missing" if place is None else f"{_show(place)} is not a place"
+            raise ConfigError(f"{here}.in: {problem}; use path, query, header or cookie")
+        found.append((parameter, here))
+    return found
+
+
+def _request_body(
+    operation: Mapping[str, Any], document: Mapping[str, Any], at: str
+) -> tuple[dict[str, Any], list[str]] | None:
+    """A JSON request body's properties and required names, with `allOf` branches merged; None when the operation
+    has no body."""
     if "requestBody" not in operation:
         return None
-    body = _resolve(operation["requestBody"], document, f"{where}.requestBody")
-    content = body.get("content") or {}
-    kind = next((k for k in content if k == "application/json" or k.split(";")[0].endswith("+json")), None)
+    body = _mapping(_resolve(operation["requestBody"], document, at), at, "a request body (a mapping with content)")
+    content = _mapping(body.get("content") or {}, f"{at}.content", "a mapping of media types to schemas")
+    kind = next(
+        (k for k in content if isinstance(k, str) and (k == "application/json" or k.split(";")[0].endswith("+json"))),
+        None,
+    )
     if kind is None:
         raise ConfigError(
-            f"{where}.requestBody: {', '.join(content) or 'no content'} cannot be sent; HTTP tools send "
-            "application/json bodies only"
+            f"{at}: {', '.join(map(str, content)) or 'no content'} cannot be sent; HTTP tools send application/json "
+            "bodies only"
         )
-    schema = _schema(content[kind].get("schema", {}), document, f"{where}.requestBody")
+    media = _mapping(content[kind], f"{at}.content.{kind}", "a media type (a mapping with schema)")
+    here = f"{at}.content.{kind}.schema"
+    schema = _schema(media.get("schema", {}), document, here)
     if not isinstance(schema, dict):
-        raise ConfigError(f"{where}.requestBody: the body's schema is not a JSON schema object; fix the document")
-    for branch in schema.pop("allOf", []):
-        schema["properties"] = {**schema.get("properties", {}), **branch.get("properties", {})}
-        schema["required"] = [*schema.get("required", []), *branch.get("required", [])]
+        raise ConfigError(f"{here}: the body's schema is not a JSON schema object; fix the document")
+    properties, required = _fields(schema, here)
+    branches = schema.pop("allOf", [])
+    if not isinstance(branches, list):
+        raise ConfigError(f"{here}.allOf: expected a list of schemas; got {_show(branches)}")
+    for i, branch in enumerate(branches):
+        more, also = _fields(_mapping(branch, f"{here}.allOf[{i}]", "a schema (a mapping)"), f"{here}.allOf[{i}]")
+        properties, required = {**properties, **more}, [*required, *also]
     if schema.get("type", "object") != "object" or "oneOf" in schema or "anyOf" in schema:
-        raise ConfigError(
-            f"{where}.requestBody: the body is not one object with properties, which is what the model fills"
-        )
-    return schema
+        raise ConfigError(f"{at}: the body is not one object with properties, which is what the model fills")
+    return properties, required
 
 
-def _server_url(
-    document: Mapping[str, Any], item: Mapping[str, Any], operation: Mapping[str, Any], base_url: str | None, where: str
-) -> str:
+def _fields(schema: Mapping[str, Any], at: str) -> tuple[dict[str, Any], list[str]]:
+    """An object schema's properties and required names, checked to be a mapping and a list of names."""
+    properties = schema.get("properties") or {}
+    if not isinstance(properties, Mapping):
+        raise ConfigError(f"{at}.properties: expected a mapping of names to schemas; got {_show(properties)}")
+    required = schema.get("required") or []
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise ConfigError(f"{at}.required: expected a list of property names; got {_show(required)}")
+    return dict(properties), required
+
+
+def _server_url(document: Mapping[str, Any], found: _Operation, base_url: str | None, where: str) -> str:
     if base_url:
         return base_url.rstrip("/")
-    servers = operation.get("servers") or item.get("servers") or document.get("servers") or []
-    server = servers[0] if servers and isinstance(servers[0], Mapping) else {}
-    url = str(server.get("url", ""))
-    for name, variable in (server.get("variables") or {}).items():
-        url = url.replace(f"{{{name}}}", str(variable.get("default", "")))
+    levels = ((found.operation, found.at), (found.item, found.item_at), (document, where))
+    named = next(((holder["servers"], f"{at}.servers") for holder, at in levels if holder.get("servers")), None)
+    if named is None:
+        raise ConfigError(f"{where}: the document names no servers; set base_url to the API's address")
+    servers, at = named
+    if not isinstance(servers, list):
+        raise ConfigError(f"{at}: expected a list of servers; got {_show(servers)}")
+    server = _mapping(servers[0], f"{at}[0]", "a server (a mapping with url)")
+    url = server.get("url")
+    if not isinstance(url, str):
+        raise ConfigError(f"{at}[0].url: {_show(url)} is not a URL; set base_url to the API's address")
+    variables = _mapping(server.get("variables") or {}, f"{at}[0].variables", "a mapping of names to variables")
+    for name, variable in variables.items():
+        default = _mapping(variable, f"{at}[0].variables.{name}", "a variable (a mapping with default)").get("default")
+        url = url.replace(f"{{{name}}}", "" if default is None else str(default))
     if not url.startswith(("http://", "https://")):
-        raise ConfigError(
-            f"{where}: the document's servers give no full URL ({url!r}); set base_url to the API's address"
-        )
+        raise ConfigError(f"{at}[0].url: {_show(_redact(url))} is not a full URL; set base_url to the API's address")
     return url.rstrip("/")
 
 
@@ -400,9 +523,9 @@ def _resolve(node: Any, document: Mapping[str, Any], where: str, seen: tuple[str
     """`node` with a `$ref` at its top replaced by what it points to in this document (siblings kept over it)."""
     if not isinstance(node, Mapping) or "$ref" not in node:
         return node
-    ref = str(node["$ref"])
-    if not ref.startswith("#/"):
-        raise ConfigError(f"{where}: {ref!r} points outside the document; bundle the document into one file first")
+    ref = node["$ref"]
+    if not isinstance(ref, str) or not ref.startswith("#/"):
+        raise ConfigError(f"{where}: {_show(ref)} points outside the document; bundle the document into one file first")
     if ref in seen:
         raise ConfigError(f"{where}: {ref} refers to itself, which a tool's arguments cannot")
     target: Any = document
@@ -413,7 +536,9 @@ def _resolve(node: Any, document: Mapping[str, Any], where: str, seen: tuple[str
         target = target[part]
     resolved = _resolve(target, document, where, (*seen, ref))
     siblings = {k: v for k, v in node.items() if k != "$ref"}
-    return {**resolved, **siblings} if siblings else resolved
+    if not siblings:
+        return resolved
+    return {**_mapping(resolved, where, f"{ref} to point to a mapping"), **siblings}
 
 
 def _schema(node: Any, document: Mapping[str, Any], where: str, seen: tuple[str, ...] = ()) -> Any:
@@ -441,8 +566,9 @@ def _schema(node: Any, document: Mapping[str, Any], where: str, seen: tuple[str,
             }
         else:
             out[key] = _schema(value, document, where, seen)
-    if "required" in out and isinstance(out.get("properties"), Mapping):
-        out["required"] = [r for r in out["required"] if r in out["properties"]]
+    if isinstance(out.get("required"), list) and isinstance(out.get("properties"), Mapping):
+        # A non-string entry stays for the schema check to refuse.
+        out["required"] = [r for r in out["required"] if not isinstance(r, str) or r in out["properties"]]
     for bound, plain in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
         if isinstance(out.get(bound), bool) and out.pop(bound) and plain in out:
             out[bound] = out.pop(plain)
@@ -453,9 +579,12 @@ def _schema(node: Any, document: Mapping[str, Any], where: str, seen: tuple[str,
 # Signing
 
 
-def sign(secret: str, timestamp: str, method: str, path_and_query: str, asker: str, body: bytes) -> str:
-    """The X-Helpdesk-Signature value for one request (see the module docstring)."""
-    base = f"v1:{timestamp}:{method.upper()}:{path_and_query}:{asker}:".encode() + body
+def sign(
+    secret: str, timestamp: str, method: str, path_and_query: str, asker: str, idempotency: str, body: bytes
+) -> str:
+    """The X-Helpdesk-Signature value for one request (see the module docstring): an HMAC-SHA256 of
+    `v1:<timestamp>:<METHOD>:<path and query>:<X-Helpdesk-Asker>:<X-Helpdesk-Idempotency-Key>:<body>`."""
+    base = f"v1:{timestamp}:{method.upper()}:{path_and_query}:{asker}:{idempotency}:".encode() + body
     return "v1=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
 
 
@@ -478,15 +607,16 @@ def verify_request(
     """The asker's claims when the request was signed with `secret` within `tolerance_s` of `now`; None otherwise.
 
     For the operator's services: `path_and_query` is the request target as received, percent-encoding untouched
-    (aiohttp's `request.raw_path`), and `body` the raw bytes. Header names are matched in any case."""
+    (aiohttp's `request.raw_path`), and `body` the raw bytes. Header names are matched in any case. The idempotency
+    key is checked with the rest, so a service that acts once per key can trust it."""
     lower = {k.lower(): v for k, v in headers.items()}
     timestamp, asker = lower.get(TIMESTAMP_HEADER.lower(), ""), lower.get(ASKER_HEADER.lower(), "")
-    signature = lower.get(SIGNATURE_HEADER.lower(), "")
-    if not (timestamp.isascii() and timestamp.isdigit()) or not asker or not signature:
+    idempotency, signature = lower.get(IDEMPOTENCY_HEADER.lower(), ""), lower.get(SIGNATURE_HEADER.lower(), "")
+    if not (timestamp.isascii() and timestamp.isdigit()) or not asker or not idempotency or not signature:
         return None
     if abs((time.time() if now is None else now) - int(timestamp)) > tolerance_s:
         return None  # a replay, or a clock far off
-    expected = sign(secret, timestamp, method, path_and_query, asker, body)
+    expected = sign(secret, timestamp, method, path_and_query, asker, idempotency, body)
     if not hmac.compare_digest(expected.encode(), signature.strip().encode()):
         return None
     try:
@@ -591,9 +721,14 @@ class _Endpoint:
 
     @classmethod
     def of(cls, url: str, at: str) -> _Endpoint:
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError:  # e.g. an IPv6 host without its closing bracket
+            raise ConfigError(f"{at}: {_show(_redact(url))} is not a URL; write the endpoint's full URL") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"{at}: {_show(url)} is not an http:// or https:// URL; write the endpoint's full URL")
+            raise ConfigError(
+                f"{at}: {_show(_redact(url))} is not an http:// or https:// URL; write the endpoint's full URL"
+            )
         if parts.username is not None or parts.password is not None:
             raise ConfigError(f"{at}: put credentials in headers, not in the URL")
         for outside in (parts.netloc, parts.query):
@@ -605,7 +740,7 @@ class _Endpoint:
         try:
             origin = URL.build(scheme=parts.scheme, host=parts.hostname, port=parts.port)
         except ValueError as exc:
-            raise ConfigError(f"{at}: {_show(url)} has a bad host or port ({exc}); fix the URL") from None
+            raise ConfigError(f"{at}: {_show(_redact(url))} has a bad host or port ({exc}); fix the URL") from None
         pieces = _TEMPLATE.split(parts.path or "/")
         for slot in pieces[1::2]:
             if not re.fullmatch(r"[A-Za-z0-9_.-]+", slot):
@@ -757,10 +892,7 @@ class HTTPTools:
         if self._session is not None:
             return
         if self._secret is None and self._tools:
-            log.warning(
-                "HTTP tools send who is asking unsigned: set a signing secret so your systems can verify the "
-                "X-Helpdesk-Signature header"
-            )
+            log.warning(UNSIGNED_WARNING)
         self._resolver = _GuardedResolver(self._inner_resolver or aiohttp.DefaultResolver(), self._allowed)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(resolver=self._resolver),
@@ -798,7 +930,7 @@ class HTTPTools:
         session = self._session
         if session is None:
             raise self._unavailable(config, "not started", "the bot's HTTP client is not running")
-        headers = self._headers(config, url, body, ctx)
+        headers = self._headers(config, url, body, ctx, arguments)
         try:
             async with session.request(
                 config.method,
@@ -826,12 +958,12 @@ class HTTPTools:
                 ) from None
             raise self._unavailable(config, f"connection failed ({exc.__class__.__name__})") from None
         except aiohttp.ClientError as exc:
-            raise self._unavailable(config, f"failed ({exc.__class__.__name__}: {exc})"[:200]) from None
+            raise self._unavailable(config, f"failed ({_failure(exc)})") from None
 
         if 300 <= status < 400:
             raise self._unavailable(
                 config,
-                f"HTTP {status} redirect to {location[:200]}",
+                f"HTTP {status} redirect to {_redact(location)[:200]}",
                 f"HTTP {status}, a redirect, which the bot does not follow",
             )
         if status >= 500 or status == 429:
@@ -845,17 +977,23 @@ class HTTPTools:
             return f"Error: HTTP {status}: {text or reason}"
         return text or f"HTTP {status} {reason}".rstrip()  # a 204: the model still learns it was done
 
-    def _headers(self, config: HTTPToolConfig, url: URL, body: bytes, ctx: ToolContext) -> dict[str, str]:
+    def _headers(
+        self, config: HTTPToolConfig, url: URL, body: bytes, ctx: ToolContext, arguments: Mapping[str, Any]
+    ) -> dict[str, str]:
         """The operator's headers, then the identity ones, which nothing configured can replace."""
+        idempotency = idempotency_key(ctx.conversation_id, ctx.inbound_id, config.name, arguments)
         headers = {k: v for k, v in config.headers.items() if k.lower() not in _RESERVED_HEADERS}
         if config.method not in QUERY_METHODS:
             headers["Content-Type"] = "application/json"
         asker = encode_asker(asker_claims(ctx.asker))
         timestamp = str(int(time.time()))
         headers[ASKER_HEADER] = asker
+        headers[IDEMPOTENCY_HEADER] = idempotency
         headers[TIMESTAMP_HEADER] = timestamp
         if self._secret is not None:
-            headers[SIGNATURE_HEADER] = sign(self._secret, timestamp, config.method, url.raw_path_qs, asker, body)
+            headers[SIGNATURE_HEADER] = sign(
+                self._secret, timestamp, config.method, url.raw_path_qs, asker, idempotency, body
+            )
         return headers
 
     def _unavailable(self, config: HTTPToolConfig, what: str, told: str | None = None) -> ToolUnavailable:
@@ -865,6 +1003,36 @@ class HTTPTools:
 
     def _record(self, config: HTTPToolConfig, what: str) -> None:
         self._failure = _Failure(datetime.now(UTC), config.name, what)
+
+
+def _failure(exc: aiohttp.ClientError) -> str:
+    """A failed exchange said safely: the class and a reason in our words (or the operating system's), never
+    `str(exc)`, which for aiohttp's errors holds the whole URL (an API key in its query) and, for a malformed answer,
+    the answer's bytes (which may echo the request)."""
+    match exc:
+        case aiohttp.ServerDisconnectedError():
+            reason = "the server closed the connection"
+        case aiohttp.ClientPayloadError():
+            reason = "the answer broke off"
+        case aiohttp.ClientResponseError():
+            reason = "the answer is not valid HTTP"
+        case OSError(strerror=str() as strerror) if strerror:
+            reason = strerror[:100]
+        case _:
+            reason = ""
+    return f"{exc.__class__.__name__}: {reason}" if reason else exc.__class__.__name__
+
+
+def _redact(url: str) -> str:
+    """A URL as it may be shown (errors, status, logs): scheme://host[:port]/path, without the userinfo, query and
+    fragment, where tokens and API keys travel. A relative one (a redirect's Location) keeps its path only."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(a URL that cannot be read)"
+    scheme = f"{parts.scheme}:" if parts.scheme else ""
+    host = f"//{parts.netloc.rpartition('@')[2]}" if parts.netloc else ""
+    return scheme + host + parts.path
 
 
 def _a(word: str) -> str:

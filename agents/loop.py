@@ -234,7 +234,7 @@ async def run_turn(
                 visited[:] = [agent.name]
         if asked >= config.max_llm_calls:
             return await finish(Escalate("LLM call budget for one message ran out", "budget"), config.texts.budget)
-        agent_tools = roster.tools_of(agent.name)
+        agent_tools, schemas = roster.listing(agent.name)
         if agent.name not in prepared:
             prepared.add(agent.name)
             ctx = ToolContext(turn.conversation_id, turn.inbound_id, agent.name, context, db, turn.asker)
@@ -248,7 +248,6 @@ async def run_turn(
                 tools.extend(ready)
                 for run in ready:
                     await emit(run)
-        schemas = roster.schemas_of(agent.name)
         model_name = agent.model or config.default_model
         window = build_window(
             system=_system_prompt(agent, context, turn.asker, shared=several_writers),

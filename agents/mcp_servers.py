@@ -48,12 +48,15 @@ from pydantic import ValidationError
 
 from agents.errors import ConfigError, ToolUnavailable
 from agents.identity import asker_claims
-from agents.tools import Tool, ToolArgumentsError, ToolContext, schema_tool
+from agents.tools import Tool, ToolArgumentsError, ToolContext, idempotency_key, schema_tool
 from agents.toolsets import SourceStatus
 
 log = logging.getLogger(__name__)
 
 ASKER_META: Final = "io.helpdesk/asker"
+IDEMPOTENCY_META: Final = "io.helpdesk/idempotency-key"
+"""The same for a turn run again after a crash with the same arguments (`agents.tools.idempotency_key`): a server
+that acts (a refund) does it once per key."""
 """The key of the request's `_meta` that carries `asker_claims(ctx.asker)` to the server."""
 RESULT_CHARS: Final = 20_000
 """What of a tool's answer the model reads at most: a server that dumps a whole table must not fill the context."""
@@ -497,7 +500,8 @@ class MCPServer:
             if live is None:
                 raise self._unavailable(self._reason or "not connected yet")
             # The SDK types `_meta` as a TypedDict open to any key (PEP 728), which mypy does not read yet.
-            meta = cast(types.RequestParamsMeta, {ASKER_META: asker_claims(ctx.asker)})
+            key = idempotency_key(ctx.conversation_id, ctx.inbound_id, tool, arguments)
+            meta = cast(types.RequestParamsMeta, {ASKER_META: asker_claims(ctx.asker), IDEMPOTENCY_META: key})
             try:
                 async with asyncio.timeout(timeout_s):
                     result = await live.client.call_tool(tool, arguments, meta=meta)

@@ -13,10 +13,11 @@ Returning `HandoffTo` or `EscalateTo` is how a tool moves the conversation: the 
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
@@ -178,6 +179,15 @@ def schema_tool(
         acts=acts,
         timeout_s=timeout_s,
     )
+
+
+def idempotency_key(conversation_id: int, inbound_id: int | None, tool: str, arguments: Mapping[str, Any]) -> str:
+    """The idempotency key of one call (HTTP tools' X-Helpdesk-Idempotency-Key, MCP calls' `_meta`): hex SHA-256 of
+    `<conversation>:<inbound>:<tool>:<arguments>`, the arguments as compact JSON with sorted keys (an inbound of None
+    is written `None`). The same for the same message and arguments, so a turn run again after a crash asks for the
+    same action, not a second one."""
+    canonical = json.dumps(dict(arguments), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(f"{conversation_id}:{inbound_id}:{tool}:{canonical}".encode()).hexdigest()
 
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")

@@ -185,11 +185,40 @@ async def ensure_knowledge(kb: KnowledgeBase, helpdesk: Helpdesk) -> None:
     missing = [c for c in helpdesk.collections if not stored.get(c.name)]
     if missing:
         await _ingest(kb, missing)
+    await _say_foreign(kb, [c for c in helpdesk.collections if c not in missing])
     status = await kb.status()
     for problem in status.problems:
         log.warning("knowledge: %s", problem)
     if status.unembedded:
         kb.start_backfill()
+
+
+async def _say_foreign(kb: KnowledgeBase, collections: list[Collection]) -> None:
+    """A declared collection that holds documents from elsewhere (an earlier declaration's, the sample's, ones added
+    with `kb ingest`): its agents answer from them too, so the operator is told how to make it match the folder."""
+    if not collections:
+        return
+    by_collection: dict[str, list[str]] = {}
+    for line in await kb.sources():
+        name, _, source = line.partition(": ")
+        by_collection.setdefault(name, []).append(source)
+    for collection in collections:
+        files = find_documents([collection.folder])
+        # Named from the folder above (as a first start names them) or from the folder itself (as `kb ingest` does).
+        here = {str(p.relative_to(collection.folder.parent)) for p in files}
+        here |= {str(p.relative_to(collection.folder)) for p in files}
+        foreign = [source for source in by_collection.get(collection.name, []) if source not in here]
+        if foreign:
+            log.warning(
+                "knowledge collection %s holds %d document(s) that are not in %s (%s%s); its agents answer from them "
+                "too. To read it from the folder alone: python -m bot kb delete --collection %s, and start again",
+                collection.name,
+                len(foreign),
+                collection.folder,
+                ", ".join(foreign[:3]),
+                ", ..." if len(foreign) > 3 else "",
+                collection.name,
+            )
 
 
 async def ensure_sample_knowledge(kb: KnowledgeBase) -> None:

@@ -36,7 +36,7 @@ APP_ID_VARIABLE = "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__CLIENTID"
 DEFAULT_NAME = "Helpdesk"
 """When no declaration names the app (its brand's `teams_app_name`)."""
 DEFAULT_OUT = Path("teams-app.zip")
-ADMIN_COMMANDS = ("help", "status", "conversations", "show", "escalations", "pause", "resume", "kb", "stats")
+ADMIN_COMMANDS = ("help", "status", "conversations", "show", "escalations", "pause", "resume", "kb", "stats", "tools")
 """Suggested in the personal chat, where admins type them; Teams shows at most 12 per scope."""
 SCOPES = frozenset({"personal", "team", "groupChat"})
 RSC_PERMISSIONS = ("ChannelMessage.Read.Group", "ChatMessage.Read.Chat")
@@ -335,13 +335,20 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _declared_name() -> str:
-    """The name the operator's declaration gives the app (HELPDESK_FILE, ./helpdesk.yaml, else the sample's)."""
-    from bot.declaration.build import DEFAULT_FILE, SAMPLE, teams_app_name
-    from bot.declaration.parse import load
+    """The name the operator's declaration gives the app, found as the bot finds it (HELPDESK_FILE, ./helpdesk.yaml,
+    else the sample's)."""
+    from pydantic import ValidationError
 
-    chosen = os.environ.get("HELPDESK_FILE")
-    path = Path(chosen) if chosen else DEFAULT_FILE if DEFAULT_FILE.is_file() else SAMPLE
-    return teams_app_name(load(path))
+    from bot.declaration.build import find, teams_app_name
+    from bot.declaration.parse import load
+    from bot.settings import Settings
+
+    try:
+        settings = Settings()
+    except ValidationError:  # settings this command does not need are half set: only the declaration's path counts
+        chosen = os.environ.get("HELPDESK_FILE")
+        settings = Settings.model_construct(helpdesk_file=Path(chosen) if chosen else None)
+    return teams_app_name(load(find(settings)))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ import pytest
 
 from agents.confirm import PENDING, WINDOW, confirming
 from agents.identity import Author
-from agents.tools import ToolContext, function_tool
+from agents.tools import ToolContext, function_tool, schema_tool
 from bot.cli import main
 from bot.declaration.build import SAMPLE, build, declared, find, with_declaration
 from bot.declaration.parse import DeclarationError, load
@@ -154,6 +154,14 @@ def test_the_file_is_found_by_setting_then_beside_then_the_sample(
             "helpdesk.yaml:27:92: agents.billing.prefetch[0].tool: written twice",
         ),
         (("handoffs: [desk]", "handoffs: [desk"), "not valid YAML"),
+        (("title: Billing", "title: &t Billing\n    model: *t"), "helpdesk.yaml:21:12: aliases (*t) are not read"),
+        (("Plan: {context[plan]}.", "Plan: {context[plan]:d}."), "{context[plan]:d} is not a plain placeholder"),
+        (("Known name: {customer_name}.", "Known name: {customer_name!r}."), "{customer_name!r} is not a plain"),
+        (("tools: [meter_reading]", "tools: [meter_reading, mcp:books/]"), "write mcp:books for all of"),
+        (
+            ('{python: "lumen_tools:meter_reading", acts: true}', '{url: "https://api.lumen.example/r", method: GET}'),
+            "tools: HTTP tools tell your endpoints who is asking in signed headers: set http.signing_secret",
+        ),
         (("tariffs: docs/tariffs", "tariffs: docs/tarifs"), "helpdesk.yaml:9:12: knowledge.tariffs:"),
     ],
 )
@@ -179,9 +187,12 @@ def test_malformed_tool_sources_are_located_too(tmp_path: Path) -> None:
     assert "tools.meter_reading.python: lumen_tools has no 'nothing_here'" in found
     [found] = problems(tmp_path, GOOD.replace('"lumen_tools:meter_reading"', '"lumen tools"'))
     assert 'tools.meter_reading.python: write "module:function"' in found
-    http = GOOD.replace(
-        '{python: "lumen_tools:meter_reading", acts: true}',
-        '{url: "https://api.lumen.example/readings/{meter}", method: FETCH}',
+    http = (
+        GOOD.replace(
+            '{python: "lumen_tools:meter_reading", acts: true}',
+            '{url: "https://api.lumen.example/readings/{meter}", method: FETCH}',
+        )
+        + "http: {signing_secret: s3cret}\n"
     )
     [found] = problems(tmp_path, http)
     assert "tools.meter_reading.method" in found and "FETCH" in found
@@ -299,6 +310,7 @@ def test_operations_picked_from_an_openapi_document_are_http_tools(tmp_path: Pat
     (tmp_path / "meters.yaml").write_text(OPENAPI)
     text = GOOD.replace("    tools: [meter_reading]", "    tools: [meter_reading, getMeter, closeMeter]").replace(
         "agents:\n",
+        "http: {unsigned: true}\n"
         "openapi:\n  - {document: meters.yaml, operations: [getMeter, closeMeter], acting: [closeMeter]}\nagents:\n",
         1,
     )
@@ -309,3 +321,27 @@ def test_operations_picked_from_an_openapi_document_are_http_tools(tmp_path: Pat
         tmp_path, text.replace("operations: [getMeter, closeMeter]", "operations: [getMeter, closeMeter, getMeters]")
     )
     assert "openapi[0]" in found and "getMeters" in found
+
+
+async def test_a_tools_own_confirmed_argument_does_not_skip_the_askers_yes() -> None:
+    """An operator's refund endpoint that takes `confirmed` itself gets it true only after the asker said yes."""
+    calls: list[dict[str, object]] = []
+
+    async def refund(ctx: ToolContext, arguments: dict[str, object]) -> str:
+        calls.append(arguments)
+        return "refunded"
+
+    schema = {
+        "type": "object",
+        "properties": {"invoice": {"type": "string"}, "confirmed": {"type": "boolean"}},
+        "required": ["invoice", "confirmed"],
+    }
+    tool = confirming(
+        schema_tool(name="refund", description="Refund.", parameters=schema, fn=refund, source="http", acts=True)
+    )
+    ana = Author("slack", "T1", "U_ANA", "Ana", "ana@x.test")
+    state: dict[str, object] = {}
+    first = await tool.invoke(ToolContext(1, 1, "billing", state, asker=ana), '{"invoice": "I-1", "confirmed": true}')
+    assert "Not done" in str(first) and calls == []
+    done = await tool.invoke(ToolContext(1, 2, "billing", state, asker=ana), '{"invoice": "I-1", "confirmed": true}')
+    assert done == "refunded" and calls == [{"invoice": "I-1", "confirmed": True}]

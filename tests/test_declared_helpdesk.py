@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -13,14 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 from aiohttp import web
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.http_tools import verify_request
+from agents.knowledge.embedders import OpenAIEmbedder
+from agents.knowledge.store import KnowledgeBase
+from bot.declaration.build import build
+from bot.declaration.parse import DeclarationError, load
+from bot.runtime import ensure_knowledge, ensure_sample_knowledge
 from db import models as m
-from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
+from fakes.openai_server import EMBEDDING_DIM, FakeOpenAI, reply, tool_call, tools
 from fakes.slack_api import SlackEmulator
 from harness.bot import ROOT, bot_settings, free_port, serving
 from harness.database import settle
@@ -162,7 +169,9 @@ async def test_a_declared_helpdesk_with_mcp_and_http_tools(
         assert "You are Billing at Ledgerline." in fake_llm.requests[1].system
         shown = results(fake_llm, 2)
         assert shown["get_invoice"] == "INV-1002: $49.00, due 2026-07-01."
-        asker = json.loads(shown["echo_identity"])["io.helpdesk/asker"]
+        meta = json.loads(shown["echo_identity"])
+        assert len(meta["io.helpdesk/idempotency-key"]) == 64  # the same if the turn is run again after a crash
+        asker = meta["io.helpdesk/asker"]
         assert asker["email"] == "casey@example.com" and asker["user"] == "U_CUSTOMER" and asker["platform"] == "slack"
         assert json.loads(shown["service_status"]) == {
             "region": "eu/../admin",
@@ -273,3 +282,56 @@ async def test_an_mcp_server_down_at_start_is_reported_and_retried_while_the_bot
             assert "echo_identity" in fake_llm.requests[1].tool_names
             assert "casey@example.com" in results(fake_llm, 2)["echo_identity"]
         await settle(sessions)
+
+
+async def test_what_a_server_lists_is_checked_at_start(tmp_path: Path) -> None:
+    """An agent offered two tools of one name, or an acting tool the server does not list (a misspelling that would
+    leave the real one acting without the customer's yes), stops the start once the server answers."""
+    port = free_port()
+    (tmp_path / "mine.py").write_text('async def echo_identity() -> str:\n    """Mine."""\n    return "mine"\n')
+    clash = (
+        ALONE.format(port=port)
+        .replace("mcpServers:", 'tools:\n  echo_identity: {python: "mine:echo_identity"}\nmcpServers:')
+        .replace('tools: ["mcp:books_http"]', 'tools: [echo_identity, "mcp:books_http"]')
+    )
+    misspelt = ALONE.format(port=port).replace("timeout_s: 5}", "timeout_s: 5, acting: [cancel_subscriptions]}")
+    async with http_server(port):
+        for text, expected in (
+            (clash, "echo_identity of mcp:books_http has the name of a tool from tools:"),
+            (misspelt, "mcpServers.books_http.acting[0]: books_http lists no tool 'cancel_subscriptions'"),
+        ):
+            path = tmp_path / "helpdesk.yaml"
+            path.write_text(text)
+            helpdesk = build(load(path))
+            with pytest.raises(DeclarationError) as raised:
+                await helpdesk.start()
+            assert len(raised.value.problems) == 1 and expected in raised.value.problems[0], raised.value.problems
+
+
+async def test_a_declared_collection_holding_other_documents_is_named_at_start(
+    tmp_path: Path, sessions: Sessions, fake_llm: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The issue's case: a company declares `support` from its own folder on a database where the sample's `support`
+    was stored. Its agents would quote Driftwing's policies too, so the start says which documents and what to do."""
+    client = openai.AsyncOpenAI(api_key="test", base_url=fake_llm.base_url, max_retries=0)
+    kb = KnowledgeBase(
+        sessions=sessions, embedder=OpenAIEmbedder(client=client, model="fake-embed", dimensions=EMBEDDING_DIM)
+    )
+    await ensure_sample_knowledge(kb)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "returns.md").write_text("# Returns\n\nReturn anything within 45 days.\n")
+    path = tmp_path / "helpdesk.yaml"
+    path.write_text(
+        ALONE.format(port=1)
+        .replace(
+            'mcpServers:\n  books_http: {url: "http://127.0.0.1:1/mcp", timeout_s: 5}\n', "knowledge: {support: docs}\n"
+        )
+        .replace('tools: ["mcp:books_http"]', "knowledge: [support]")
+    )
+    caplog.set_level(logging.WARNING)
+    await ensure_knowledge(kb, build(load(path)))
+    [said] = [r.getMessage() for r in caplog.records if "holds" in r.getMessage()]
+    assert "knowledge collection support holds 7 document(s) that are not in" in said
+    assert "support/battery-safety.md" in said and "kb delete --collection support" in said
+    await kb.close()
+    await client.close()

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
+import hashlib
+import hmac
 import json
+import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +25,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from agents.errors import ConfigError, ToolUnavailable
 from agents.http_tools import (
     ASKER_HEADER,
+    IDEMPOTENCY_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     HTTPToolConfig,
@@ -32,10 +37,12 @@ from agents.http_tools import (
     verify_request,
 )
 from agents.identity import Author, asker_claims
-from agents.tools import Tool, ToolArgumentsError, ToolContext
+from agents.tools import Tool, ToolArgumentsError, ToolContext, idempotency_key
 from agents.toolsets import ToolSource
 
 SECRET = "test-signing-secret-0123456789"
+LEAK = "SECRET-KEY-42"
+"""An API key or token in a URL: it must not reach the model, the logs or /support status."""
 ANN = Author("slack", "T1", "U1", "Ann", "ann@example.com")
 LOCAL = frozenset({"127.0.0.1"})
 ORDER_ARGS = {
@@ -78,6 +85,8 @@ async def server() -> AsyncIterator[Server]:
                 return web.json_response({"error": "no such order", "id": "A1"}, status=404, dumps=_pretty)
             case "/redirect":
                 raise web.HTTPFound("/orders/1")
+            case "/redirect-login":
+                raise web.HTTPFound(f"https://ann:{LEAK}@login.example/sso?token={LEAK}#{LEAK}")
             case "/big":
                 return web.Response(text="x" * 200_000)
             case "/slow":
@@ -159,12 +168,12 @@ def tool(name: str, url: str, method: str = "GET", **kwargs: Any) -> HTTPToolCon
     return HTTPToolConfig(name=name, description=f"{name} for tests", method=method, url=url, **kwargs)
 
 
-def ctx(asker: Author | None = ANN) -> ToolContext:
-    return ToolContext(conversation_id=1, inbound_id=1, agent="support", state={}, asker=asker)
+def ctx(asker: Author | None = ANN, inbound: int = 1) -> ToolContext:
+    return ToolContext(conversation_id=1, inbound_id=inbound, agent="support", state={}, asker=asker)
 
 
-async def call(t: Tool, arguments: dict[str, Any], asker: Author | None = ANN) -> str:
-    answer = await t.invoke(ctx(asker), json.dumps(arguments))
+async def call(t: Tool, arguments: dict[str, Any], asker: Author | None = ANN, inbound: int = 1) -> str:
+    answer = await t.invoke(ctx(asker, inbound), json.dumps(arguments))
     assert isinstance(answer, str)
     return answer
 
@@ -240,6 +249,66 @@ async def test_post_sends_a_json_body_and_the_signature_covers_it(server: Server
     assert verify(headers={k: v for k, v in seen.headers.items() if k != SIGNATURE_HEADER}) is None
     # Header names in any case, as frameworks hand them over.
     assert verify(headers={k.lower(): v for k, v in seen.headers.items()}) == asker_claims(ANN)
+
+
+REFUND_ARGS = {
+    "type": "object",
+    "properties": {"id": {"type": "string"}, "amount": {"type": "number"}},
+    "required": ["amount"],
+}
+
+
+async def test_the_idempotency_key_is_the_same_for_a_rerun_and_signed(server: Server) -> None:
+    refund = tool("refund", server.url + "/orders/{id}/refund", "POST", parameters=REFUND_ARGS, acts=True)
+    async with running(refund) as (_, tools):
+        await call(tools["refund"], {"id": "A1", "amount": 12.5})
+        await call(tools["refund"], {"amount": 12.5, "id": "A1"})  # the turn run again after a crash
+        await call(tools["refund"], {"id": "A1", "amount": 12.5}, inbound=2)  # the customer asks again
+        await call(tools["refund"], {"id": "A1", "amount": 13})
+    first, rerun, again, other = (s.headers[IDEMPOTENCY_HEADER] for s in server.seen)
+    expected = hashlib.sha256(b'1:1:refund:{"amount":12.5,"id":"A1"}').hexdigest()
+    assert first == rerun == expected == idempotency_key(1, 1, "refund", {"id": "A1", "amount": 12.5})
+    assert len({first, again, other}) == 3
+    assert idempotency_key(1, None, "refund", {}) == hashlib.sha256(b"1:None:refund:{}").hexdigest()
+    assert idempotency_key(1, 1, "cancel", {"id": "A1", "amount": 12.5}) != first
+
+    seen = server.seen[0]
+    timestamp, asker = seen.headers[TIMESTAMP_HEADER], seen.headers[ASKER_HEADER]
+    # The signed string, exactly: v1:<timestamp>:<METHOD>:<path and query>:<asker>:<idempotency key>:<body>
+    base = f"v1:{timestamp}:POST:{seen.raw_path}:{asker}:{first}:".encode() + seen.body
+    assert seen.headers[SIGNATURE_HEADER] == "v1=" + hmac.new(SECRET.encode(), base, hashlib.sha256).hexdigest()
+
+    def verify(headers: dict[str, str]) -> dict[str, str] | None:
+        return verify_request(SECRET, seen.method, seen.raw_path, seen.body, headers, now=int(timestamp))
+
+    assert verify(seen.headers) == asker_claims(ANN)
+    # A captured refund replayed under a fresh key, to be done twice: the key is inside the signature.
+    assert verify({**seen.headers, IDEMPOTENCY_HEADER: again}) is None
+    assert verify({k: v for k, v in seen.headers.items() if k != IDEMPOTENCY_HEADER}) is None
+
+
+async def test_arguments_the_schema_does_not_declare_never_reach_the_endpoint(server: Server) -> None:
+    get = tool("get_order", server.url + "/orders/{id}", parameters={"type": "object", "properties": ID["properties"]})
+    refund = tool("refund", server.url + "/orders/{id}/refund", "POST", parameters=REFUND_ARGS)
+    async with running(get, refund) as (_, tools):
+        echoed = json.loads(await call(tools["get_order"], {"id": "A1", "email": "mallory@example.com"}))
+        assert echoed["query"] == {} and server.seen[-1].raw_path == "/orders/A1"
+        echoed = json.loads(await call(tools["refund"], {"id": "A1", "amount": 5, "email": "mallory@example.com"}))
+        assert echoed["body"] == {"amount": 5} and echoed["query"] == {}
+    assert not any(b"mallory" in s.body or "mallory" in s.raw_path for s in server.seen)
+
+
+async def test_no_signing_secret_is_warned_about_at_start_up(server: Server, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="agents.http_tools")
+    async with running(tool("get_order", server.url + "/orders/{id}")):
+        pass
+    assert caplog.messages == []
+    async with running(tool("get_order", server.url + "/orders/{id}"), secret=None):
+        pass
+    assert caplog.messages == [
+        "HTTP tools send the asker unsigned (http.unsigned: true): anyone who can reach your endpoints can claim to "
+        "be anyone"
+    ]
 
 
 async def test_configured_headers_cannot_replace_the_identity_headers(server: Server) -> None:
@@ -352,6 +421,79 @@ async def test_a_closed_port_is_unavailable() -> None:
         async with running(tool("orders", f"http://127.0.0.1:{port}/x")) as (_, tools):
             with pytest.raises(ToolUnavailable, match="connection failed"):
                 await call(tools["orders"], {})
+
+
+@asynccontextmanager
+async def garbage_server() -> AsyncIterator[int]:
+    """A system that answers with something that is not HTTP, echoing the request line (its query included)."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        line = await reader.readline()
+        writer.write(b"garbage " + line + b"\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    listening = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield listening.sockets[0].getsockname()[1]
+    finally:
+        listening.close()
+        await listening.wait_closed()
+
+
+async def test_a_secret_in_the_url_reaches_no_message_status_or_log(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    shown: list[str] = []
+    async with garbage_server() as port:
+        configs = (
+            tool("garbled", f"http://127.0.0.1:{port}/x?api_key={LEAK}"),
+            tool("down", f"{server.url}/fail?api_key={LEAK}"),
+            tool("moved", f"{server.url}/redirect-login?api_key={LEAK}"),
+        )
+        async with running(*configs) as (source, tools):
+            for name in ("garbled", "down", "moved"):
+                with pytest.raises(ToolUnavailable) as caught:
+                    await call(tools[name], {"id": "A1"})
+                shown += [str(caught.value), source.status().detail]
+    assert "(ClientResponseError: the answer is not valid HTTP)" in shown[0]
+    assert "HTTP 503" in shown[2]
+    assert shown[5].endswith("moved: HTTP 302 redirect to https://login.example/sso")
+    logged = [r.getMessage() for r in caplog.records if r.name.startswith("agents")]  # not the fake server's log
+    assert len(logged) == 3
+    for text in [*shown, *logged]:
+        assert LEAK not in text and "api_key" not in text, text
+    assert f"api_key={LEAK}" in server.seen[-1].raw_path  # the key did go to the operator's system
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (f"ftp://s3cr3t-token@shop.example/x?api_key={LEAK}#{LEAK}", '"ftp://shop.example/x" is not an http://'),
+        (f"https://ann:{LEAK}@shop.example/x?api_key={LEAK}", "put credentials in headers, not in the URL"),
+        (f"https://shop.example:99999/x?api_key={LEAK}", '"https://shop.example:99999/x" has a bad host or port'),
+        (f"https://[::1/x?api_key={LEAK}", '"(a URL that cannot be read)" is not a URL'),
+        (f"shop.example/x?api_key={LEAK}", '"shop.example/x" is not an http://'),
+    ],
+)
+def test_a_bad_url_is_refused_without_its_userinfo_query_or_fragment(url: str, shown: str) -> None:
+    messages = []
+    with pytest.raises(ConfigError) as caught:
+        parse_http_tool("orders", {**GOOD, "url": url, "parameters": ID})
+    messages.append(str(caught.value))
+    with pytest.raises(ConfigError) as caught:
+        HTTPTools([tool("orders", url)], signing_secret=None)
+    messages.append(str(caught.value))
+    assert messages[0] == messages[1]
+    assert messages[0].startswith(f"tools.orders.url: {shown}"), messages[0]
+    for base in (url, None):
+        document = shop_document(url) if base is None else shop_document()
+        with pytest.raises(ConfigError) as caught:
+            openapi_tools(document, ["getOrder"], base_url=base, where="w")
+        messages.append(str(caught.value))
+    for message in messages:
+        assert LEAK not in message and "s3cr3t" not in message and "ann:" not in message, message
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -556,13 +698,21 @@ def test_openapi_operations_become_configs() -> None:
 
 
 def test_openapi_errors_name_what_to_fix() -> None:
+    assert openapi_tools(
+        {**shop_document(), "paths": {**shop_document()["paths"], "x-internal": 1}},
+        ["getOrder"],
+        base_url=None,
+        where="w",
+    )
     with pytest.raises(ConfigError) as caught:
         openapi_tools(shop_document(), ["getOrder", "listOrders"], base_url=None, where="tools.openapi.shop")
     assert str(caught.value) == (
         "tools.openapi.shop: no operation 'listOrders' in the document; available: cancelOrder, getOrder, "
         "refundOrder, upload"
     )
-    with pytest.raises(ConfigError, match=r"tools\.openapi\.shop\.upload\.requestBody: multipart/form-data"):
+    with pytest.raises(
+        ConfigError, match=r"^tools\.openapi\.shop\.paths\./upload\.post\.requestBody: multipart/form-data"
+    ):
         openapi_tools(shop_document(), ["upload"], base_url=None, where="tools.openapi.shop")
     with pytest.raises(ConfigError, match="set base_url"):
         openapi_tools(shop_document("/api"), ["getOrder"], base_url=None, where="w")
@@ -570,6 +720,117 @@ def test_openapi_errors_name_what_to_fix() -> None:
     cyclic["components"]["schemas"]["Money"] = {"$ref": "#/components/schemas/Money"}
     with pytest.raises(ConfigError, match="refers to itself"):
         openapi_tools(cyclic, ["refundOrder"], base_url=None, where="w")
+
+
+REFUND_SCHEMA = "paths./orders/{orderId}/refunds.post.requestBody.content.application/json.schema"
+
+
+def _put(document: dict[str, Any], path: tuple[str | int, ...], value: Any) -> dict[str, Any]:
+    changed = copy.deepcopy(document)
+    node: Any = changed
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return changed
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (
+            ("paths", "/orders/{orderId}", "get", "parameters"),
+            "oops",
+            'w.paths./orders/{orderId}.get.parameters: expected a list of parameters; got "oops"',
+        ),
+        (
+            ("paths", "/orders/{orderId}", "parameters"),
+            {"name": "orderId"},
+            "w.paths./orders/{orderId}.parameters: expected a list of parameters; got a mapping",
+        ),
+        (("paths",), {"/x": [1, 2]}, "w.paths./x: expected a path item (a mapping of methods); got a list"),
+        (("paths",), {"x": {}}, "w.paths.x: a path starts with /"),
+        (
+            ("paths", "/orders/{orderId}", "delete"),
+            "cancel it",
+            "w.paths./orders/{orderId}.delete: expected an operation (a mapping with operationId, parameters, ...); "
+            'got "cancel it"',
+        ),
+        (("paths", "/orders/{orderId}", "get", "operationId"), 5, "w.paths./orders/{orderId}.get.operationId: 5 is"),
+        (
+            ("components", "schemas", "Refund", "allOf"),
+            [5],
+            f"w.{REFUND_SCHEMA}.allOf[0]: expected a schema (a mapping); got 5",
+        ),
+        (("components", "schemas", "Refund", "allOf"), "oops", f"w.{REFUND_SCHEMA}.allOf: expected a list of schemas"),
+        (
+            ("components", "schemas", "Refund", "properties"),
+            ["amount"],
+            f"w.{REFUND_SCHEMA}.properties: expected a mapping of names to schemas; got a list",
+        ),
+        (("components", "schemas", "Refund", "required"), 5, f"w.{REFUND_SCHEMA}.required: expected a list"),
+        (
+            ("paths", "/orders/{orderId}", "get", "parameters", 0),
+            {"in": "query", "schema": {"type": "boolean"}},
+            "w.paths./orders/{orderId}.get.parameters[0].name: missing; every parameter needs its name",
+        ),
+        (
+            ("paths", "/orders/{orderId}", "get", "parameters", 0),
+            {"name": "expand", "schema": {"type": "boolean"}},
+            "w.paths./orders/{orderId}.get.parameters[0].in: missing; use path, query, header or cookie",
+        ),
+        (
+            ("components", "parameters", "OrderId"),
+            "orderId",
+            "w.paths./orders/{orderId}.parameters[0]: expected a parameter (a mapping with name, in and schema)",
+        ),
+        (
+            ("paths", "/orders/{orderId}", "parameters", 0),
+            {"$ref": "#/info/title", "description": "x"},
+            "w.paths./orders/{orderId}.parameters[0]: expected #/info/title to point to a mapping; got",
+        ),
+        (
+            ("paths", "/orders/{orderId}/refunds", "post", "requestBody", "content"),
+            ["application/json"],
+            "w.paths./orders/{orderId}/refunds.post.requestBody.content: expected a mapping of media types",
+        ),
+        (("servers",), "https://shop.example", 'w.servers: expected a list of servers; got "https://shop.example"'),
+        (("servers", 0, "variables"), ["v1"], "w.servers[0].variables: expected a mapping of names to variables"),
+        (("servers", 0, "url"), 5, "w.servers[0].url: 5 is not a URL; set base_url"),
+    ],
+)
+def test_a_malformed_openapi_document_names_the_place(path: tuple[str | int, ...], value: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        openapi_tools(_put(shop_document(), path, value), ["getOrder", "refundOrder"], base_url=None, where="w")
+    assert str(caught.value).startswith(message), str(caught.value)
+
+
+def _places(node: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[str | int, ...]]:
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else []
+    for key, value in items:
+        yield (*path, key)
+        yield from _places(value, (*path, key))
+
+
+def test_any_part_of_an_openapi_document_in_a_bad_shape_is_a_config_error() -> None:
+    """Every node of the document replaced in turn by a value of the wrong shape: a ConfigError or tools, never a
+    traceback."""
+    document = shop_document()
+    tried = 0
+    for path in _places(document):
+        for value in ("oops", [1, [2]], 5, None, True, {"x": [1]}, {"$ref": "#/info"}):
+            changed = _put(document, path, value)
+            for base_url in (None, "https://shop.example/api"):
+                tried += 1
+                try:
+                    configs = openapi_tools(
+                        changed, ["getOrder", "refundOrder", "cancelOrder"], base_url=base_url, where="w"
+                    )
+                    HTTPTools(configs, signing_secret=None)
+                except ConfigError:
+                    pass
+                except Exception as exc:
+                    raise AssertionError(f"{path} = {value!r}: {exc!r}") from exc
+    assert tried > 500
 
 
 async def test_an_openapi_operation_calls_the_server(server: Server) -> None:

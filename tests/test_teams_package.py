@@ -61,7 +61,18 @@ def test_the_package_holds_a_manifest_for_this_bot_and_its_icons(tmp_path: Path)
     [commands] = bot["commandLists"]
     assert commands["scopes"] == ["personal"]
     titles = [c["title"] for c in commands["commands"]]
-    assert titles == ["help", "status", "conversations", "show", "escalations", "pause", "resume", "kb", "stats"]
+    assert titles == [
+        "help",
+        "status",
+        "conversations",
+        "show",
+        "escalations",
+        "pause",
+        "resume",
+        "kb",
+        "stats",
+        "tools",
+    ]
     assert all(c["description"] == USAGE[c["title"]][1] for c in commands["commands"])
     # Every message of a reply chain or group chat reaches the bot, not only those that mention it.
     rsc = manifest["authorization"]["permissions"]["resourceSpecific"]

@@ -5,7 +5,10 @@ problem found here is still located in the file (`Declaration.error`).
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import importlib
+import importlib.util
 import inspect
 import logging
 import re
@@ -13,6 +16,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from agents.agent import Agent, Planned, Prefetch, Roster
@@ -126,27 +130,59 @@ class Helpdesk:
         ]
 
     async def start(self) -> None:
-        """Connect to the operator's servers (one that is down is reported and retried, never fatal), then check the
-        tools the agents name one by one against what each server that answered lists."""
-        for source in self.sources:
-            await source.start()
-        problems = []
-        for name, agent in self.declaration.spec.agents.items():
-            for i, entry in enumerate(agent.tools):
-                if not entry.startswith("mcp:") or "/" not in entry:
-                    continue
-                server_name, tool = entry[4:].split("/", 1)
-                server = self.mcp[server_name]
-                if server.status().up and tool not in {t.name for t in server.tools()}:
-                    listed = ", ".join(sorted(t.name for t in server.tools())) or "none"
-                    problems.append(
-                        self.declaration.at(
-                            ("agents", name, "tools", i), f"{server_name} lists no tool {tool!r}; it lists: {listed}"
-                        )
-                    )
+        """Connect to the operator's servers, all at once (one that is down is reported and retried, never fatal),
+        then check what the declaration says of their tools against what each server that answered lists: the tools
+        agents name one by one, the tools it says act, and that no agent is offered two tools of one name."""
+        await asyncio.gather(*(source.start() for source in self.sources))
+        problems = self._listed_problems()
         if problems:
             await self.close()
             raise DeclarationError(self.declaration.path, problems)
+
+    def _listed_problems(self) -> list[str]:
+        spec, at = self.declaration.spec, self.declaration.at
+        problems = []
+        for server_name, raw in spec.mcp_servers.items():
+            server = self.mcp.get(server_name)
+            if server is None or not server.status().up:
+                continue
+            listed = {t.name for t in server.tools()}
+            for i, acting in enumerate(raw.get("acting") or ()):
+                if acting not in listed:
+                    # Fail closed: a misspelt name would leave the real tool acting without the customer's yes.
+                    problems.append(
+                        at(("mcpServers", server_name, "acting", i), f"{server_name} lists no tool {acting!r}")
+                    )
+        for name, agent in spec.agents.items():
+            offered: dict[str, str] = {t: "built in" for t in agent.tools if t in BUILTINS}
+            offered |= {t: "tools:" for t in agent.tools if t in self.python_tools}
+            offered |= {t: "http" for t in agent.tools if t in self.http_names}
+            for i, entry in enumerate(agent.tools):
+                if not entry.startswith("mcp:"):
+                    continue
+                server_name, _, tool = entry[4:].partition("/")
+                server = self.mcp[server_name]
+                if not server.status().up:
+                    continue
+                listed = {t.name for t in server.tools()}
+                if tool and tool not in listed:
+                    names = ", ".join(sorted(listed)) or "none"
+                    problems.append(
+                        at(("agents", name, "tools", i), f"{server_name} lists no tool {tool!r}; it lists: {names}")
+                    )
+                    continue
+                for offered_name in {tool} if tool else listed:
+                    other = offered.get(offered_name)
+                    if other is not None and other != f"mcp:{server_name}":
+                        problems.append(
+                            at(
+                                ("agents", name, "tools", i),
+                                f"{offered_name} of mcp:{server_name} has the name of a tool from {other}; an agent's "
+                                "tools need one name each: name the server's tools one by one (mcp:SERVER/TOOL)",
+                            )
+                        )
+                    offered[offered_name] = f"mcp:{server_name}"
+        return problems
 
     async def close(self) -> None:
         for source in self.sources:
@@ -339,19 +375,15 @@ def _located(message: str) -> tuple[Place, str]:
     return tuple(place), found.group(2)
 
 
-def _unprefixed(message: str, prefix: str) -> str:
-    return message[len(prefix) :].lstrip(".: ") if message.startswith(prefix) else message
-
-
 def _python_tool(declaration: Declaration, name: str, raw: Mapping[str, Any]) -> Tool:
     reference = str(raw["python"])
     module_name, _, attribute = reference.partition(":")
-    folder = str(declaration.folder.resolve())
-    if folder not in sys.path:
-        # The operator's tools.py sits beside their helpdesk.yaml.
-        sys.path.insert(0, folder)
+    folder = declaration.folder.resolve()
+    if str(folder) not in sys.path:
+        # Their own modules import each other; appended, they can shadow no library nor the bot's own modules.
+        sys.path.append(str(folder))
     try:
-        module = importlib.import_module(module_name)
+        module = _import(module_name, folder)
     except Exception as exc:
         raise ConfigError(
             f"cannot import {module_name!r} ({type(exc).__name__}: {exc}); it is looked for beside "
@@ -370,6 +402,31 @@ def _python_tool(declaration: Declaration, name: str, raw: Mapping[str, Any]) ->
     if raw.get("description"):
         tool = replace(tool, description=" ".join(str(raw["description"]).split()))
     return tool
+
+
+def _import(module_name: str, folder: Path) -> ModuleType:
+    """The operator's module beside the declaration (tools.py, or a package), loaded from its file under a name of
+    its own, so a `tools.py` never stands in for an installed `tools`, nor the other way round; else an installed
+    module by its name."""
+    relative = Path(*module_name.split("."))
+    for candidate in (folder / relative.with_suffix(".py"), folder / relative / "__init__.py"):
+        if candidate.is_file():
+            # One namespace per declaration folder: two helpdesks' tools.py are two modules.
+            name = f"helpdesk_operator_{hashlib.sha1(str(folder).encode()).hexdigest()[:10]}.{module_name}"
+            if name in sys.modules:
+                return sys.modules[name]
+            spec = importlib.util.spec_from_file_location(name, candidate)
+            if spec is None or spec.loader is None:
+                break
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
+            return module
+    return importlib.import_module(module_name)
 
 
 def _document(declaration: Declaration, where: str) -> dict[str, Any]:

@@ -138,6 +138,9 @@ class OpenAPISpec(_Spec):
 
 class HTTPSpec(_Spec):
     signing_secret: str | None = None
+    """The secret the HTTP tools sign who is asking with (`X-Helpdesk-Signature`); required unless `unsigned`."""
+    unsigned: bool = False
+    """Send the asker unsigned: for endpoints that cannot check a signature, behind a network only the bot reaches."""
     allowed_hosts: tuple[str, ...] = ()
 
 
@@ -205,6 +208,10 @@ def load(path: Path, *, environ: Mapping[str, str] | None = None) -> Declaration
 
 def parse(text: str, path: Path, *, environ: Mapping[str, str]) -> Declaration:
     try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent):
+                at = f":{event.start_mark.line + 1}:{event.start_mark.column + 1}" if event.start_mark else ""
+                raise DeclarationError(path, [f"{path}{at}: aliases (*{event.anchor}) are not read; write it out"])
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -331,6 +338,23 @@ def check(spec: DeclarationSpec) -> list[tuple[Place, str]]:
     for key, text in spec.texts.items():
         if key in TEMPLATES and (problem := template_problem(text, TEMPLATES[key])):
             problems.append((("texts", key), problem))
+    for i, api in enumerate(spec.openapi):
+        for j, operation in enumerate(api.operations):
+            if operation in spec.tools or operation in BUILTINS:
+                problems.append(
+                    (("openapi", i, "operations", j), f"{operation} is also a tool under tools:; rename one")
+                )
+    http_tools = [name for name, tool in spec.tools.items() if "url" in tool] + [
+        o for a in spec.openapi for o in a.operations
+    ]
+    if http_tools and not spec.http.signing_secret and not spec.http.unsigned:
+        problems.append(
+            (
+                ("http",) if "http" in spec.model_fields_set else ("tools",),
+                "HTTP tools tell your endpoints who is asking in signed headers: set http.signing_secret (a shared "
+                "secret, e.g. ${HELPDESK_TOOLS_SECRET}), or http.unsigned: true for endpoints that cannot check one",
+            )
+        )
     return problems
 
 
@@ -344,7 +368,9 @@ def _python_advice(error: Any) -> str:
 
 def _tool_reference(entry: str, declared: set[str], servers: set[str]) -> list[str]:
     if entry.startswith("mcp:"):
-        server = entry[4:].split("/", 1)[0]
+        server, slash, tool = entry[4:].partition("/")
+        if slash and not tool:
+            return [f"write mcp:{server} for all of the server's tools, or mcp:{server}/TOOL for one"]
         if server not in servers:
             known = ", ".join(sorted(servers)) or "none is declared"
             return [
@@ -366,9 +392,21 @@ def template_problem(text: str, allowed: Iterable[str]) -> str | None:
     names = ", ".join("{" + name + "}" for name in sorted(allowed))
     hint = f"it may use {names}; write a literal brace as {{{{ or }}}}" if allowed else "write a brace as {{ or }}"
     try:
-        used = {re.split(r"[.\[]", field)[0] for _, field, _, _ in string.Formatter().parse(text) if field is not None}
+        fields = [
+            (field, spec, conversion)
+            for _, field, spec, conversion in string.Formatter().parse(text)
+            if field is not None
+        ]
     except ValueError as exc:
         return f"not a valid template ({exc}); {hint}"
+    for field, spec, conversion in fields:
+        # Only plain names (and context[key]): a format spec or a conversion would fail on a value stored later.
+        if spec or conversion or not re.fullmatch(r"[A-Za-z_]\w*(\[[^\[\]{}:!]+\])?", field):
+            written = field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+            return f"{{{written}}} is not a plain placeholder; {hint}"
+        if "[" in field and not field.startswith("context["):
+            return f"{{{field}}}: only context[...] takes a key; {hint}"
+    used = {re.split(r"[.\[]", field)[0] for field, _, _ in fields}
     if unknown := used - allowed:
         return f"unknown placeholder {', '.join('{' + n + '}' for n in sorted(unknown))}; {hint}"
     try:
