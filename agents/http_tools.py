@@ -126,11 +126,11 @@ class HTTPToolConfig:
     """What the tool does and when to use it: the model chooses tools by it."""
     method: str
     """GET, POST, PUT, PATCH or DELETE."""
-    url: str
+    url: str = field(repr=False)
     """The full URL; `{param}` in its path is filled from the argument of that name, as one path segment."""
     parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
     """The JSON schema (type object) of the arguments, which are checked against it before any request."""
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     """Sent with every request (an API key the operator configured); never shown to the model."""
     acts: bool = False
     """The endpoint changes something (a refund, a cancellation), so the asker confirms first (`agents.confirm`)."""
@@ -315,6 +315,10 @@ def openapi_tools(
                 continue
             if not isinstance(op, str):
                 raise ConfigError(f"{at}.operationId: {_show(op)} is not a name; quote it")
+            if op in found:
+                raise ConfigError(
+                    f"{at}.operationId: {op!r} is also {found[op].at}'s; an operationId names one operation"
+                )
             found[op] = _Operation(path, method, item, operation, item_at, at)
     unknown = [op for op in [*operations, *acting] if op not in found]
     if unknown:

@@ -57,7 +57,12 @@ async def _check(settings: Settings, file: Path | None) -> int:
         spec = declaration.spec
         print(f"{declaration.path}: {spec.brand.name}, {len(roster.agents)} agents, entry {roster.entry}")
         for name, agent in roster.agents.items():
-            tools = [t.name + (f" ({t.source})" if t.source != "python" else "") for t in roster.tools_of(name)]
+            tools = [
+                t.name
+                + (f" ({t.source})" if t.source != "python" else "")
+                + (" [asks the customer first]" if t.acts else "")
+                for t in roster.tools_of(name)
+            ]
             hands = f" -> {', '.join(agent.handoffs)}" if agent.handoffs else ""
             print(f"  {name} ({agent.title}){hands}")
             print(f"    tools: {', '.join(tools)}")

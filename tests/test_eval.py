@@ -47,8 +47,11 @@ def script(fake: FakeOpenAI, *, cite: bool, battery_to: str) -> None:
 
 
 def prompt_tokens(fake: FakeOpenAI) -> int:
-    """Prompt tokens as the fake counts them: a quarter of each request's characters."""
-    return sum(math.ceil(len(json.dumps(r.messages) + json.dumps(r.tools)) / 4) for r in fake.requests)
+    """Prompt tokens as the fake counts them: a quarter of each request's characters (its tools only when it has
+    some: a summary's request has none)."""
+    return sum(
+        math.ceil(len(json.dumps(r.messages) + (json.dumps(r.tools) if r.tools else "")) / 4) for r in fake.requests
+    )
 
 
 def env(database_url: str, fake: FakeOpenAI) -> dict[str, str]:

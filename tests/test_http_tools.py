@@ -933,3 +933,17 @@ def test_parse_http_tool_refuses_a_bad_name_and_a_list() -> None:
         parse_http_tool("refund now", GOOD)
     with pytest.raises(ConfigError, match=r"^tools\.refund: expected a mapping with method, url and description"):
         parse_http_tool("refund", ["GET"])  # type: ignore[arg-type]
+
+
+def test_an_operation_id_used_twice_is_refused_and_configs_hide_their_secrets() -> None:
+    document = {
+        "openapi": "3.0.3",
+        "servers": [{"url": "https://api.example.com"}],
+        "paths": {"/a": {"get": {"operationId": "same"}}, "/b": {"get": {"operationId": "same"}}},
+    }
+    with pytest.raises(ConfigError, match="'same' is also"):
+        openapi_tools(document, ["same"], base_url=None, where="openapi[0]")
+    config = HTTPToolConfig(
+        name="t", description="d", method="GET", url="https://api.example.com/x?key=SECRET", headers={"X-Key": "SECRET"}
+    )
+    assert "SECRET" not in repr(config)

@@ -127,8 +127,9 @@ async def order_status(ctx: ToolContext, order_id: Annotated[str, Field(descript
 HELP = """\
 # Returns
 
-Customers of {name} may return any item within 45 days of delivery for a full refund, as long as it is unused and
-in its box. Start a return from your order's page.
+Any item may be returned within 45 days of delivery for a full refund, if it is unused and in its box.
+
+Start a return from your order's page. Refunds reach the original payment method within 5 working days.
 """
 
 CASES = """\

@@ -134,6 +134,8 @@ function render() {
   if (drawn === state.rendered) return;
   state.rendered = drawn;
   $("#brand").textContent = ws.brand;
+  const customer = ws.users[ws.roles.customer];
+  if (customer) $("#role option[value=customer]").textContent = `Customer (${customer.real_name.split(" ")[0]})`;
   document.title = `${ws.brand} helpdesk · playground`;
   $("#brain").textContent = ws.brain;
   $("#brain").className = "brain " + (ws.offline ? "offline" : "llm");
