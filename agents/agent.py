@@ -98,6 +98,10 @@ def handoff_tool(target: Agent) -> Tool:
     return tool
 
 
+MAX_TOOLS = 128
+"""Tools one request may offer the model: OpenAI's limit, which the providers copying its API keep."""
+
+
 @dataclass(frozen=True)
 class _Listing:
     versions: tuple[int, ...]
@@ -168,6 +172,16 @@ class Roster:
                     continue
                 taken.add(tool.name)
                 drawn.append(confirming(tool))
+        room = MAX_TOOLS - len(self._own[name]) - len(self._moves[name])
+        if len(drawn) > room:
+            log.warning(
+                "%s is offered %d tools; providers take %d at most, so %d are left out",
+                name,
+                len(drawn) + len(self._own[name]) + len(self._moves[name]),
+                MAX_TOOLS,
+                len(drawn) - room,
+            )
+            drawn = drawn[: max(room, 0)]
         tools = (*self._own[name], *drawn, *self._moves[name])
         listing = _Listing(versions, tools, [t.schema() for t in tools])
         self._drawn[name] = listing

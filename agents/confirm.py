@@ -111,7 +111,8 @@ def confirming(tool: Tool) -> Tool:
 async def _run(tool: Tool, ctx: ToolContext, confirmed: bool, arguments: dict[str, Any], *, own: bool) -> ToolResult:
     if ctx.asker is None:
         return f"Not done: {tool.name} acts for a known person, and nobody verified is asking here. Offer a colleague."
-    action = _fingerprint(tool.name, arguments)
+    # Where it runs is part of the action: two agents' same-named tools from two systems share no yes.
+    action = _fingerprint(f"{tool.source}:{tool.name}", arguments)
     now = datetime.now(UTC)
     # Questions past their window are forgotten, so the context does not grow with abandoned actions.
     pending = {
@@ -131,7 +132,16 @@ async def _run(tool: Tool, ctx: ToolContext, confirmed: bool, arguments: dict[st
         ctx.state[PENDING] = {k: q.to_json() for k, q in pending.items()}
         call = {**arguments, CONFIRMED: True} if own else arguments
         return await (tool.fn(ctx, **call) if tool.wants_context else tool.fn(**call))
-    pending[action] = Question(tool.name, ctx.asker.key, ctx.asker.label, ctx.inbound_id, now)
+    if standing is not None and standing.asked_in != ctx.inbound_id:
+        # Asked already, in an earlier message: calling again unconfirmed neither restarts the question (the yes in
+        # this message still counts when the model calls with confirmed) nor hands it to someone else.
+        if standing.asker != ctx.asker.key:
+            return (
+                f"Not done: {standing.asked_by} asked for this already and only they can confirm it; this message is "
+                f"from {ctx.asker.label}."
+            )
+    else:
+        pending[action] = Question(tool.name, ctx.asker.key, ctx.asker.label, ctx.inbound_id, now)
     ctx.state[PENDING] = {k: q.to_json() for k, q in pending.items()}
     shown = json.dumps(_plain(arguments), ensure_ascii=False, sort_keys=True, default=str)
     lead = "" if not confirmed else "The customer has not confirmed this yet in an earlier message. "

@@ -345,7 +345,8 @@ async def _prepare(
         return PREPARED + hashlib.sha1(f"{turn.inbound_id}:{agent.name}:{n}".encode()).hexdigest()[:16]
 
     planned = agent.prefetch(query)[:MAX_PREFETCH] if agent.prefetch is not None and config.prefetch else ()
-    names = {t.name for t in available}
+    # Never an acting tool: a look-up runs before the model reads the message, and an action waits for a yes.
+    names = {t.name for t in available if not t.acts}
     calls = [
         ToolCall(call_id(n), p.tool, json.dumps(dict(p.arguments), ensure_ascii=False))
         for n, p in enumerate(planned)
@@ -431,8 +432,9 @@ async def _run_tool(
         names = [t.name for t in available]
         ok, output = False, f"Error: there is no tool named {call.name!r}. Available: {names}"
     else:
-        # A tool with its own limit (an operator's server) reports its own timeout, in its own words.
-        allowed = max(timeout_s, tool.timeout_s + 1) if tool.timeout_s is not None else timeout_s
+        # A tool with its own limit (an operator's server) reports its own timeout, in its own words, waiting for a
+        # free slot included: the loop's bound is only a backstop then.
+        allowed = max(timeout_s, 2 * tool.timeout_s + 1) if tool.timeout_s is not None else timeout_s
         try:
             async with limit, asyncio.timeout(allowed):
                 value = await tool.invoke(ctx, call.arguments)

@@ -26,7 +26,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from contextvars import Context as VarsContext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from importlib import metadata
 from types import TracebackType
@@ -457,8 +457,19 @@ class MCPServer:
             return
         tools: dict[str, Tool] = {}
         skipped = 0
+        unlisted = self._acting - {spec.name for spec in specs}
+        if unlisted:
+            # Fail closed: a name in `acting` the server does not list may be a misspelling of one it does, which would
+            # then act without the customer's yes. Every tool of the server asks first until the names agree.
+            log.error(
+                "MCP server %s lists no tool %s (named in its acting:); all its tools ask the customer first",
+                self.name,
+                ", ".join(sorted(unlisted)),
+            )
         for spec in specs:
             tool = self._tool(spec)
+            if tool is not None and unlisted and not tool.acts:
+                tool = replace(tool, acts=True)
             if tool is None or tool.name in tools:
                 skipped += 1
                 if tool is not None:
@@ -495,27 +506,38 @@ class MCPServer:
 
     async def _call(self, tool: str, ctx: ToolContext, arguments: dict[str, Any]) -> str:
         timeout_s = self._config.timeout_s
-        async with self._limit:
-            live = self._live
-            if live is None:
-                raise self._unavailable(self._reason or "not connected yet")
-            # The SDK types `_meta` as a TypedDict open to any key (PEP 728), which mypy does not read yet.
-            key = idempotency_key(ctx.conversation_id, ctx.inbound_id, tool, arguments)
-            meta = cast(types.RequestParamsMeta, {ASKER_META: asker_claims(ctx.asker), IDEMPOTENCY_META: key})
-            try:
-                async with asyncio.timeout(timeout_s):
-                    result = await live.client.call_tool(tool, arguments, meta=meta)
-            except TimeoutError:
-                raise self._unavailable(f"no answer within {timeout_s:g} s") from None
-            except MCPError as exc:
-                raise self._refused(tool, exc, live.link) from None
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                live.link.drop("the connection dropped")
-                raise self._unavailable("the connection dropped") from None
-            except (ValidationError, RuntimeError, InputRequiredRoundsExceededError) as exc:
-                # A result the SDK cannot read (against its own output schema, or asking for input the bot cannot
-                # give): the server's fault, and not something the model can fix.
-                raise self._unavailable(f"its answer could not be read: {_short(str(exc))}") from None
+        try:
+            # Waiting for a free slot counts too: a call that cannot even start in time is told so, not left queued.
+            async with asyncio.timeout(timeout_s):
+                await self._limit.acquire()
+        except TimeoutError:
+            raise self._unavailable(f"busy: {self._config.max_concurrency} calls already in flight") from None
+        try:
+            return await self._call_now(tool, ctx, arguments, timeout_s)
+        finally:
+            self._limit.release()
+
+    async def _call_now(self, tool: str, ctx: ToolContext, arguments: dict[str, Any], timeout_s: float) -> str:
+        live = self._live
+        if live is None:
+            raise self._unavailable(self._reason or "not connected yet")
+        # The SDK types `_meta` as a TypedDict open to any key (PEP 728), which mypy does not read yet.
+        key = idempotency_key(ctx.conversation_id, ctx.inbound_id, tool, arguments)
+        meta = cast(types.RequestParamsMeta, {ASKER_META: asker_claims(ctx.asker), IDEMPOTENCY_META: key})
+        try:
+            async with asyncio.timeout(timeout_s):
+                result = await live.client.call_tool(tool, arguments, meta=meta)
+        except TimeoutError:
+            raise self._unavailable(f"no answer within {timeout_s:g} s") from None
+        except MCPError as exc:
+            raise self._refused(tool, exc, live.link) from None
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            live.link.drop("the connection dropped")
+            raise self._unavailable("the connection dropped") from None
+        except (ValidationError, RuntimeError, InputRequiredRoundsExceededError) as exc:
+            # A result the SDK cannot read (against its own output schema, or asking for input the bot cannot
+            # give): the server's fault, and not something the model can fix.
+            raise self._unavailable(f"its answer could not be read: {_short(str(exc))}") from None
         return result_text(self.name, result)
 
     def _refused(self, tool: str, exc: MCPError, link: _Link) -> Exception:

@@ -133,7 +133,11 @@ def schema_check(schema: dict[str, Any]) -> Check:
     declared = schema.get("properties")
     # Arguments the schema does not name go nowhere (a model adds "query" or "email" of its own accord), unless the
     # schema says it takes more: the operator's system gets what it declared, never what the model made up.
-    keep = set(declared) if isinstance(declared, dict) and "additionalProperties" not in schema else None
+    if "additionalProperties" in schema:
+        keep: set[str] | None = None
+    else:
+        # No properties at all: a tool that takes no arguments gets none, whatever the model adds.
+        keep = set(declared) if isinstance(declared, dict) else set()
 
     def check(raw: dict[str, Any]) -> dict[str, Any]:
         if keep is not None:
@@ -168,9 +172,12 @@ def schema_tool(
     async def run(ctx: ToolContext, **arguments: Any) -> ToolResult:
         return await fn(ctx, arguments)
 
+    text = " ".join(description.split())
     return Tool(
         name=name,
-        description=" ".join(description.split()) or name.replace("_", " "),
+        # Every call pays for it in prompt tokens: an operator's server may describe a tool at any length.
+        description=(text[: DESCRIPTION_CHARS - 1] + "…" if len(text) > DESCRIPTION_CHARS else text)
+        or name.replace("_", " "),
         parameters=compact_schema(schema),
         check=schema_check(schema),
         fn=run,
@@ -190,6 +197,8 @@ def idempotency_key(conversation_id: int, inbound_id: int | None, tool: str, arg
     return hashlib.sha256(f"{conversation_id}:{inbound_id}:{tool}:{canonical}".encode()).hexdigest()
 
 
+DESCRIPTION_CHARS = 1_000
+"""A schema tool's description, shown to the model, at most."""
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """What OpenAI (and the providers that copy its API) accept as a function's name."""
 

@@ -4,6 +4,7 @@ into the roster, tools and texts that run, and the starter `bot init` writes."""
 from __future__ import annotations
 
 import textwrap
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -345,3 +346,38 @@ async def test_a_tools_own_confirmed_argument_does_not_skip_the_askers_yes() -> 
     assert "Not done" in str(first) and calls == []
     done = await tool.invoke(ToolContext(1, 2, "billing", state, asker=ana), '{"invoice": "I-1", "confirmed": true}')
     assert done == "refunded" and calls == [{"invoice": "I-1", "confirmed": True}]
+
+
+def test_a_prefetch_pattern_that_backtracks_without_end_plans_nothing_instead_of_stalling(tmp_path: Path) -> None:
+    text = GOOD.replace("pattern: '(?i)\\bMR-\\d{3}\\b'", "pattern: '(a|aa)+b'")
+    billing = build(load(write(tmp_path, text))).roster()["billing"]
+    assert billing.prefetch is not None
+    started = time.monotonic()
+    assert billing.prefetch("a" * 60) == []
+    # Bounded by the time limit (0.05 s), not the pattern's appetite (minutes): a generous ratio, no threshold race.
+    assert time.monotonic() - started < 0.05 * 40
+
+
+async def test_a_questions_askers_yes_survives_a_repeated_ask_and_a_bystander_cannot_take_it() -> None:
+    done: list[str] = []
+
+    @function_tool(acts=True)
+    async def cancel_plan(ctx: ToolContext, plan: str) -> str:
+        """Cancel the asker's plan."""
+        done.append(plan)
+        return f"cancelled {plan}"
+
+    tool = confirming(cancel_plan)
+    ana, bob = Author("slack", "T1", "U_ANA", "Ana", "ana@x.test"), Author("slack", "T1", "U_BOB", "Bob", None)
+    state: dict[str, object] = {}
+
+    def ctx(inbound: int, asker: Author) -> ToolContext:
+        return ToolContext(1, inbound, "billing", state, asker=asker)
+
+    await tool.invoke(ctx(1, ana), '{"plan": "green"}')
+    # A bystander asking for the same action does not make the question theirs.
+    assert "Ana asked for this already" in str(await tool.invoke(ctx(2, bob), '{"plan": "green"}'))
+    # Ana's yes: the model (or a look-up) calls again unconfirmed first, then confirmed, in that same message.
+    assert "Not done" in str(await tool.invoke(ctx(3, ana), '{"plan": "green"}'))
+    assert await tool.invoke(ctx(3, ana), '{"plan": "green", "confirmed": true}') == "cancelled green"
+    assert done == ["green"]

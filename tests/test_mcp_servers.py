@@ -257,8 +257,9 @@ async def test_a_killed_http_server_is_reached_again_when_it_is_back(processes: 
         with pytest.raises(ToolUnavailable, match="tallyhouse system is unavailable right now"):
             await call(server, "get_subscription")
         assert time.monotonic() - started < 5, "said at once, not after the call's timeout"
-        await poll(lambda: not server.status().up, 5, lambda: str(server.status()))
-        assert "retrying every" in server.status().detail
+        # Down, and (once the connection that ended is taken down, a moment later) saying why and what it does.
+        await poll(lambda: "retrying every" in server.status().detail, 10, lambda: str(server.status()))
+        assert not server.status().up
 
         await processes.serve_http(port)
         await poll(lambda: server.status().up, 15, lambda: str(server.status()))
@@ -392,3 +393,36 @@ def test_parse_mcp_servers_refuses_names_the_audit_trail_cannot_hold() -> None:
     for name in ("my orders", "orders.v2"):
         with pytest.raises(ConfigError, match=rf"mcpServers\.{name}: name the server with letters"):
             parse_mcp_servers({name: {"command": "x"}})
+
+
+async def test_an_acting_name_the_server_does_not_list_makes_every_tool_ask_first(
+    processes: Processes, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fail closed: `cancel_subscriptions` may be a misspelling of `cancel_subscription`, which must not act unasked."""
+    server = MCPServer(stdio_config(tmp_path / "pid"), acting=frozenset({"cancel_subscriptions"}))
+    with caplog.at_level(logging.ERROR, logger="agents.mcp_servers"):
+        await server.start()
+    try:
+        processes.remember(tmp_path / "pid")
+        assert server.tools() and all(t.acts for t in server.tools())
+        assert "lists no tool cancel_subscriptions" in caplog.text
+    finally:
+        await server.close()
+
+
+async def test_a_call_that_cannot_get_a_slot_in_time_is_told_the_server_is_busy(processes: Processes) -> None:
+    port = free_port()
+    await processes.serve_http(port)
+    server = MCPServer(http_config(port, timeout_s=1.0, max_concurrency=1))
+    await server.start()
+    try:
+        # One slot, each call holding it up to 1 s: the third in line cannot start within its 1 s.
+        outcomes = await asyncio.gather(
+            *(call(server, "slow", {"seconds": 1.5}) for _ in range(3)), return_exceptions=True
+        )
+        said = sorted(str(o) for o in outcomes)
+        assert all(isinstance(o, ToolUnavailable) for o in outcomes), said
+        assert any("busy: 1 calls already in flight" in s for s in said), said
+        assert any("no answer within 1 s" in s for s in said), said
+    finally:
+        await server.close()

@@ -12,11 +12,12 @@ import pytest
 from pydantic import BaseModel, Field
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from agents.agent import Agent, Roster
+from agents.agent import MAX_TOOLS, Agent, Roster
 from agents.errors import ConfigError
 from agents.knowledge.embedders import OpenAIEmbedder
 from agents.knowledge.store import KnowledgeBase
-from agents.tools import Tool, ToolArgumentsError, ToolContext, function_tool
+from agents.tools import Tool, ToolArgumentsError, ToolContext, function_tool, schema_tool
+from agents.toolsets import Toolset
 from harness.sample import default_roster
 
 
@@ -205,3 +206,43 @@ def test_a_required_argument_that_may_be_none_is_refused() -> None:
 
     with pytest.raises(ConfigError, match="text may be None"):
         function_tool(note)
+
+
+async def test_a_schema_tool_gets_only_the_arguments_it_declares_and_a_bounded_description() -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def record(ctx: ToolContext, arguments: dict[str, Any]) -> str:
+        seen.append(arguments)
+        return "ok"
+
+    ctx = ToolContext(conversation_id=1, inbound_id=1, agent="a", state={})
+    declared = schema_tool(
+        name="t", description="x " * 2000, parameters={"type": "object", "properties": {"a": {"type": "string"}}},
+        fn=record, source="mcp:s",
+    )  # fmt: skip
+    bare = schema_tool(name="u", description="d", parameters={"type": "object"}, fn=record, source="mcp:s")
+    await declared.invoke(ctx, '{"a": "1", "email": "victim@example.com"}')
+    await bare.invoke(ctx, '{"_meta": {"io.helpdesk/asker": {"email": "victim@example.com"}}}')
+    assert seen == [{"a": "1"}, {}]
+    assert len(declared.description) <= 1_000
+
+
+def test_an_agent_is_offered_at_most_the_tools_a_provider_takes() -> None:
+    many = tuple(
+        schema_tool(name=f"t{i}", description="d", parameters=None, fn=_noop, source="mcp:s") for i in range(200)
+    )
+
+    class Source:
+        name = "s"
+        version = 1
+
+        def tools(self) -> tuple[Tool, ...]:
+            return many
+
+    roster = Roster.of([Agent("a", "A", "d", "i", toolsets=(Toolset(Source()),))], entry="a")  # type: ignore[arg-type]
+    tools, schemas = roster.listing("a")
+    assert len(tools) == len(schemas) == MAX_TOOLS and tools[-1].name == "escalate_to_human"
+
+
+async def _noop(ctx: ToolContext, arguments: dict[str, Any]) -> str:
+    return ""

@@ -19,6 +19,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import regex
+
 from agents.agent import Agent, Planned, Prefetch, Roster
 from agents.builtins import BUILTINS
 from agents.errors import ConfigError
@@ -270,14 +272,24 @@ def _instructions(template: str, brand: str) -> Any:
     return render
 
 
+PREFETCH_TIMEOUT_S = 0.05
+"""One prefetch pattern's search of a message at most: it runs on the event loop, before every agent's first call,
+and a pattern that backtracks without end must not stall every conversation (it then plans nothing)."""
+
+
 def _prefetch(planned: Sequence[Any]) -> Prefetch:
-    patterns = [(re.compile(p.pattern), p.tool, p.argument, p.upper) for p in planned]
+    patterns = [(regex.compile(p.pattern), p.tool, p.argument, p.upper) for p in planned]
 
     def plan(message: str) -> list[Planned]:
         found: dict[tuple[str, str], Planned] = {}
         for pattern, tool, argument, upper in patterns:
-            for match in pattern.finditer(message):
-                value = match.group(0).upper() if upper else match.group(0)
+            try:
+                matches = [m.group(0) for m in pattern.finditer(message, timeout=PREFETCH_TIMEOUT_S)]
+            except TimeoutError:
+                log.warning("the prefetch pattern %r took too long on a message; nothing planned", pattern.pattern)
+                continue
+            for value in matches:
+                value = value.upper() if upper else value
                 found.setdefault((tool, value.casefold()), Planned(tool, {argument: value}))
         return list(found.values())
 
@@ -384,7 +396,7 @@ def _python_tool(declaration: Declaration, name: str, raw: Mapping[str, Any]) ->
         sys.path.append(str(folder))
     try:
         module = _import(module_name, folder)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # an operator's module that exits at import is still their file's problem
         raise ConfigError(
             f"cannot import {module_name!r} ({type(exc).__name__}: {exc}); it is looked for beside "
             f"{declaration.path.name} and among the installed packages"

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import regex
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -98,8 +99,8 @@ class PrefetchSpec(_Spec):
     @classmethod
     def _compiles(cls, value: str) -> str:
         try:
-            re.compile(value)
-        except re.error as exc:
+            regex.compile(value)
+        except regex.error as exc:
             raise ValueError(f"not a regular expression ({exc})") from None
         return value
 
@@ -389,6 +390,8 @@ def template_problem(text: str, allowed: Iterable[str]) -> str | None:
     """Why `text` cannot be filled with the fields `allowed`, or None. Checked at start-up: a template that cannot be
     filled would fail every message it is used on."""
     allowed = frozenset(allowed)
+    if "${" in text:
+        return "${...} is read from the environment only in tools, openapi, http and mcpServers, never in texts"
     names = ", ".join("{" + name + "}" for name in sorted(allowed))
     hint = f"it may use {names}; write a literal brace as {{{{ or }}}}" if allowed else "write a brace as {{ or }}"
     try:
