@@ -985,7 +985,9 @@ class HTTPTools:
         self, config: HTTPToolConfig, url: URL, body: bytes, ctx: ToolContext, arguments: Mapping[str, Any]
     ) -> dict[str, str]:
         """The operator's headers, then the identity ones, which nothing configured can replace."""
-        idempotency = idempotency_key(ctx.conversation_id, ctx.inbound_id, config.name, arguments)
+        idempotency = ctx.idempotency_key or idempotency_key(
+            ctx.conversation_id, ctx.inbound_id, config.name, arguments
+        )
         headers = {k: v for k, v in config.headers.items() if k.lower() not in _RESERVED_HEADERS}
         if config.method not in QUERY_METHODS:
             headers["Content-Type"] = "application/json"

@@ -522,7 +522,7 @@ class MCPServer:
         if live is None:
             raise self._unavailable(self._reason or "not connected yet")
         # The SDK types `_meta` as a TypedDict open to any key (PEP 728), which mypy does not read yet.
-        key = idempotency_key(ctx.conversation_id, ctx.inbound_id, tool, arguments)
+        key = ctx.idempotency_key or idempotency_key(ctx.conversation_id, ctx.inbound_id, tool, arguments)
         meta = cast(types.RequestParamsMeta, {ASKER_META: asker_claims(ctx.asker), IDEMPOTENCY_META: key})
         try:
             async with asyncio.timeout(timeout_s):

@@ -46,6 +46,9 @@ class ToolContext:
     """The verified author of the message being answered: whom the tool acts for. None when the host knows
     nobody; a tool that needs an owner then refuses. Check ownership against this, never against an id, name or
     email in the model's arguments (the model repeats whatever anyone in the thread wrote)."""
+    idempotency_key: str | None = None
+    """Set for an acting tool's confirmed action (`agents.confirm`): the same for every try at that one action (a
+    retry after a failure, a turn run again after a crash), so the system that acts can do it once per key."""
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@ into the roster, tools and texts that run, and the starter `bot init` writes."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import textwrap
 import time
 from datetime import UTC, datetime, timedelta
@@ -250,11 +252,14 @@ async def test_an_acting_tool_waits_for_the_askers_yes_in_a_later_message() -> N
     # The model cannot confirm in the same message it asked in.
     again = await tool.invoke(ctx(1, ana), '{"plan": "green", "confirmed": true}')
     assert isinstance(again, str) and "has not confirmed" in again and not done
-    # A bystander's yes does not count; nor does a yes for other arguments.
-    assert "only they can confirm" in str(await tool.invoke(ctx(2, bob), '{"plan": "green", "confirmed": true}'))
-    assert "Not done" in str(await tool.invoke(ctx(2, ana), '{"plan": "blue", "confirmed": true}'))
-    assert await tool.invoke(ctx(3, ana), '{"plan": "green", "confirmed": true}') == "cancelled green"
-    # Used up: a second yes asks again rather than acting twice.
+    # A bystander's yes is a question of their own: it confirms nothing of Ana's.
+    assert "has not confirmed" in str(await tool.invoke(ctx(2, bob), '{"plan": "green", "confirmed": true}'))
+    assert not done
+    # Ana's yes runs what she was asked about: the model's arguments on the yes do not change the action.
+    assert await tool.invoke(ctx(3, ana), '{"plan": "blue", "confirmed": true}') == "cancelled green"
+    # Once: the same yes again in that message does nothing, and later it is a new question.
+    assert "Already done" in str(await tool.invoke(ctx(3, ana), '{"plan": "green", "confirmed": true}'))
+    assert "Already done" in str(await tool.invoke(ctx(3, ana), '{"plan": "green"}'))
     assert "Not done" in str(await tool.invoke(ctx(4, ana), '{"plan": "green", "confirmed": true}'))
     assert done == ["green"] and PENDING in state
     # A question left unanswered past its window is asked again, never acted on.
@@ -375,9 +380,59 @@ async def test_a_questions_askers_yes_survives_a_repeated_ask_and_a_bystander_ca
         return ToolContext(1, inbound, "billing", state, asker=asker)
 
     await tool.invoke(ctx(1, ana), '{"plan": "green"}')
-    # A bystander asking for the same action does not make the question theirs.
-    assert "Ana asked for this already" in str(await tool.invoke(ctx(2, bob), '{"plan": "green"}'))
+    # A bystander asking for the same action has a question of their own; Ana's stands.
+    assert "Not done yet" in str(await tool.invoke(ctx(2, bob), '{"plan": "green"}'))
     # Ana's yes: the model (or a look-up) calls again unconfirmed first, then confirmed, in that same message.
     assert "Not done" in str(await tool.invoke(ctx(3, ana), '{"plan": "green"}'))
     assert await tool.invoke(ctx(3, ana), '{"plan": "green", "confirmed": true}') == "cancelled green"
     assert done == ["green"]
+
+
+async def test_a_confirmed_action_runs_once_and_a_retry_keeps_its_key() -> None:
+    keys: list[str | None] = []
+    fail = [True]
+
+    @function_tool(acts=True)
+    async def refund(ctx: ToolContext, invoice: str, amount: float) -> str:
+        """Refund an invoice."""
+        keys.append(ctx.idempotency_key)
+        await asyncio.sleep(0)  # a real call awaits: a second call in the same answer runs meanwhile
+        if fail[0]:
+            fail[0] = False
+            raise TimeoutError("no answer")
+        return f"refunded {invoice} {amount}"
+
+    tool = confirming(refund)
+    ana = Author("slack", "T1", "U_ANA", "Ana", "ana@x.test")
+    state: dict[str, object] = {}
+
+    def ctx(inbound: int) -> ToolContext:
+        return ToolContext(7, inbound, "billing", state, asker=ana)
+
+    await tool.invoke(ctx(1), '{"invoice": "I-1", "amount": 10}')
+    # The yes fails (the system timed out, maybe after acting): the question stands for a retry with the same key.
+    with pytest.raises(TimeoutError):
+        await tool.invoke(ctx(2), '{"invoice": "I-1", "amount": 10.0, "confirmed": true}')
+    # Two confirmed calls in one answer: one runs.
+    both = await asyncio.gather(
+        tool.invoke(ctx(3), '{"invoice": "I-1", "amount": 10, "confirmed": true}'),
+        tool.invoke(ctx(3), '{"invoice": "I-1", "amount": 10, "confirmed": true}'),
+    )
+    assert sorted(str(b)[:8] for b in both) == ["Already ", "refunded"]
+    assert len(keys) == 2 and keys[0] == keys[1] is not None
+
+
+async def test_stored_questions_that_cannot_be_read_are_asked_again_and_kept_few() -> None:
+    @function_tool(acts=True)
+    async def close(ctx: ToolContext, account: str) -> str:
+        """Close an account."""
+        return "closed"
+
+    tool = confirming(close)
+    ana = Author("slack", "T1", "U_ANA", "Ana", "ana@x.test")
+    for damaged in ("zz", {"x": {"tool": "t", "asker": "a", "asked_at": "2026-01-01T00:00:00", "arguments": {}}}):
+        state: dict[str, object] = {PENDING: damaged}
+        assert "Not done yet" in str(await tool.invoke(ToolContext(1, 1, "a", state, asker=ana), '{"account": "A"}'))
+    for n in range(30):
+        await tool.invoke(ToolContext(1, n, "a", state, asker=ana), json.dumps({"account": f"A{n}"}))
+    assert len(state[PENDING]) == 20  # type: ignore[arg-type]

@@ -195,7 +195,7 @@ async def test_a_declared_helpdesk_with_mcp_and_http_tools(
         fake_llm.script(tools(tool_call("cancel_subscription", yes)), reply("Only Casey can confirm that."))
         await emulator.user_says(CHANNEL, "yes, do it", user="U_ADA", thread_ts=thread)
         await replies_in(emulator, CHANNEL, thread, 5)
-        assert "only they can confirm it" in results(fake_llm, 8)["cancel_subscription"]
+        assert "has not confirmed" in results(fake_llm, 8)["cancel_subscription"]  # Ada's yes is not Casey's
         fake_llm.script(tools(tool_call("cancel_subscription", yes)), reply("Done: it ends with this period."))
         await emulator.user_says(CHANNEL, "yes please", thread_ts=thread)
         await replies_in(emulator, CHANNEL, thread, 6)
