@@ -12,12 +12,14 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.agent import Agent, Roster
 from agents.identity import Author
 from agents.knowledge.embedders import OpenAIEmbedder
 from agents.knowledge.store import KnowledgeBase
 from agents.loop import ToolRecord
 from agents.messages import ToolCall
-from agents.toolsets import SourceStatus
+from agents.tools import Tool, ToolContext, schema_tool
+from agents.toolsets import SourceStatus, Toolset
 from bot.admin import views
 from bot.admin.actions import AdminActions
 from bot.admin.command import AdminCommands, Invocation, provider_probe
@@ -273,3 +275,25 @@ async def test_metrics_count_tool_calls_by_source_and_outcome_and_show_sources_u
     metrics.watch_sources(broken)  # replaces the first
     text = (await metrics.render()).decode()
     assert "helpdesk_tool_source_up{" not in text and 'helpdesk_tool_calls_total{outcome="ok",source="python"}' in text
+
+
+def test_agents_lists_each_agents_tools_as_they_are_now_with_where_they_run() -> None:
+    async def nothing(ctx: ToolContext, arguments: dict[str, Any]) -> str:
+        return ""
+
+    listed = (
+        schema_tool(name="get_invoice", description="d", parameters=None, fn=nothing, source="mcp:books"),
+        schema_tool(name="refund", description="d", parameters=None, fn=nothing, source="mcp:books", acts=True),
+    )
+
+    class Books:
+        name = "books"
+        version = 1
+
+        def tools(self) -> tuple[Tool, ...]:
+            return listed
+
+    roster = Roster.of([Agent("billing", "Billing", "Bills.", "i", toolsets=(Toolset(Books()),))], entry="billing")  # type: ignore[arg-type]
+    text = views.agents_reply(roster).text
+    assert "`get_invoice` (`mcp:books`)" in text and "`refund` (`mcp:books`) (asks first)" in text
+    assert "escalate_to_human`," not in text

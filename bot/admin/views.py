@@ -282,12 +282,27 @@ def agents_reply(roster: Roster) -> Reply:
     lines = []
     for agent in roster.agents.values():
         entry = " (entry)" if agent.name == roster.entry else ""
-        tools = ", ".join(t.name for t in agent.tools) or "none"
+        # Its tools as they are now (an MCP server's as last listed), where each runs, and which ask the customer first.
+        own = [t for t in roster.tools_of(agent.name) if not _moves(t.name)]
+        tools = (
+            ", ".join(
+                _code(t.name)
+                + (f" ({_code(t.source)})" if t.source != "python" else "")
+                + (" (asks first)" if t.acts else "")
+                for t in own
+            )
+            or "none"
+        )
         to = ", ".join(f"*{t}*" for t in agent.handoffs) or "nobody"
         lines.append(f"*{agent.name}*{entry}: {_quote(agent.description, 140)}\n   hands off to {to} · tools: {tools}")
     return _reply(
         "Agents", _sections(lines), _context("Every agent can also escalate to a person (escalate_to_human).")
     )
+
+
+def _moves(name: str) -> bool:
+    """The transfer and escalation tools every roster adds: said once, not listed per agent."""
+    return name.startswith("transfer_to_") or name == "escalate_to_human"
 
 
 def conversations_reply(listing: str, total: int, rows: Sequence[ConversationRow], domain: str | None) -> Reply:
