@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import textwrap
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,7 +14,7 @@ import pytest
 
 from agents.confirm import PENDING, WINDOW, confirming
 from agents.identity import Author
-from agents.tools import ToolContext, function_tool, schema_tool
+from agents.tools import Tool, ToolContext, function_tool, schema_tool
 from bot.cli import main
 from bot.declaration.build import SAMPLE, build, declared, find, with_declaration
 from bot.declaration.parse import DeclarationError, load
@@ -231,17 +231,25 @@ def test_no_driftwing_in_a_declared_helpdesk(tmp_path: Path) -> None:
     assert "driftwing" not in words.lower() and "drone" not in words.lower()
 
 
-async def test_an_acting_tool_waits_for_the_askers_yes_in_a_later_message() -> None:
-    done: list[str] = []
+ANA, BOB = Author("slack", "T1", "U_ANA", "Ana", "ana@x.test"), Author("slack", "T1", "U_BOB", "Bob", None)
+
+
+def cancel_plan(done: list[str]) -> Tool:
+    """An acting tool behind its confirmation, noting each plan it cancels in `done`."""
 
     @function_tool(acts=True)
-    async def cancel_plan(ctx: ToolContext, plan: str) -> str:
+    async def cancel(ctx: ToolContext, plan: str) -> str:
         """Cancel the asker's plan."""
         done.append(plan)
         return f"cancelled {plan}"
 
-    tool = confirming(cancel_plan)
-    ana, bob = Author("slack", "T1", "U_ANA", "Ana", "ana@x.test"), Author("slack", "T1", "U_BOB", "Bob", None)
+    tool: Tool = confirming(cancel)
+    return tool
+
+
+async def test_an_acting_tool_waits_for_the_askers_yes_in_a_later_message() -> None:
+    done: list[str] = []
+    tool, ana, bob = cancel_plan(done), ANA, BOB
     state: dict[str, object] = {}
 
     def ctx(inbound: int, asker: Author | None) -> ToolContext:
@@ -353,27 +361,21 @@ async def test_a_tools_own_confirmed_argument_does_not_skip_the_askers_yes() -> 
     assert done == "refunded" and calls == [{"invoice": "I-1", "confirmed": True}]
 
 
-def test_a_prefetch_pattern_that_backtracks_without_end_plans_nothing_instead_of_stalling(tmp_path: Path) -> None:
+def test_a_prefetch_pattern_that_backtracks_without_end_plans_nothing_instead_of_stalling(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     text = GOOD.replace("pattern: '(?i)\\bMR-\\d{3}\\b'", "pattern: '(a|aa)+b'")
     billing = build(load(write(tmp_path, text))).roster()["billing"]
     assert billing.prefetch is not None
-    started = time.monotonic()
-    assert billing.prefetch("a" * 60) == []
-    # Bounded by the time limit (0.05 s), not the pattern's appetite (minutes): a generous ratio, no threshold race.
-    assert time.monotonic() - started < 0.05 * 40
+    # Without its time limit this search would run for hours; with it, nothing is planned and the reason is logged.
+    with caplog.at_level(logging.WARNING, logger="bot.declaration.build"):
+        assert billing.prefetch("a" * 60) == []
+    assert "took too long on a message" in caplog.text
 
 
 async def test_a_questions_askers_yes_survives_a_repeated_ask_and_a_bystander_cannot_take_it() -> None:
     done: list[str] = []
-
-    @function_tool(acts=True)
-    async def cancel_plan(ctx: ToolContext, plan: str) -> str:
-        """Cancel the asker's plan."""
-        done.append(plan)
-        return f"cancelled {plan}"
-
-    tool = confirming(cancel_plan)
-    ana, bob = Author("slack", "T1", "U_ANA", "Ana", "ana@x.test"), Author("slack", "T1", "U_BOB", "Bob", None)
+    tool, ana, bob = cancel_plan(done), ANA, BOB
     state: dict[str, object] = {}
 
     def ctx(inbound: int, asker: Author) -> ToolContext:
