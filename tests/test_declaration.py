@@ -161,6 +161,7 @@ def test_the_file_is_found_by_setting_then_beside_then_the_sample(
         (("Plan: {context[plan]}.", "Plan: {context[plan]:d}."), "{context[plan]:d} is not a plain placeholder"),
         (("Known name: {customer_name}.", "Known name: {customer_name!r}."), "{customer_name!r} is not a plain"),
         (("tools: [meter_reading]", "tools: [meter_reading, mcp:books/]"), "write mcp:books for all of"),
+        (("will be with you.", "will call you on ${PHONE}."), "texts.escalation_message: ${...} is read from the"),
         (
             ('{python: "lumen_tools:meter_reading", acts: true}', '{url: "https://api.lumen.example/r", method: GET}'),
             "tools: HTTP tools tell your endpoints who is asking in signed headers: set http.signing_secret",

@@ -339,6 +339,10 @@ def check(spec: DeclarationSpec) -> list[tuple[Place, str]]:
     for key, text in spec.texts.items():
         if key in TEMPLATES and (problem := template_problem(text, TEMPLATES[key])):
             problems.append((("texts", key), problem))
+        elif key not in TEMPLATES and "${" in text:  # would reach customers as written
+            problems.append(
+                (("texts", key), "${...} is read from the environment only in tools, openapi, http and mcpServers")
+            )
     for i, api in enumerate(spec.openapi):
         for j, operation in enumerate(api.operations):
             if operation in spec.tools or operation in BUILTINS:
