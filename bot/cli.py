@@ -39,7 +39,8 @@ def _parser() -> argparse.ArgumentParser:
 async def _migrate() -> int:
     from bot import runtime
 
-    settings = get_settings()
+    # The release step migrates whatever MIGRATE_AT_START says about the processes.
+    settings = get_settings().model_copy(update={"migrate_at_start": True})
     async with runtime.open_database(settings) as db:
         print(f"database migrated to head ({'embedded' if db.embedded else 'DATABASE_URL'})")
     return 0

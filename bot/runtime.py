@@ -32,6 +32,7 @@ from agents.router import Router
 from agents.summary import Summarising
 from bot.declaration.build import SAMPLE, Collection, Helpdesk, build, find
 from bot.declaration.parse import load
+from bot.preflight import RefusedToStart
 from bot.settings import Settings
 from db import migrate
 from db.embedded import start_embedded
@@ -61,8 +62,15 @@ def database_url(settings: Settings) -> tuple[str, Any]:
 async def open_database(settings: Settings, *, run_migrations: bool = True) -> AsyncIterator[Database]:
     url, handle = await asyncio.to_thread(database_url, settings)
     pooler = settings.database_pooler == "transaction"
-    if run_migrations:
+    if run_migrations and settings.migrate_at_start:
         await asyncio.to_thread(lambda: migrate.upgrade(url, transaction_pooler=pooler))
+    elif run_migrations and (lag := await migrate.behind(url, transaction_pooler=pooler)) is not None:
+        # Migrations are the release step's (MIGRATE_AT_START=false): a process never serves a schema it was not
+        # written for, and its role needs no DDL rights.
+        raise RefusedToStart(
+            f"the database is at revision {lag[0] or 'none'} and this release needs {lag[1]}: run "
+            "`python -m bot migrate` (the release step) first, or set MIGRATE_AT_START=true"
+        )
     engine = make_engine(
         url, pool_size=settings.db_pool_size, transaction_pooler=settings.database_pooler == "transaction"
     )

@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     ack_pool_size: int = 10
     database_pooler: Literal["session", "transaction"] = "session"
     database_listen_url: str | None = None
+    migrate_at_start: bool = True
+    """Each process brings the schema to this release's head as it starts (one at a time, under a lock). false: the
+    release step does it (`python -m bot migrate`, the Procfile's release:) and processes only check it, so their
+    database role needs no DDL rights."""
 
     # LLM provider
     openai_api_key: SecretStr | None = None

@@ -17,6 +17,8 @@ def _migrations() -> Path:
 
 
 MIGRATIONS = _migrations()
+MIGRATION_LOCK = 7_340_912_004_481_265_024
+"""The Postgres advisory lock migrations hold (any bigint no other program of the database uses)."""
 
 
 def include_object(obj: object, name: str | None, type_: str, reflected: bool, compare_to: object) -> bool:
@@ -37,6 +39,29 @@ def alembic_config(url: str, *, transaction_pooler: bool = False) -> Config:
 def upgrade(url: str, revision: str = "head", *, transaction_pooler: bool = False) -> None:
     """Blocking: call it through `asyncio.to_thread` from async code (env.py runs its own event loop)."""
     command.upgrade(alembic_config(url, transaction_pooler=transaction_pooler), revision)
+
+
+async def behind(url: str, *, transaction_pooler: bool = False) -> tuple[str | None, str] | None:
+    """(the database's revision, this release's) when the database is not at this release's head; None when it is."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from sqlalchemy.engine import Connection
+
+    from db.engine import make_engine
+
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    assert head is not None
+
+    def current(connection: Connection) -> str | None:
+        return MigrationContext.configure(connection).get_current_revision()
+
+    engine = make_engine(url, pool_size=1, transaction_pooler=transaction_pooler)
+    try:
+        async with engine.connect() as connection:
+            revision = await connection.run_sync(current)
+    finally:
+        await engine.dispose()
+    return None if revision == head else (revision, head)
 
 
 def downgrade(url: str, revision: str) -> None:

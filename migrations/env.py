@@ -6,10 +6,11 @@ import asyncio
 import os
 
 from alembic import context
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from db.engine import make_engine
-from db.migrate import include_object
+from db.migrate import MIGRATION_LOCK, include_object
 from db.models import Base
 from db.url import async_url
 
@@ -29,6 +30,9 @@ def _run(connection: Connection) -> None:
         connection=connection, target_metadata=target_metadata, compare_type=True, include_object=include_object
     )
     with context.begin_transaction():
+        # One migrator at a time: processes started together on a fresh database wait here, then find it at head.
+        # A transaction-scoped lock, so that it holds through a pooler in transaction mode and ends with the commit.
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
         context.run_migrations()
 
 
