@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -93,7 +94,7 @@ class TurnInput:
     """The running summary of the turns before `history` (agents.summary), or None."""
 
 
-Trigger = Literal["agent", "budget", "ping_pong", "provider", "error", "paused", "colleague"]
+Trigger = Literal["agent", "budget", "ping_pong", "provider", "error", "paused", "colleague", "no_answer"]
 
 
 # The closed set of things one model response can come to.
@@ -204,6 +205,7 @@ async def run_turn(
     asked = 0  # model calls made; `calls` may hold two records for one (a provider failure and its stand-in)
     visited = [agent.name]
     several_writers = shared(turn.history)  # the turn adds no customer messages: once, not once per call
+    nudge: str | None = None  # said to the model once, after an answer it could not use; never stored
     prepared: set[str] = set()  # agents given their look-ups for this message (once each, even after a hand-back)
     limit = asyncio.Semaphore(config.max_parallel_tools)
 
@@ -250,7 +252,7 @@ async def run_turn(
                     await emit(run)
         model_name = agent.model or config.default_model
         window = build_window(
-            system=_system_prompt(agent, context, turn.asker, shared=several_writers),
+            system=[*_system_prompt(agent, context, turn.asker, shared=several_writers), *([nudge] if nudge else [])],
             history=(*turn.history, *new),
             tools=schemas,
             budget=config.token_budget,
@@ -267,6 +269,12 @@ async def run_turn(
             calls.append(LLMCallRecord(agent.name, model_name, False, response.fallback_from, Usage(), 0.0))
         answered_by = response.model or model_name
         calls.append(LLMCallRecord(agent.name, answered_by, True, None, response.usage, response.latency_ms))
+        written = None if response.tool_calls else written_calls(response.content, call_id=f"{turn.inbound_id}_{asked}")
+        if written is not None:
+            # A call written as text (small local models do): acted on when it names a tool of this agent, never
+            # shown to the customer either way.
+            known = tuple(c for c in written if c.name in {t.name for t in agent_tools})
+            response = replace(response, content=None, tool_calls=known)
         if response.tool_calls or (response.content or "").strip():
             # An empty answer is not kept: providers refuse an assistant message with neither text nor calls.
             new.append(Message("assistant", response.content, agent=agent.name, tool_calls=response.tool_calls))
@@ -286,8 +294,13 @@ async def run_turn(
             new.extend(Message("tool", r.output, agent.name, tool_call_id=r.call.id, name=r.call.name) for r in runs)
         elif response.content and response.content.strip():
             outcome = Reply(response.content.strip())
+        elif nudge is None:
+            # Asking again unchanged would get the same nothing from a deterministic model: ask once, saying what
+            # was wrong, then stop.
+            nudge = NUDGE
+            outcome = RunAgain()
         else:
-            outcome = RunAgain()  # an empty answer: ask again, within the LLM-call budget
+            return await finish(Escalate("the model gave no usable answer twice", "no_answer"), config.texts.budget)
 
         match outcome:
             case Reply(text):
@@ -359,6 +372,35 @@ async def _prepare(
     return ([found] if isinstance(found, ToolRecord) else []) + [
         r for r in runs if isinstance(r, ToolRecord) and r.ok and r.result is None
     ]
+
+
+NUDGE = (
+    "Your last answer could not be used: it was empty, or a tool call written as text. Answer the customer in "
+    "words, or call one of your tools through the tools interface."
+)
+_WRITTEN = re.compile(r"<(tool_call|tools|function_call)>\s*(.*?)\s*</\1>", re.DOTALL)
+
+
+def written_calls(content: str | None, *, call_id: str) -> tuple[ToolCall, ...] | None:
+    """The tool calls a model wrote as text (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, `<tools>`,
+    or the whole answer one such JSON object), or None when the answer is not one. Never shown to a customer."""
+    if not content or not content.strip():
+        return None
+    text = content.strip()
+    pieces = [m.group(2) for m in _WRITTEN.finditer(text)] or ([text] if text.startswith("{") else [])
+    found: list[ToolCall] = []
+    for n, piece in enumerate(pieces):
+        try:
+            value = json.loads(piece)
+        except ValueError:
+            return None
+        for item in value if isinstance(value, list) else [value]:
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                return None
+            arguments = item.get("arguments", item.get("parameters", {}))
+            raw = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+            found.append(ToolCall(f"written_{call_id}_{n}_{len(found)}", item["name"], raw))
+    return tuple(found) or None
 
 
 MAX_PREFETCH = 3

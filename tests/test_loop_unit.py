@@ -104,10 +104,41 @@ async def test_ping_pong_is_stopped_with_a_human() -> None:
 
 
 async def test_the_llm_call_budget_ends_in_a_human() -> None:
-    model = ScriptedModel(*(text("") for _ in range(10)))  # empty answers: asked again, within the budget
+    # A model that keeps calling tools: asked again after each, within the budget.
+    model = ScriptedModel(*(calls(("record_customer_name", {"name": f"Sam {n}"})) for n in range(10)))
     result = await run(model)
     assert isinstance(result.outcome, Escalate) and result.outcome.trigger == "budget"
     assert len(model.seen) == CONFIG.max_llm_calls
+
+
+async def test_an_empty_answer_gets_one_nudge_then_an_outcome_of_its_own() -> None:
+    """A deterministic model asked the same again answers the same: once, saying what was wrong, then a person."""
+    model = ScriptedModel(text(""), text("  "), text("never asked"))
+    result = await run(model)
+    assert isinstance(result.outcome, Escalate) and result.outcome.trigger == "no_answer"
+    assert result.reply == CONFIG.texts.budget and len(model.seen) == 2
+    first, second = ([m["content"] for m in seen["messages"] if m["role"] == "system"] for seen in model.seen)
+    assert not any("could not be used" in m for m in first) and any("could not be used" in m for m in second)
+    # The nudge is said, not stored: the turn adds no message of it.
+    assert all("could not be used" not in (m.content or "") for m in result.messages)
+
+
+async def test_a_call_written_as_text_is_made_and_never_shown_to_the_customer() -> None:
+    """Small local models write a transfer as text (`<tools>{...}</tools>`): it is made, as if called."""
+    written = '<tools>\n{"name": "transfer_to_sales", "arguments": {"reason": "a drone question"}}\n</tools>'
+    model = ScriptedModel(text(written), text("The Kestrel Mini 2 is our lightest drone."))
+    result = await run(model, "which drone is lightest?")
+    assert [h.to_agent for h in result.handoffs] == ["sales"]
+    assert isinstance(result.outcome, Reply) and "<tools>" not in result.reply
+    assert all("<tools>" not in (m.content or "") for m in result.messages)
+
+
+async def test_a_call_written_as_text_for_a_tool_the_agent_lacks_is_asked_again() -> None:
+    bare = '{"name": "lookup_order", "arguments": {"order_id": "DW-1006"}}'  # triage has no lookup_order
+    model = ScriptedModel(text(bare), text("Let me bring in support."))
+    result = await run(model)
+    assert isinstance(result.outcome, Reply) and result.reply == "Let me bring in support."
+    assert len(model.seen) == 2 and all("lookup_order" not in (m.content or "") for m in result.messages)
 
 
 async def test_a_provider_failure_apologises_and_escalates() -> None:
