@@ -11,9 +11,11 @@ When nothing matches, it escalates. `FallbackModel` uses it while the real provi
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,8 @@ from agents.knowledge.store import KnowledgeBase
 from agents.knowledge.tool import NOTHING_FOUND, passages_in
 from agents.messages import ToolCall
 from agents.model import Model, ModelResponse, Usage
+
+log = logging.getLogger(__name__)
 
 ASKS_FOR_PERSON = re.compile(
     r"\b(human|person|real (?:person|people)|someone real|somebody|agent|representative|operator|manager|"
@@ -162,18 +166,60 @@ def _current_turn(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return []
 
 
-class FallbackModel:
-    """The real model, and the offline one for each call the real one fails (after the SDK's retries)."""
+@dataclass(frozen=True)
+class ProviderHealth:
+    """How the LLM provider is doing, as this process saw its calls: for /healthz (degraded, not down: the offline
+    stand-in answers meanwhile) and the log."""
 
-    def __init__(self, primary: Model, fallback: Model) -> None:
+    failing_since: datetime | None = None
+    """Start of the current incident: the first failed call after the last good one; None while it answers."""
+    failures: int = 0
+    """Failed calls in the current incident."""
+    last_error: str | None = None
+
+    @property
+    def status(self) -> str:
+        return "ok" if self.failing_since is None else "degraded"
+
+
+class FallbackModel:
+    """The real model, and the offline one for each call the real one fails (after the SDK's retries). An outage is
+    one incident: logged once when it starts, with its cause, and once when the provider answers again."""
+
+    def __init__(self, primary: Model, fallback: Model, *, where: str = "the LLM provider") -> None:
         self.primary = primary
         self.fallback = fallback
+        self.where = where
+        self.health = ProviderHealth()
 
     async def complete(
         self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     ) -> ModelResponse:
         try:
-            return await self.primary.complete(model=model, messages=messages, tools=tools)
+            answer = await self.primary.complete(model=model, messages=messages, tools=tools)
         except ProviderError as exc:
+            self._failed(exc)
             answer = await self.fallback.complete(model=model, messages=messages, tools=tools)
             return replace(answer, fallback_from=str(exc))
+        if self.health.failing_since is not None:
+            took = datetime.now(UTC) - self.health.failing_since
+            log.warning(
+                "%s answers again, after %d failed call(s) over %.0f s", self.where, self.health.failures,
+                took.total_seconds(),
+            )  # fmt: skip
+            self.health = ProviderHealth()
+        return answer
+
+    def current_health(self) -> ProviderHealth:
+        return self.health
+
+    def _failed(self, exc: ProviderError) -> None:
+        if self.health.failing_since is None:
+            log.error(
+                "%s failed (%s); customers get the offline stand-in's answers and a colleague until it answers again",
+                self.where,
+                exc,
+            )
+            self.health = ProviderHealth(datetime.now(UTC), 1, str(exc))
+        else:
+            self.health = replace(self.health, failures=self.health.failures + 1, last_error=str(exc))

@@ -136,6 +136,10 @@ class SourceGauges(Collector):
         )
 
 
+LLM_FAILURE_KINDS = frozenset({"timeout", "rate_limit", "server", "connection", "other"})
+"""`ProviderError.kind`s: the label's closed set."""
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -165,6 +169,18 @@ class Metrics:
         )
         self.outbox_sent = Counter(
             "helpdesk_outbox_sent_total", "Slack calls sent (not those given up)", registry=self.registry
+        )
+        self.llm_failures = Counter(
+            "helpdesk_llm_failures_total",
+            "LLM calls the provider failed (after the SDK's retries), by kind",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.llm_seconds = Histogram(
+            "helpdesk_llm_call_seconds",
+            "wall time of the provider's answered calls, retries included",
+            buckets=(0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120),
+            registry=self.registry,
         )
         self.llm_calls = Counter(
             "helpdesk_llm_calls_total", "LLM calls committed by this process's turns", registry=self.registry
@@ -229,6 +245,12 @@ class Metrics:
             self.llm_calls.inc()
             self.prompt_tokens.inc(call.usage.prompt_tokens)
             self.completion_tokens.inc(call.usage.completion_tokens)
+            if not call.ok:
+                # ProviderError's kind (timeout, rate_limit, server, connection, other) leads its message.
+                kind = (call.error or "other").split(":", 1)[0].strip() or "other"
+                self.llm_failures.labels(kind if kind in LLM_FAILURE_KINDS else "other").inc()
+            elif call.model != "offline":
+                self.llm_seconds.observe(call.latency_ms / 1000)
 
     def count_summary(self, call: LLMCallRecord) -> None:
         """A running summary's call (agents.summary): counted with the turns' calls, and apart when it failed."""

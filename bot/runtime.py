@@ -325,7 +325,9 @@ async def brain(settings: Settings, db: Database, helpdesk: Helpdesk | None = No
     budget = await fitted_budget(settings)
     return Brain(
         roster,
-        FallbackModel(chat, offline),
+        FallbackModel(
+            chat, offline, where=f"the LLM provider ({settings.openai_model} at {shown_url(settings.openai_base_url)})"
+        ),
         knowledge,
         offline=False,
         provider=chat.client,

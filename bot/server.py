@@ -38,6 +38,7 @@ from agents.identity import Author
 from agents.knowledge.store import KnowledgeBase
 from agents.leases import Leases, process_owner
 from agents.model import Model
+from agents.offline import FallbackModel, ProviderHealth
 from agents.toolsets import SourceStatus
 from bot import runtime
 from bot.admin.actions import AdminActions
@@ -101,6 +102,8 @@ class Bot:
     """Where the HTTP endpoints listen, once they do."""
     monitoring_url: str = ""
     """Where /healthz and /metrics are served: `url`, or METRICS_HOST:METRICS_PORT."""
+    provider: Callable[[], ProviderHealth] | None = None
+    """How the LLM provider is doing (None offline): /healthz says degraded while it fails."""
 
 
 def escalation_policy(settings: Settings) -> EscalationPolicy:
@@ -300,7 +303,10 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             )
         await workers.start()
         try:
-            yield Bot(settings, db, app, workers, metrics, conversations, desk, brain.knowledge, teams=edge)
+            provider = brain.model.current_health if isinstance(brain.model, FallbackModel) else None
+            yield Bot(
+                settings, db, app, workers, metrics, conversations, desk, brain.knowledge, edge, provider=provider
+            )
         finally:
             await workers.stop()
             await brain.close()
@@ -478,6 +484,15 @@ def _add_monitoring(application: web.Application, bot: Bot) -> None:
             database = f"error: {type(exc).__name__}"
         ready = database == "ok" and bot.workers.ready
         body: dict[str, object] = {"database": database, "ready": ready}
+        if bot.provider is not None:
+            # Degraded, not down: the offline stand-in answers (and a colleague is brought in) while it fails.
+            health = bot.provider()
+            body["llm"] = {
+                "status": health.status,
+                "failing_since": health.failing_since.isoformat() if health.failing_since else None,
+                "failures": health.failures,
+                "last_error": health.last_error,
+            }
         if database == "ok":
             # Degraded knowledge search is reported, not fatal: the bot answers, by full text.
             knowledge = await bot.knowledge.status()
