@@ -263,6 +263,7 @@ async def test_healthz_and_metrics(
                 "database": "ok",
                 "ready": True,
                 "knowledge": {"search": "hybrid", "embedder": "openai:fake-embed", "dim": 64, "problems": []},
+                "llm": {"status": "ok", "failing_since": None, "failures": 0, "last_error": None},
             }
         async with http.get(f"{slack_bot.url}/metrics") as metrics:
             body = await metrics.text()
