@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import logging
 import sys
 from pathlib import Path
@@ -19,8 +20,16 @@ from bot.preflight import RefusedToStart
 from bot.settings import Settings, get_settings
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("helpdesk-bot")
+    except importlib.metadata.PackageNotFoundError:  # a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bot", description="Customer-service bot for Slack.")
+    parser = argparse.ArgumentParser(prog="python -m bot", description="Customer-service bot for Slack and Teams.")
+    parser.add_argument("--version", action="version", version=f"helpdesk-bot {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("migrate", help="apply the database migrations (Alembic upgrade to head)")
     chat = sub.add_parser("chat", help="talk to the agents in the terminal")

@@ -60,6 +60,10 @@ def _common_parts(folders: list[Path]) -> list[str]:
 
 
 async def run(settings: Settings, args: argparse.Namespace) -> int:
+    if args.kb_command == "ingest" and (missing := [p for p in args.paths if not p.exists()]):
+        # Before the database starts: a typo costs a line, not a traceback (nor an empty collection).
+        print(f"error: no such file or folder: {', '.join(str(p) for p in missing)}", file=sys.stderr)
+        return 2
     async with runtime.open_database(settings) as db:
         kb = await runtime.knowledge_base(settings, db.sessions)
         if kb.unavailable is not None:
@@ -99,6 +103,11 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
                     count = await kb.reembed(args.collection, progress=lambda done, total: _progress(done, total, ""))
                     print(f"{args.collection}: {count} chunks embedded with {kb.embedder.name}")
                 case "search":
+                    known = {str(row["collection"]) for row in await kb.stats()}
+                    if unknown := sorted(set(args.collection or ()) - known):
+                        there = ", ".join(sorted(known)) or "none"
+                        print(f"error: no collection {', '.join(unknown)}; there are: {there}", file=sys.stderr)
+                        return 2
                     hits = await kb.search(args.query, collections=args.collection, k=args.k, mode=args.mode)
                     if args.json:
                         print(json.dumps([asdict(h) for h in hits], indent=2, ensure_ascii=False))

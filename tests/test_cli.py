@@ -152,3 +152,18 @@ async def test_socket_mode_needs_an_app_token(database_url: str, tmp_path: Path)
     env = {"DATABASE_URL": database_url, "SLACK_BOT_TOKEN": "xoxb-1", "SLACK_SIGNING_SECRET": "s"}
     code, out, _ = await run_bot("socket", env=env, cwd=tmp_path)
     assert code == 2 and "SLACK_APP_TOKEN" in out
+
+
+async def test_kb_says_what_is_wrong_in_a_line_and_fails(database_url: str, tmp_path: Path) -> None:
+    """A path that does not exist, or a collection nobody made: one line saying so and a non-zero exit, never a
+    traceback or a silent success."""
+    code, _, err = await run_bot("kb", "ingest", "no-such-docs", "--collection", "acme", env={}, cwd=tmp_path)
+    assert code == 2 and err.strip() == "error: no such file or folder: no-such-docs"
+    env = {"DATABASE_URL": database_url, "EMBEDDINGS": "none"}
+    code, out, err = await run_bot("kb", "search", "returns", "--collection", "acmee", env=env, cwd=tmp_path)
+    assert code == 2 and out == "" and "error: no collection acmee; there are:" in err and "Traceback" not in err
+
+
+async def test_version(tmp_path: Path) -> None:
+    code, out, _ = await run_bot("--version", env={}, cwd=tmp_path)
+    assert code == 0 and re.fullmatch(r"helpdesk-bot \S+\n", out)
