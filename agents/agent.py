@@ -204,7 +204,3 @@ class Roster:
     def tools_of(self, name: str) -> tuple[Tool, ...]:
         listing = self._listing(name)
         return self._tools[name] if listing is None else listing.tools
-
-    def schemas_of(self, name: str) -> list[dict[str, Any]]:
-        listing = self._listing(name)
-        return self._schemas[name] if listing is None else listing.schemas
