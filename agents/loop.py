@@ -205,7 +205,8 @@ async def run_turn(
     asked = 0  # model calls made; `calls` may hold two records for one (a provider failure and its stand-in)
     visited = [agent.name]
     several_writers = shared(turn.history)  # the turn adds no customer messages: once, not once per call
-    nudge: str | None = None  # said to the model once, after an answer it could not use; never stored
+    nudged_at = 0
+    nudged = False  # the model was told once, on the next call, that its answer could not be used; never stored
     prepared: set[str] = set()  # agents given their look-ups for this message (once each, even after a hand-back)
     limit = asyncio.Semaphore(config.max_parallel_tools)
 
@@ -252,11 +253,12 @@ async def run_turn(
                     await emit(run)
         model_name = agent.model or config.default_model
         window = build_window(
-            system=[*_system_prompt(agent, context, turn.asker, shared=several_writers), *([nudge] if nudge else [])],
+            system=_system_prompt(agent, context, turn.asker, shared=several_writers),
             history=(*turn.history, *new),
             tools=schemas,
             budget=config.token_budget,
             summary=turn.summary,
+            closing=NUDGE if nudged and asked == nudged_at else None,
         )
         asked += 1
         try:
@@ -294,10 +296,10 @@ async def run_turn(
             new.extend(Message("tool", r.output, agent.name, tool_call_id=r.call.id, name=r.call.name) for r in runs)
         elif response.content and response.content.strip():
             outcome = Reply(response.content.strip())
-        elif nudge is None:
+        elif not nudged:
             # Asking again unchanged would get the same nothing from a deterministic model: ask once, saying what
-            # was wrong, then stop.
-            nudge = NUDGE
+            # was wrong (on that call only), then stop.
+            nudged, nudged_at = True, asked
             outcome = RunAgain()
         else:
             return await finish(Escalate("the model gave no usable answer twice", "no_answer"), config.texts.budget)
@@ -375,32 +377,36 @@ async def _prepare(
 
 
 NUDGE = (
-    "Your last answer could not be used: it was empty, or a tool call written as text. Answer the customer in "
-    "words, or call one of your tools through the tools interface."
+    "Your last answer could not be used: it was empty, or a tool call written as text. Answer the customer's last "
+    "message in words, from what is above; if you cannot, call the tool that hands them to the colleague who can, "
+    "or escalate_to_human."
 )
 _WRITTEN = re.compile(r"<(tool_call|tools|function_call)>\s*(.*?)\s*</\1>", re.DOTALL)
 
 
 def written_calls(content: str | None, *, call_id: str) -> tuple[ToolCall, ...] | None:
     """The tool calls a model wrote as text (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, `<tools>`,
-    or the whole answer one such JSON object), or None when the answer is not one. Never shown to a customer."""
+    or the whole answer one such JSON object), or None when the answer is not one. An answer with tool tags that
+    hold no call that can be read (`<tools></tools>`) is one, with no calls: never shown to a customer either."""
     if not content or not content.strip():
         return None
     text = content.strip()
-    pieces = [m.group(2) for m in _WRITTEN.finditer(text)] or ([text] if text.startswith("{") else [])
+    tagged = [m.group(2) for m in _WRITTEN.finditer(text)]
+    pieces = tagged or ([text] if text.startswith("{") else [])
+    unreadable: tuple[ToolCall, ...] | None = () if tagged else None
     found: list[ToolCall] = []
     for n, piece in enumerate(pieces):
         try:
             value = json.loads(piece)
         except ValueError:
-            return None
+            return unreadable
         for item in value if isinstance(value, list) else [value]:
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-                return None
+                return unreadable
             arguments = item.get("arguments", item.get("parameters", {}))
             raw = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
             found.append(ToolCall(f"written_{call_id}_{n}_{len(found)}", item["name"], raw))
-    return tuple(found) or None
+    return tuple(found) if found else unreadable
 
 
 MAX_PREFETCH = 3

@@ -116,13 +116,15 @@ def build_window(
     tools: Sequence[dict[str, Any]],
     budget: int,
     summary: str | None = None,
+    closing: str | None = None,
 ) -> list[dict[str, Any]]:
     """System messages, the summary of the turns before `history` as one more, then the newest whole turns that
     fit in `budget` tokens. The newest turn is always kept, even over budget: the model must see the message it
     is answering. The summary follows the instructions and shared context: it changes every several messages,
-    so the instructions before it stay a cacheable prefix."""
+    so the instructions before it stay a cacheable prefix. `closing`, a system message after the history, is the
+    engine's note on an answer it could not use: read last, where even a small model heeds it."""
     system = [*system, EARLIER + summary] if summary else list(system)
-    fixed = sum(estimate_tokens(s) for s in system) + estimate_tokens(json.dumps(list(tools)))
+    fixed = sum(estimate_tokens(s) for s in [*system, closing or ""]) + estimate_tokens(json.dumps(list(tools)))
     remaining = budget - fixed
     labelled = shared(history)
     kept: list[list[Message]] = []
@@ -134,4 +136,6 @@ def build_window(
         remaining -= cost
     messages: list[dict[str, Any]] = [{"role": "system", "content": s} for s in system]
     messages.extend(m.to_openai(labelled=labelled) for unit in reversed(kept) for m in unit)
+    if closing:
+        messages.append({"role": "system", "content": closing})
     return messages

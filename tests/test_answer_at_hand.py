@@ -146,3 +146,24 @@ async def test_without_prefetch_the_model_looks_the_order_up_itself(
     await off.handle("t:7", "where is DW-1002?", author=Author("slack", "T1", "U_BEN", ben.name, ben.email))
     first, _ = fake_llm.requests
     assert not any(c["function"]["name"] == "lookup_order" for m in first.messages for c in m.get("tool_calls") or ())
+
+
+async def test_after_a_transfer_the_look_ups_already_made_stay_in_the_new_agents_window(
+    sessions: Sessions, model: OpenAIChatModel, roster: Roster, fake_llm: FakeOpenAI
+) -> None:
+    # A real small model transferred after the order was looked up; the agent it reached must be able to answer
+    # from that look-up rather than start again (or answer nothing).
+    ben = ORDERS["DW-1002"].customer
+    fake_llm.script(tools(tool_call("transfer_to_sales")), reply("It shipped; want a spare battery too?"))
+    answer = await service(sessions, model, roster).handle(
+        "t:8",
+        "where is my order DW-1002? and which spare battery fits it?",
+        author=Author("slack", "T1", "U_BEN", ben.name, ben.email),
+    )
+    assert answer.kind == "reply" and answer.agent == "sales"
+    support, sales = fake_llm.requests
+    assert any(r.startswith("Order DW-1002 for Ben Ortiz") for r in tool_results(support.messages))
+    assert any(r.startswith("Order DW-1002 for Ben Ortiz") for r in tool_results(sales.messages))
+    # Each call and its result stay paired, so the provider accepts the window.
+    ids = [c["id"] for m in sales.messages for c in m.get("tool_calls") or ()]
+    assert ids == [m["tool_call_id"] for m in sales.messages if m["role"] == "tool"]

@@ -117,8 +117,11 @@ async def test_an_empty_answer_gets_one_nudge_then_an_outcome_of_its_own() -> No
     result = await run(model)
     assert isinstance(result.outcome, Escalate) and result.outcome.trigger == "no_answer"
     assert result.reply == CONFIG.texts.budget and len(model.seen) == 2
-    first, second = ([m["content"] for m in seen["messages"] if m["role"] == "system"] for seen in model.seen)
-    assert not any("could not be used" in m for m in first) and any("could not be used" in m for m in second)
+    first, second = (seen["messages"] for seen in model.seen)
+    assert not any("could not be used" in str(m["content"]) for m in first)
+    # Said last, after the history, where a small model heeds it (it ignored the same note among the instructions).
+    assert second[-1]["role"] == "system" and "could not be used" in second[-1]["content"]
+    assert second[:-1] == first
     # The nudge is said, not stored: the turn adds no message of it.
     assert all("could not be used" not in (m.content or "") for m in result.messages)
 
@@ -133,12 +136,27 @@ async def test_a_call_written_as_text_is_made_and_never_shown_to_the_customer() 
     assert all("<tools>" not in (m.content or "") for m in result.messages)
 
 
+@pytest.mark.parametrize("written", ["<tools></tools>", "<tool_call>\n</tool_call>", "<tools>not json</tools>"])
+async def test_tool_tags_without_a_readable_call_are_asked_again_never_shown(written: str) -> None:
+    """A real small model answered `<tools></tools>`: not an answer for the customer."""
+    model = ScriptedModel(text(written), text("The LB-6800P fits the Osprey Pro 8K."))
+    result = await run(model, "which battery fits the osprey?")
+    assert isinstance(result.outcome, Reply) and result.reply == "The LB-6800P fits the Osprey Pro 8K."
+    assert "could not be used" in str(model.seen[1]["messages"][-1]["content"])
+    assert all("<tool" not in (m.content or "") for m in result.messages)
+
+
 async def test_a_call_written_as_text_for_a_tool_the_agent_lacks_is_asked_again() -> None:
     bare = '{"name": "lookup_order", "arguments": {"order_id": "DW-1006"}}'  # triage has no lookup_order
-    model = ScriptedModel(text(bare), text("Let me bring in support."))
+    model = ScriptedModel(
+        text(bare), calls(("record_customer_name", {"name": "Sam"})), text("Let me bring in support.")
+    )
     result = await run(model)
     assert isinstance(result.outcome, Reply) and result.reply == "Let me bring in support."
-    assert len(model.seen) == 2 and all("lookup_order" not in (m.content or "") for m in result.messages)
+    # The note goes with the one call after the unusable answer, not with every later one.
+    said = ["could not be used" in str(seen["messages"][-1]["content"]) for seen in model.seen]
+    assert said == [False, True, False]
+    assert all("lookup_order" not in (m.content or "") for m in result.messages)
 
 
 async def test_a_provider_failure_apologises_and_escalates() -> None:
