@@ -34,7 +34,7 @@ from agents.attachments import Attachment, AttachmentReader, FileRef, with_attac
 from agents.identity import Author
 from agents.leases import Lease, LeaseLost, Leases, process_owner
 from agents.limits import NO_LIMITS, Counts, Limit, Limits
-from agents.logcontext import current_conversation
+from agents.logcontext import current_conversation, current_message
 from agents.loop import (
     Escalate,
     EventSink,
@@ -481,6 +481,7 @@ class Conversations:
             return None
         held = Lease(conversation_id, row.lease_token, self.leases.owner)
         current_conversation.set(row.key)
+        current_message.set(row.inbound_id)
         inbound = None
         if row.inbound_id is not None:
             asker = Author.from_json(row.identity)

@@ -25,7 +25,7 @@ from importlib.metadata import version as package_version
 
 from aiohttp import web
 from microsoft_agents.authentication.msal import MsalAuth
-from microsoft_agents.hosting.core.authorization import AgentAuthConfiguration
+from microsoft_agents.hosting.core.authorization import AgentAuthConfiguration, AuthTypes
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
@@ -324,7 +324,7 @@ class TeamsParts:
 
 def teams_parts(settings: Settings, db: runtime.Database) -> TeamsParts:
     """Teams' side: the SDK's client credentials for outbound calls, where each conversation's service is."""
-    assert settings.teams_app_id and settings.teams_tenant_id and settings.teams_app_password
+    assert settings.teams_app_id and settings.teams_tenant_id
     policy = TeamsPolicy(
         app_id=settings.teams_app_id,
         tenant=settings.teams_tenant_id,
@@ -332,18 +332,31 @@ def teams_parts(settings: Settings, db: runtime.Database) -> TeamsParts:
         staff_channel=settings.teams_staff_channel_id,
         admins=settings.teams_admins,
     )
-    credentials = MsalAuth(
-        AgentAuthConfiguration(
-            client_id=settings.teams_app_id,
-            tenant_id=settings.teams_tenant_id,
-            client_secret=settings.teams_app_password.get_secret_value(),
-        )
-    )
+    credentials = MsalAuth(teams_credentials(settings))
     urls = ServiceUrls(db.engine, default=settings.teams_service_url)
     messenger = TeamsMessenger(
         credentials=credentials, urls=urls, tenant=policy.tenant, bot_id=policy.bot_id, bot_name=policy.bot_name
     )
     return TeamsParts(policy, urls, messenger, TeamsPeople(messenger))
+
+
+def teams_credentials(settings: Settings) -> AgentAuthConfiguration:
+    """The SDK's connection for the bot's own tokens: the app registration's client secret, or its certificate
+    (a .pfx file, checked at start-up by the settings)."""
+    if settings.teams_cert_pfx_file is not None:
+        return AgentAuthConfiguration(
+            auth_type=AuthTypes.certificate,
+            client_id=settings.teams_app_id,
+            tenant_id=settings.teams_tenant_id,
+            cert_pfx_file=str(settings.teams_cert_pfx_file),
+        )
+    assert settings.teams_app_password is not None
+    return AgentAuthConfiguration(
+        auth_type=AuthTypes.client_secret,
+        client_id=settings.teams_app_id,
+        tenant_id=settings.teams_tenant_id,
+        client_secret=settings.teams_app_password.get_secret_value(),
+    )
 
 
 class NoMembers:
@@ -390,7 +403,9 @@ def admin_commands(
         actions=AdminActions(sessions=db.sessions, queries=queries, desk=desk, entry_agent=brain.roster.entry),
         roster=brain.roster,
         knowledge=brain.knowledge,
-        probe=provider_probe(brain.provider, model=settings.openai_model),
+        probe=provider_probe(
+            brain.provider, model=settings.openai_model, offline_in_outage=settings.llm_outage == "offline"
+        ),
         version=_version(),
         staff_channel=staff_channel,
         tool_sources=lambda: tool_statuses(brain),
@@ -485,7 +500,7 @@ def _add_monitoring(application: web.Application, bot: Bot) -> None:
         ready = database == "ok" and bot.workers.ready
         body: dict[str, object] = {"database": database, "ready": ready}
         if bot.provider is not None:
-            # Degraded, not down: the offline stand-in answers (and a colleague is brought in) while it fails.
+            # Degraded, not down: customers still get an apology and a colleague (or offline answers) while it fails.
             health = bot.provider()
             body["llm"] = {
                 "status": health.status,

@@ -5,11 +5,14 @@ Every variable is listed with a comment in `.env.example`; the README's configur
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import string
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
+from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -26,6 +29,24 @@ from agents.loop import Texts
 from agents.router import MIN_SCORE
 
 _GUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+HOSTED_TIMEOUT_S = 60.0
+LOCAL_TIMEOUT_S = 600.0
+
+
+def is_local_url(url: str | None) -> bool:
+    """Whether a base URL names this machine or its own network rather than a hosted provider."""
+    if not url:
+        return False
+    host = (urlsplit(url).hostname or "").lower()
+    if not host:
+        return False
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return "." not in host or host.endswith((".local", ".internal", ".lan", ".localhost"))
+    return address.is_loopback or address.is_private or address.is_link_local
+
 
 TEMPLATES = {
     "handoff_notice": frozenset({"agent"}),
@@ -59,8 +80,15 @@ class Settings(BaseSettings):
     openai_api_key: SecretStr | None = None
     openai_base_url: str | None = None
     openai_model: str = "gpt-4o-mini"
-    openai_timeout_s: float = 30.0
-    openai_max_retries: int = 2
+    openai_timeout_s: float | None = Field(default=None, gt=0)
+    """Seconds one model call may take. Unset: 60 for a hosted provider, 600 for a server on this machine or its
+    network (`provider_is_local`): a small model on a CPU takes a minute or more for one answer."""
+    openai_max_retries: int | None = Field(default=None, ge=0)
+    """Retries of a failed call (the openai client's, with backoff). Unset: 2 hosted, 1 local (a local server that
+    timed out is still busy with the call: retrying it twice only queues more of the same)."""
+    llm_outage: Literal["human", "offline"] = "human"
+    """What a customer gets while the provider fails (after the retries): `human`, an apology and a colleague;
+    `offline`, the offline stand-in's answer from the knowledge base (it hands over when it finds nothing)."""
     openai_stream: bool = False
     embeddings: Literal["auto", "openai", "local", "none"] = "auto"
     embeddings_base_url: str | None = None
@@ -151,6 +179,12 @@ class Settings(BaseSettings):
         default=None,
         validation_alias=AliasChoices("teams_tenant_id", "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__TENANTID"),
     )
+    teams_cert_pfx_file: Path | None = Field(
+        default=None,
+        validation_alias=AliasChoices("teams_cert_pfx_file", "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__CERTPFXFILE"),
+    )
+    """Instead of the client secret: the app registration's certificate and its private key, one PKCS#12 (.pfx)
+    file without a password, which the SDK's MSAL credentials sign their token requests with."""
     teams_bot_name: str = "Helpdesk"
     """The bot's name in Teams (the manifest's): how its @mention reads in a channel post."""
     teams_staff_channel_id: str | None = None
@@ -202,10 +236,31 @@ class Settings(BaseSettings):
     playground_port: int = 8000
 
     log_level: str = "INFO"
+    log_format: Literal["text", "json"] = "text"
+    """json: one object per line (time, level, logger, message, conversation, message_id, exc_info), for a log
+    shipper (bot.logs)."""
 
     @property
     def llm_configured(self) -> bool:
         return self.openai_api_key is not None or self.openai_base_url is not None
+
+    @property
+    def provider_is_local(self) -> bool:
+        """OPENAI_BASE_URL names this machine or its own network (loopback, a private address, a one-label name such
+        as compose's `ollama`, `.local`/`.internal`): a local inference server, slow and single-queued."""
+        return is_local_url(self.openai_base_url)
+
+    @property
+    def llm_timeout_s(self) -> float:
+        if self.openai_timeout_s is not None:
+            return self.openai_timeout_s
+        return LOCAL_TIMEOUT_S if self.provider_is_local else HOSTED_TIMEOUT_S
+
+    @property
+    def llm_max_retries(self) -> int:
+        if self.openai_max_retries is not None:
+            return self.openai_max_retries
+        return 1 if self.provider_is_local else 2
 
     @property
     def embeddings_source(self) -> Literal["provider", "local", "none"]:
@@ -215,6 +270,15 @@ class Settings(BaseSettings):
             keyed = self.embeddings_base_url or self.embeddings_api_key or self.openai_api_key
             return "provider" if keyed else "local"
         return {"openai": "provider", "local": "local", "none": "none"}[self.embeddings]  # type: ignore[return-value]
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _secret_file(cls, value: object) -> object:
+        """A NAME_FILE that could not be used (`_SecretFiles`) fails here, so that it is reported with the other
+        problems, under its setting."""
+        if isinstance(value, _Unusable):
+            raise ValueError(value.problem)
+        return value
 
     @field_validator("router_min_score", mode="before")
     @classmethod
@@ -268,9 +332,15 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _teams(self) -> Settings:
         """Checked at start-up, with the variable to set: a half-configured Teams would refuse every activity."""
+        if self.teams_app_password is not None and self.teams_cert_pfx_file is not None:
+            raise ValueError(
+                "set one Teams credential: CONNECTIONS__SERVICE_CONNECTION__SETTINGS__CLIENTSECRET or "
+                "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__CERTPFXFILE, not both"
+            )
         teams = {
             "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__CLIENTID": self.teams_app_id,
-            "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__CLIENTSECRET": self.teams_app_password,
+            "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__CLIENTSECRET (or …__CERTPFXFILE)": self.teams_app_password
+            or self.teams_cert_pfx_file,
             "CONNECTIONS__SERVICE_CONNECTION__SETTINGS__TENANTID": self.teams_tenant_id,
         }
         missing = [name for name, value in teams.items() if value is None]
@@ -281,6 +351,10 @@ class Settings(BaseSettings):
         for name, value in (("TENANTID", self.teams_tenant_id), ("CLIENTID", self.teams_app_id)):
             if value is not None and not _GUID.fullmatch(value):
                 raise ValueError(f"CONNECTIONS__SERVICE_CONNECTION__SETTINGS__{name} must be a GUID, not {value!r}")
+        if self.teams_cert_pfx_file is not None and (problem := _pfx_problem(self.teams_cert_pfx_file)):
+            raise ValueError(
+                f"CONNECTIONS__SERVICE_CONNECTION__SETTINGS__CERTPFXFILE={self.teams_cert_pfx_file}: {problem}"
+            )
         if self.teams_staff_channel_id:
             if missing:
                 raise ValueError(
@@ -324,7 +398,10 @@ class Settings(BaseSettings):
         env_file = dotenv_settings.env_file if isinstance(dotenv_settings, DotEnvSettingsSource) else None
         blank_env = _Blanks(settings_cls, EnvSettingsSource(settings_cls, env_ignore_empty=False))
         blank_dotenv = _Blanks(settings_cls, DotEnvSettingsSource(settings_cls, env_file, env_ignore_empty=False))
-        return init_settings, env_settings, blank_env, dotenv_settings, blank_dotenv, file_secret_settings
+        files = _SecretFiles(
+            settings_cls, EnvSettingsSource(settings_cls), DotEnvSettingsSource(settings_cls, env_file)
+        )
+        return init_settings, files, env_settings, blank_env, dotenv_settings, blank_dotenv, file_secret_settings
 
 
 class _Blanks(PydanticBaseSettingsSource):
@@ -341,6 +418,87 @@ class _Blanks(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         return {name: "" for name, value in self.source().items() if name in self.FIELDS and value == ""}
+
+
+def secret_settings() -> frozenset[str]:
+    """The settings that may be read from a file (NAME_FILE): every SecretStr, and the database URLs, which hold a
+    password."""
+    secret = {
+        name
+        for name, field in Settings.model_fields.items()
+        if SecretStr in (field.annotation, *get_args(field.annotation))
+    }
+    return frozenset(secret | {"database_url", "database_listen_url"})
+
+
+@dataclass(frozen=True)
+class _Unusable:
+    problem: str
+
+
+class _SecretFiles(PydanticBaseSettingsSource):
+    """NAME_FILE=/run/secrets/x, for a secret setting NAME (under any of its names): the value is that file's text
+    less one trailing newline, as container and Kubernetes secrets are mounted. Looked for where NAME is, in the
+    environment and `.env`; both set, or a file that cannot be read, stops the start with the variable named."""
+
+    def __init__(self, settings_cls: type[BaseSettings], *sources: EnvSettingsSource) -> None:
+        super().__init__(settings_cls)
+        self.sources = sources
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def _given(self, variable: str) -> str | None:
+        # Not case sensitive, as the settings are: the sources hold their variables' names lower-cased.
+        return next((value for source in self.sources if (value := source.env_vars.get(variable.lower()))), None)
+
+    def __call__(self) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for name in sorted(secret_settings()):
+            names = [name.upper(), env_name(name)]
+            variable, path = next(((f"{n}_FILE", p) for n in names if (p := self._given(f"{n}_FILE"))), ("", None))
+            if path is None:
+                continue
+            if given := next((n for n in names if self._given(n)), None):
+                found[name] = _Unusable(f"{given} and {variable} are both set: keep one")
+            else:
+                found[name] = _read_secret(variable, Path(path))
+        return found
+
+
+def _read_secret(variable: str, path: Path) -> str | _Unusable:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return _Unusable(f"{variable}={path}: no such file")
+    except OSError as exc:
+        return _Unusable(f"{variable}={path}: cannot be read ({exc.strerror or exc})")
+    except UnicodeDecodeError:
+        return _Unusable(f"{variable}={path}: not UTF-8 text")
+    value = text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
+    return value if value else _Unusable(f"{variable}={path}: the file is empty")
+
+
+def _pfx_problem(path: Path) -> str | None:
+    """What keeps the SDK from signing with this file, read as it reads it (MSAL: PKCS#12, no password)."""
+    from cryptography.hazmat.primitives.serialization import pkcs12
+
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    try:
+        key, certificate, _ = pkcs12.load_key_and_certificates(data, None)
+    except ValueError:
+        return (
+            "not a PKCS#12 (.pfx) file without a password, which is what the Agents SDK reads "
+            "(openssl pkcs12 -export -inkey key.pem -in cert.pem -passout pass: -out bot.pfx)"
+        )
+    if key is None or certificate is None:
+        return "the file must hold both the certificate and its private key"
+    return None
 
 
 def _ids(listed: str) -> frozenset[str]:

@@ -19,6 +19,7 @@ import asyncpg  # type: ignore[import-untyped]
 
 from agents.conversations import Conversations, MessageResult
 from agents.leases import Lease, LeaseLost
+from bot import tracing
 from bot.metrics import Metrics
 from bot.outbox import OutboxSender
 from bot.status import SlackStatus
@@ -251,7 +252,8 @@ class Workers:
         shown = self.status.turn() if self.status is not None else None
         results: list[MessageResult] = []
         try:
-            results = await self.conversations.run_leased(lease, on_event=shown.on_event if shown else None)
+            with tracing.conversation_run(lease.conversation_id, shown.on_event if shown else None) as on_event:
+                results = await self.conversations.run_leased(lease, on_event=on_event)
         except LeaseLost:
             log.warning("lost the lease of conversation %s: its turn was not committed", lease.conversation_id)
             results = []

@@ -19,7 +19,9 @@ from db.engine import make_engine, make_sessions
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI
 from fakes.slack_api import SlackEmulator
+from fakes.teams_api import TeamsEmulator
 from harness import bot as harness
+from harness import teams as teams_harness
 from harness.database import postgres_server, throwaway_database
 from harness.sample import default_roster
 
@@ -92,6 +94,15 @@ def service(sessions: async_sessionmaker[AsyncSession], model: OpenAIChatModel) 
 
 
 # --- Slack: the emulator plays Slack, the real bot runs in-process on a random port ---------------------
+
+
+@pytest.fixture
+async def teams(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[TeamsEmulator]:
+    """The Teams emulator, its credentials in the environment as the SDK reads them."""
+    async with teams_harness.emulator() as emulator:
+        for name, value in emulator.env().items():
+            monkeypatch.setenv(name, value)
+        yield emulator
 
 
 @pytest.fixture

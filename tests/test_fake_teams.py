@@ -31,14 +31,6 @@ from harness import teams as h
 RESOURCE = "https://api.botframework.com"
 
 
-@pytest.fixture
-async def teams(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[TeamsEmulator]:
-    async with h.emulator() as emulator:
-        for name, value in emulator.env().items():
-            monkeypatch.setenv(name, value)
-        yield emulator
-
-
 def validator() -> JwtTokenValidator:
     return JwtTokenValidator(AgentAuthConfiguration(client_id=h.APP_ID, tenant_id=h.TENANT_ID))
 

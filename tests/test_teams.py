@@ -31,14 +31,6 @@ Sessions = async_sessionmaker[AsyncSession]
 ADMIN_AAD = "0b7a3c52-5f6e-4c1d-9e8f-112233445566"
 
 
-@pytest.fixture
-async def teams(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[TeamsEmulator]:
-    async with th.emulator() as emulator:
-        for name, value in emulator.env().items():
-            monkeypatch.setenv(name, value)
-        yield emulator
-
-
 def settings_for(database_url: str, llm: FakeOpenAI, slack: SlackEmulator, teams: TeamsEmulator, **more: Any) -> Any:
     """Slack and Teams in one process; staff in Slack's C_STAFF unless `more` says otherwise."""
     return bot_settings(database_url, llm, slack, **th.teams_settings(teams), **more)
