@@ -135,7 +135,12 @@ class OfflineModel:
         if ASKS_FOR_PERSON.search(question) and "escalate_to_human" in available:
             return _call("escalate_to_human", {"reason": "the customer asked for a person"}, calls)
         # Only the knowledge base's passages are answered from: other results (an order looked up before the
-        # first call) are written for a model, not for the customer.
+        # first call) are written for a model, not for the customer. A question that needed such a look-up is not
+        # answered by pasting help articles beside it: a colleague can read the record.
+        looked_up = sorted(_looked_up(turn))
+        if looked_up and "escalate_to_human" in available:
+            reason = f"the question needs {', '.join(looked_up)}, which the offline mode cannot answer from"
+            return _call("escalate_to_human", {"reason": reason}, calls)
         outputs = [str(r.get("content", "")) for r in results]
         passages = [passage for output in outputs for passage in passages_in(output)]
         if passages:
@@ -158,6 +163,19 @@ class OfflineModel:
         return _reply(self.greeting)
 
 
+def _looked_up(turn: Sequence[dict[str, Any]]) -> set[str]:
+    """Tools of the turn that found a record (not passages, a transfer or a person), by name."""
+    names = {c["id"]: c["function"]["name"] for m in turn for c in m.get("tool_calls") or ()}
+    return {
+        names[m["tool_call_id"]]
+        for m in turn
+        if m.get("role") == "tool"
+        and names.get(m.get("tool_call_id", "")) not in (None, "search_knowledge", "escalate_to_human")
+        and not str(names.get(m.get("tool_call_id", ""))).startswith("transfer_to_")
+        and not passages_in(str(m.get("content", "")))
+    }
+
+
 def _current_turn(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The customer's latest message and everything after it."""
     for index in range(len(messages) - 1, -1, -1):
@@ -168,8 +186,8 @@ def _current_turn(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class ProviderHealth:
-    """How the LLM provider is doing, as this process saw its calls: for /healthz (degraded, not down: the offline
-    stand-in answers meanwhile) and the log."""
+    """How the LLM provider is doing, as this process saw its calls: for /healthz (degraded, not down: customers
+    still get an apology and a colleague, or the offline stand-in's answers) and the log."""
 
     failing_since: datetime | None = None
     """Start of the current incident: the first failed call after the last good one; None while it answers."""
@@ -183,10 +201,12 @@ class ProviderHealth:
 
 
 class FallbackModel:
-    """The real model, and the offline one for each call the real one fails (after the SDK's retries). An outage is
-    one incident: logged once when it starts, with its cause, and once when the provider answers again."""
+    """The real model, watched: a provider failure (after the SDK's retries) is one incident, logged once when it
+    starts, with its cause, and once when the provider answers again. With a `fallback` (LLM_OUTAGE=offline) each
+    failed call is answered by it instead; without, the failure goes on to the engine, which apologises and hands
+    the conversation to a colleague."""
 
-    def __init__(self, primary: Model, fallback: Model, *, where: str = "the LLM provider") -> None:
+    def __init__(self, primary: Model, fallback: Model | None, *, where: str = "the LLM provider") -> None:
         self.primary = primary
         self.fallback = fallback
         self.where = where
@@ -199,6 +219,8 @@ class FallbackModel:
             answer = await self.primary.complete(model=model, messages=messages, tools=tools)
         except ProviderError as exc:
             self._failed(exc)
+            if self.fallback is None:
+                raise
             answer = await self.fallback.complete(model=model, messages=messages, tools=tools)
             return replace(answer, fallback_from=str(exc))
         if self.health.failing_since is not None:
@@ -215,11 +237,12 @@ class FallbackModel:
 
     def _failed(self, exc: ProviderError) -> None:
         if self.health.failing_since is None:
-            log.error(
-                "%s failed (%s); customers get the offline stand-in's answers and a colleague until it answers again",
-                self.where,
-                exc,
+            meanwhile = (
+                "customers get the offline stand-in's answers and a colleague"
+                if self.fallback is not None
+                else "customers get an apology and a colleague"
             )
+            log.error("%s failed (%s); %s until it answers again", self.where, exc, meanwhile)
             self.health = ProviderHealth(datetime.now(UTC), 1, str(exc))
         else:
             self.health = replace(self.health, failures=self.health.failures + 1, last_error=str(exc))

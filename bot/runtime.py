@@ -23,13 +23,14 @@ from agents.knowledge.documents import find_documents
 from agents.knowledge.embedders import OpenAIEmbedder, Precomputed, Unavailable, probe
 from agents.knowledge.local import MODEL as LOCAL_MODEL
 from agents.knowledge.local import LocalEmbedder
-from agents.knowledge.store import KnowledgeBase
+from agents.knowledge.store import IngestFailed, KnowledgeBase
 from agents.limits import Limits
 from agents.loop import LLMCallRecord, LoopConfig, Texts
 from agents.model import Model, OpenAIChatModel
 from agents.offline import FallbackModel, OfflineModel, SimilarityRouter
 from agents.router import Router
 from agents.summary import Summarising
+from bot import tracing
 from bot.declaration.build import SAMPLE, Collection, Helpdesk, build, find
 from bot.declaration.parse import load
 from bot.preflight import RefusedToStart
@@ -126,8 +127,8 @@ def chat_model(settings: Settings) -> OpenAIChatModel:
     return OpenAIChatModel(
         api_key=settings.openai_api_key.get_secret_value() if settings.openai_api_key else None,
         base_url=settings.openai_base_url,
-        timeout_s=settings.openai_timeout_s,
-        max_retries=settings.openai_max_retries,
+        timeout_s=settings.llm_timeout_s,
+        max_retries=settings.llm_max_retries,
         stream=settings.openai_stream,
     )
 
@@ -136,8 +137,8 @@ def _provider_client(settings: Settings, *, base_url: str | None, api_key: Secre
     return openai.AsyncOpenAI(
         api_key=api_key.get_secret_value() if api_key else "not-needed",
         base_url=base_url,
-        timeout=settings.openai_timeout_s,
-        max_retries=settings.openai_max_retries,
+        timeout=settings.llm_timeout_s,
+        max_retries=settings.llm_max_retries,
     )
 
 
@@ -260,9 +261,15 @@ async def _ingest(kb: KnowledgeBase, collections: list[Collection]) -> None:
                 log.info("  knowledge %d/%d: %s", before + n, files, source)
 
             # Sources are named from the folder above the collection's ("support/warranty.md"), as `kb ingest` does.
-            report = await kb.ingest(
-                [collection.folder], collection=collection.name, root=collection.folder.parent, progress=progress
-            )
+            try:
+                report = await kb.ingest(
+                    [collection.folder], collection=collection.name, root=collection.folder.parent, progress=progress
+                )
+            except IngestFailed as exc:
+                raise RefusedToStart(
+                    f"knowledge collection {collection.name} could not be added: {exc} (nothing was stored; fix or "
+                    "remove the file, or run python -m bot kb ingest to see it)"
+                ) from exc
             done += report.added + report.replaced + report.unchanged
             log.info("ingested %s: %d documents, %d chunks", collection.name, report.added, report.chunks)
     finally:
@@ -326,7 +333,9 @@ async def brain(settings: Settings, db: Database, helpdesk: Helpdesk | None = No
     return Brain(
         roster,
         FallbackModel(
-            chat, offline, where=f"the LLM provider ({settings.openai_model} at {shown_url(settings.openai_base_url)})"
+            tracing.traced_model(chat),
+            offline if settings.llm_outage == "offline" else None,
+            where=f"the LLM provider ({settings.openai_model} at {shown_url(settings.openai_base_url)})",
         ),
         knowledge,
         offline=False,

@@ -196,7 +196,7 @@ async def test_status_answers_through_the_response_url_after_an_immediate_ack(
         assert expected in text, expected
     fake_llm.models_delay, fake_llm.models_status = 0, 503  # the provider is down
     text = shown(await support(emulator, "status"))
-    assert "unreachable" in text and "fall back to offline mode" in text
+    assert "unreachable" in text and "customers get an apology and a colleague" in text
 
 
 async def test_agents_shows_the_roster_and_handoffs(admin_bot: Any, emulator: SlackEmulator) -> None:
@@ -487,22 +487,40 @@ async def test_status_still_answers_when_the_database_is_down(sessions: Sessions
     assert await admin_log(sessions) == [(ADMIN, "status", "", True, False)]
 
 
-async def test_a_provider_outage_shows_in_status_and_stats_as_failures_answered_offline(
+async def test_a_provider_outage_ends_in_an_apology_and_a_colleague_and_shows_in_status_and_stats(
     admin_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
 ) -> None:
     fake_llm.rule = lambda request: error(503, "overloaded")  # every chat completion fails
     said = await emulator.user_says(SUPPORT, "what is the warranty on the harrier?")
     first = (await replies_in(emulator, SUPPORT, said.ts, 1))[0]
-    assert not first.startswith("I'm sorry, I'm having trouble")  # the offline stand-in answered, no apology
+    assert first.startswith("I'm sorry, I'm having trouble")  # the apology
     await settle(sessions)
+    assert await emulator.wait_for(lambda: emulator.posts(STAFF))  # the case reached the staff channel
     async with sessions() as s:
         calls = (await s.execute(select(m.LLMCall.model, m.LLMCall.ok).order_by(m.LLMCall.id))).all()
-    # Each model call: the provider's failure, then the offline answer standing in for it.
-    assert calls[0::2] == [("fake-model", False)] * (len(calls) // 2)
-    assert calls[1::2] == [("offline", True)] * (len(calls) // 2) and calls
-    offline = len(calls) // 2
-    assert f"{offline} call(s), {offline} failed; {offline} answered offline" in shown(
-        await support(emulator, "status")
-    )
-    stats = shown(await support(emulator, "stats"))
-    assert f"{offline} call(s), {offline} failed" in stats and f"{offline} answered offline" in stats
+    assert calls == [("fake-model", False)]  # one failed call, nothing offline standing in
+    assert "1 call(s), 1 failed" in shown(await support(emulator, "status"))
+    assert "1 call(s), 1 failed" in shown(await support(emulator, "stats"))
+
+
+async def test_with_llm_outage_offline_the_stand_in_answers_and_it_shows_in_status_and_stats(
+    database_url: str, sessions: Sessions, fake_llm: FakeOpenAI, emulator: SlackEmulator
+) -> None:
+    emulator.add_user(ADMIN, "ada", "Ada Admin")
+    settings = bot_settings(database_url, fake_llm, emulator, admin_user_ids=ADMIN, llm_outage="offline")
+    async with serving(settings, emulator):
+        fake_llm.rule = lambda request: error(503, "overloaded")  # every chat completion fails
+        said = await emulator.user_says(SUPPORT, "what is the warranty on the harrier?")
+        first = (await replies_in(emulator, SUPPORT, said.ts, 1))[0]
+        assert not first.startswith("I'm sorry, I'm having trouble")  # the offline stand-in answered, no apology
+        await settle(sessions)
+        async with sessions() as s:
+            calls = (await s.execute(select(m.LLMCall.model, m.LLMCall.ok).order_by(m.LLMCall.id))).all()
+        # Each model call: the provider's failure, then the offline answer standing in for it.
+        assert calls[0::2] == [("fake-model", False)] * (len(calls) // 2)
+        assert calls[1::2] == [("offline", True)] * (len(calls) // 2) and calls
+        offline = len(calls) // 2
+        status = shown(await support(emulator, "status"))
+        assert f"{offline} call(s), {offline} failed; {offline} answered offline" in status
+        stats = shown(await support(emulator, "stats"))
+        assert f"{offline} call(s), {offline} failed" in stats and f"{offline} answered offline" in stats

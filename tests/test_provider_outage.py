@@ -1,5 +1,5 @@
 """A provider outage shows: logged once when it starts (with its cause) and once when it ends, counted by kind in
-/metrics, and /healthz says degraded (the bot still answers, offline) rather than down."""
+/metrics, and /healthz says degraded (customers still get an apology and a colleague) rather than down."""
 
 from __future__ import annotations
 

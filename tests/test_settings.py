@@ -105,3 +105,38 @@ def test_teams_settings_read_the_sdks_variables(monkeypatch: pytest.MonkeyPatch,
     settings = Settings()
     assert settings.teams_configured and settings.teams_app_id == TEAMS[next(iter(TEAMS))]
     assert settings.staff_platform == "slack"
+
+
+@pytest.mark.parametrize(
+    ("url", "local"),
+    [
+        (None, False),
+        ("https://api.openai.com/v1", False),
+        ("https://my-resource.openai.azure.com/openai/v1/", False),
+        ("http://127.0.0.1:11434/v1", True),
+        ("http://localhost:8000/v1", True),
+        ("http://ollama:11434/v1", True),  # a compose service
+        ("http://10.0.3.7:8000/v1", True),
+        ("http://[::1]:1234/v1", True),
+        ("http://gpu-box.internal:8000/v1", True),
+        ("http://8.8.8.8/v1", False),
+    ],
+)
+def test_a_provider_on_this_machine_or_network_is_local(url: str | None, local: bool) -> None:
+    assert Settings(_env_file=None, openai_base_url=url).provider_is_local is local  # type: ignore[call-arg]
+
+
+async def test_slow_local_models_get_long_timeouts_and_the_client_uses_what_is_set() -> None:
+    from bot.runtime import chat_model
+
+    hosted = Settings(_env_file=None, openai_api_key="k")  # type: ignore[call-arg]
+    local = Settings(_env_file=None, openai_base_url="http://127.0.0.1:11434/v1")  # type: ignore[call-arg]
+    assert (hosted.llm_timeout_s, hosted.llm_max_retries) == (60.0, 2)
+    assert (local.llm_timeout_s, local.llm_max_retries) == (600.0, 1)
+    chosen = Settings(  # type: ignore[call-arg]
+        _env_file=None, openai_base_url="http://127.0.0.1:11434/v1", openai_timeout_s=42, openai_max_retries=0
+    )
+    for settings, timeout, retries in ((local, 600.0, 1), (chosen, 42.0, 0)):
+        client = chat_model(settings).client
+        assert (client.timeout, client.max_retries) == (timeout, retries)
+        await client.close()

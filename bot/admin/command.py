@@ -51,7 +51,9 @@ class Invocation:
         )
 
 
-def provider_probe(client: openai.AsyncOpenAI | None, *, model: str, timeout_s: float = 5.0) -> ProviderProbe:
+def provider_probe(
+    client: openai.AsyncOpenAI | None, *, model: str, timeout_s: float = 5.0, offline_in_outage: bool = False
+) -> ProviderProbe:
     """How `status` describes the LLM provider: offline, or whether its model list answers, and how fast.
     It reuses the agents' client (its connections), without retries: a status must not take a minute."""
 
@@ -62,7 +64,10 @@ def provider_probe(client: openai.AsyncOpenAI | None, *, model: str, timeout_s: 
         try:
             await client.with_options(timeout=timeout_s, max_retries=0).models.list()
         except openai.OpenAIError as exc:
-            return f"⚠️ unreachable ({type(exc).__name__}); answers fall back to offline mode"
+            meanwhile = (
+                "answers fall back to offline mode" if offline_in_outage else "customers get an apology and a colleague"
+            )
+            return f"⚠️ unreachable ({type(exc).__name__}); {meanwhile}"
         return f"reachable, {(time.perf_counter() - started) * 1000:.0f} ms · model `{model}`"
 
     return probe
