@@ -9,7 +9,8 @@ model change.
     render()     the table printed; the JSON written is `report()`
 
 A case's expectations are checked on its last answer (agent, words, citation); it escalated when any of its
-messages did.
+messages did. Exit status: 0 when every case meets its expectations, 1 when any fails, 2 when the file (or
+`--previous`) cannot be used.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import json
 import re
 import sys
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -141,7 +143,7 @@ def load(path: Path) -> EvalFile:
         raise BadFile("\n".join(lines)) from exc
 
 
-CITED = re.compile(r"\[\d+\]|\bSources?:")
+CITED = re.compile(r"\[\d+\]|(?<![A-Za-z0-9])Sources?:")  # the offline mode's is in italics: `_Source:`
 """How the agents cite (`[n] Title`, as their instructions ask) and how the offline mode does (`_Source: …_`)."""
 
 
@@ -169,6 +171,8 @@ class CaseOutcome:
     cached_tokens: int
     tokens_by_model: dict[str, tuple[int, int]]
     """Prompt and completion tokens per model that answered, for the cost."""
+    seconds: tuple[float, ...] = ()
+    """Wall time from each message to its answer (the summary made after it not included)."""
 
     @property
     def routed_ok(self) -> bool | None:
@@ -214,8 +218,11 @@ async def evaluate(
         calls: list[LLMCallRecord] = []
         summarised = len(summaries)
         escalated, reply, agent = False, "", service.roster.entry
+        seconds: list[float] = []
         for text in case.messages:
+            started = time.perf_counter()
             result = await service.handle(key, text, author=author)
+            seconds.append(round(time.perf_counter() - started, 3))
             calls.extend(result.llm_calls)
             escalated = escalated or result.kind == ResultKind.ESCALATED
             reply, agent = result.reply or "", result.agent
@@ -248,6 +255,7 @@ async def evaluate(
                 completion_tokens=sum(c.usage.completion_tokens for c in spent),
                 cached_tokens=sum(c.usage.cached_tokens or 0 for c in spent),  # None: not reported
                 tokens_by_model=by_model,
+                seconds=tuple(seconds),
             )
         )
     return outcomes
@@ -275,6 +283,7 @@ def summarize(outcomes: Sequence[CaseOutcome], prices: Mapping[str, Price]) -> d
     costs = [o.cost(prices) for o in outcomes]
     cost = None if any(c is None for c in costs) else sum(c for c in costs if c is not None)
     true_pos = sum(1 for o in outcomes if o.escalated and o.expected_escalate)
+    waits = sorted(t for o in outcomes for t in o.seconds)
     return {
         "cases": len(outcomes),
         "messages": messages,
@@ -293,6 +302,8 @@ def summarize(outcomes: Sequence[CaseOutcome], prices: Mapping[str, Price]) -> d
         "completion_tokens_per_message": _ratio(sum(o.completion_tokens for o in outcomes), messages),
         "cost_usd": None if cost is None else round(cost, 6),
         "cost_per_message": None if cost is None or not messages else round(cost / messages, 6),
+        "seconds_per_answer_p50": round(waits[len(waits) // 2], 2) if waits else None,
+        "seconds_per_answer_max": round(waits[-1], 2) if waits else None,
     }
 
 
@@ -394,6 +405,10 @@ def render(result: Mapping[str, Any]) -> str:
         f"{_num(s['prompt_tokens_per_message'], 0)} prompt and {_num(s['completion_tokens_per_message'], 0)} "
         f"completion tokens, cost {cost}",
     ]
+    if s.get("seconds_per_answer_p50") is not None:
+        lines.append(
+            f"seconds per answer    {s['seconds_per_answer_p50']:.1f} median, {s['seconds_per_answer_max']:.1f} longest"
+        )
     if s.get("summary_calls"):
         lines.append(f"running summaries     {s['summary_calls']} calls (in the tokens and the cost above)")
     diff = result.get("diff")
@@ -484,4 +499,8 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
     print(render(result))
     if args.out is not None:
         args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    # Non-zero when a case fails, so that a script or CI stops on it (2 stays a file that cannot be used).
+    if failed := [o.name for o in outcomes if False in o.checks().values()]:
+        print(f"{len(failed)} of {len(outcomes)} cases failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0

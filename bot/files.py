@@ -6,21 +6,21 @@ attachment with a `problem`, so the agent is told the file's name and that it co
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
-import re
-import sys
-import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import PurePath
 from urllib.parse import urlsplit
-from xml.etree import ElementTree
 
 import aiohttp
 
 from agents.attachments import Attachment, FileRef, Image
+
+# The readers are the knowledge base's too (manuals go through the same ones); `Unreadable` is re-exported for
+# the outbox, which relays files and meets it when Slack refuses one.
+from agents.knowledge.readers import Unreadable as Unreadable
+from agents.knowledge.readers import docx_text, pdf_text
 from bot.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -55,10 +55,6 @@ def kind_of(ref: FileRef) -> Kind:
     if ref.mime in IMAGE_TYPES:
         return Kind.IMAGE
     return _BY_MIME.get(ref.mime) or _BY_SUFFIX.get(PurePath(ref.name).suffix.lower(), Kind.OTHER)
-
-
-class Unreadable(Exception):
-    """A file that was fetched but says nothing readable; its message says why, for the agent."""
 
 
 @dataclass(frozen=True)
@@ -167,72 +163,9 @@ def clip(text: str, max_chars: int) -> str:
 def extract_text(kind: Kind, data: bytes) -> str:
     match kind:  # a PDF is read by `pdf_text`, in a process of its own
         case Kind.DOCX:
-            text = _docx_text(data)
+            text = docx_text(data)
         case _:
             text = data.decode("utf-8", errors="replace")
     if not text.strip():
         raise Unreadable("it holds no text (a scan, or empty)")
     return text.replace("\x00", "")
-
-
-MAX_PDF_PAGES = 50
-PDF_SECONDS = 10.0
-_PDF_READER = """
-import io, sys
-from pypdf import PdfReader
-reader = PdfReader(io.BytesIO(sys.stdin.buffer.read()))
-if reader.is_encrypted:
-    sys.exit(3)
-most, texts, length = int(sys.argv[1]), [], 0
-for page in reader.pages[: int(sys.argv[2])]:
-    texts.append(page.extract_text() or "")
-    length += len(texts[-1])
-    if length > most:
-        break
-sys.stdout.write("\\n".join(texts))
-"""
-
-
-async def pdf_text(data: bytes, *, max_chars: int) -> str:
-    """A PDF's text, read in a process of its own with a deadline: a small PDF can cost minutes of CPU (pages that
-    share one huge content stream), which must neither hold the event loop's GIL nor outlive its welcome. At most
-    MAX_PDF_PAGES pages, and no more once `max_chars` are read."""
-    reader = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _PDF_READER, str(max_chars), str(MAX_PDF_PAGES),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        out, _ = await asyncio.wait_for(reader.communicate(data), timeout=PDF_SECONDS)
-    except TimeoutError:
-        reader.kill()
-        await reader.wait()
-        raise Unreadable(f"the PDF took more than {PDF_SECONDS:g} s to read") from None
-    if reader.returncode == 3:
-        raise Unreadable("the PDF is password-protected")
-    if reader.returncode != 0:
-        raise Unreadable("not a readable PDF")
-    text = out.decode("utf-8", errors="replace")
-    if not text.strip():
-        raise Unreadable("it holds no text (a scan, or empty)")
-    return text.replace("\x00", "")
-
-
-_W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
-
-
-def _docx_text(data: bytes) -> str:
-    """The paragraphs of word/document.xml: a DOCX is a zip of XML, and the body's text is all the agent needs."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as docx:
-            info = docx.getinfo("word/document.xml")
-            if info.file_size > 20 * 1_000_000:  # a zip bomb is refused before it is inflated
-                raise Unreadable("the document is too large once unpacked")
-            root = ElementTree.fromstring(docx.read(info))
-    except (zipfile.BadZipFile, KeyError, ElementTree.ParseError) as exc:
-        raise Unreadable("not a readable DOCX") from exc
-    paragraphs = []
-    for paragraph in root.iter(f"{_W}p"):
-        nodes = (node for node in paragraph.iter() if node.tag in (f"{_W}t", f"{_W}tab"))
-        words = [(node.text or "") if node.tag == f"{_W}t" else "\t" for node in nodes]
-        paragraphs.append("".join(words))
-    return re.sub(r"\n{3,}", "\n\n", "\n".join(paragraphs))

@@ -8,7 +8,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from agents.knowledge.store import EmbedderMismatch
+from agents.knowledge.documents import SUFFIXES, find_documents
+from agents.knowledge.store import EmbedderMismatch, IngestFailed
 from bot import runtime
 from bot.settings import Settings
 
@@ -17,7 +18,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     kb = sub.add_parser("kb", help="the knowledge base: ingest, list, stats, delete, reembed, search").add_subparsers(
         dest="kb_command", required=True
     )
-    ingest = kb.add_parser("ingest", help="read, chunk, embed and store documents (Markdown, text, HTML)")
+    ingest = kb.add_parser("ingest", help="read, chunk, embed and store documents (Markdown, text, HTML, PDF, DOCX)")
     ingest.add_argument("paths", nargs="+", type=Path)
     ingest.add_argument("--collection", required=True)
     ingest.add_argument("--prune", action="store_true", help="remove documents that are no longer among PATHS")
@@ -35,12 +36,51 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     search.add_argument("--json", action="store_true")
 
 
-def _progress(done: int, total: int, source: str) -> None:
-    width = 30
-    filled = width * done // max(total, 1)
-    end = "\n" if done == total else ""
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {source[:50]:<50}{end}")
-    sys.stderr.flush()
+class _Progress:
+    """A bar on a terminal's stderr, redrawn in place (none in a log, where it would be noise); `interrupted()` ends
+    its line when the ingestion fails part-way."""
+
+    def __init__(self) -> None:
+        self.open = False
+        self.shown = sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int, source: str) -> None:
+        if not self.shown:
+            return
+        width = 30
+        filled = width * done // max(total, 1)
+        self.open = done != total
+        end = "" if self.open else "\n"
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {source[:50]:<50}{end}")
+        sys.stderr.flush()
+
+    def interrupted(self) -> None:
+        if self.open:
+            sys.stderr.write("\n")
+            self.open = False
+
+
+def _shown(path: Path) -> str:
+    """A path as the operator would type it: relative to the working folder when inside it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _unusable(paths: list[Path]) -> str | None:
+    """What is wrong with `kb ingest`'s paths, in a line, before the database starts: a typo costs a line, not a
+    traceback nor an empty collection."""
+    if missing := [p for p in paths if not p.exists()]:
+        return f"no such file or folder: {', '.join(str(p) for p in missing)}"
+    try:
+        found = find_documents(paths)
+    except ValueError as exc:
+        return str(exc)
+    if not found:
+        where = ", ".join(str(p) for p in paths)
+        return f"no documents to read in {where} (kb ingest reads {', '.join(sorted(SUFFIXES))})"
+    return None
 
 
 def _root(paths: list[Path]) -> Path | None:
@@ -60,9 +100,8 @@ def _common_parts(folders: list[Path]) -> list[str]:
 
 
 async def run(settings: Settings, args: argparse.Namespace) -> int:
-    if args.kb_command == "ingest" and (missing := [p for p in args.paths if not p.exists()]):
-        # Before the database starts: a typo costs a line, not a traceback (nor an empty collection).
-        print(f"error: no such file or folder: {', '.join(str(p) for p in missing)}", file=sys.stderr)
+    if args.kb_command == "ingest" and (problem := _unusable(args.paths)):
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     async with runtime.open_database(settings) as db:
         kb = await runtime.knowledge_base(settings, db.sessions)
@@ -72,9 +111,23 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
             match args.kb_command:
                 case "ingest":
                     paths = [p.resolve() for p in args.paths]
-                    report = await kb.ingest(
-                        paths, collection=args.collection, prune=args.prune, root=_root(paths), progress=_progress
-                    )
+                    progress = _Progress()
+                    try:
+                        report = await kb.ingest(
+                            paths,
+                            collection=args.collection,
+                            prune=args.prune,
+                            root=_root(paths),
+                            progress=progress,
+                            # An embedder that worked at the start and fails now fails the run: an operator can
+                            # run it again, and would not want working vectors replaced by none.
+                            require_vectors=kb.unavailable is None,
+                        )
+                    except IngestFailed as exc:
+                        progress.interrupted()
+                        where = f"{_shown(exc.path)}: " if exc.path is not None else ""
+                        print(f"error: {where}{exc.why}; nothing was changed in {args.collection}", file=sys.stderr)
+                        return 1
                     how = f"embedded with {kb.embedder.name}" if kb.unavailable is None else "stored without vectors"
                     print(
                         f"{args.collection}: {report.added} added, {report.replaced} replaced, "
@@ -100,7 +153,8 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
                     print(f"deleted {args.collection}" if gone else f"no collection {args.collection}")
                     return 0 if gone else 1
                 case "reembed":
-                    count = await kb.reembed(args.collection, progress=lambda done, total: _progress(done, total, ""))
+                    bar = _Progress()
+                    count = await kb.reembed(args.collection, progress=lambda done, total: bar(done, total, ""))
                     print(f"{args.collection}: {count} chunks embedded with {kb.embedder.name}")
                 case "search":
                     known = {str(row["collection"]) for row in await kb.stats()}

@@ -11,9 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
+from db import models as m
+from fakes.openai_server import EMBEDDING_DIM, FakeOpenAI, reply, tool_call, tools
+from harness import documents
 from harness.bot import clean_environ
 
 CLEAN = clean_environ()
@@ -155,15 +158,97 @@ async def test_socket_mode_needs_an_app_token(database_url: str, tmp_path: Path)
 
 
 async def test_kb_says_what_is_wrong_in_a_line_and_fails(database_url: str, tmp_path: Path) -> None:
-    """A path that does not exist, or a collection nobody made: one line saying so and a non-zero exit, never a
-    traceback or a silent success."""
+    """A path that does not exist, a folder with nothing to read, a file of a type not read, or a collection nobody
+    made: one line saying so and a non-zero exit, never a traceback or a silent success."""
     code, _, err = await run_bot("kb", "ingest", "no-such-docs", "--collection", "acme", env={}, cwd=tmp_path)
     assert code == 2 and err.strip() == "error: no such file or folder: no-such-docs"
+    (tmp_path / "odt").mkdir()
+    (tmp_path / "odt" / "notes.odt").write_bytes(b"PK")
+    (tmp_path / "odt" / "README.md").write_text("# What this folder is\n")
+    code, out, err = await run_bot("kb", "ingest", "odt", "--collection", "acme", env={}, cwd=tmp_path)
+    reads = ".docx, .htm, .html, .markdown, .md, .pdf, .txt"
+    assert code == 2 and out == "" and err.strip() == f"error: no documents to read in odt (kb ingest reads {reads})"
+    code, _, err = await run_bot("kb", "ingest", "odt/notes.odt", "--collection", "acme", env={}, cwd=tmp_path)
+    assert code == 2 and err.strip() == f"error: odt/notes.odt: not a type of document that is read (only {reads})"
     env = {"DATABASE_URL": database_url, "EMBEDDINGS": "none"}
     code, out, err = await run_bot("kb", "search", "returns", "--collection", "acmee", env=env, cwd=tmp_path)
     assert code == 2 and out == "" and "error: no collection acmee; there are:" in err and "Traceback" not in err
 
 
+def kb_env(database_url: str, fake: FakeOpenAI) -> dict[str, str]:
+    return {"DATABASE_URL": database_url, "OPENAI_BASE_URL": fake.base_url, "EMBEDDINGS": "openai"}
+
+
+async def test_kb_ingest_reads_pdf_and_docx_manuals_which_search_cites_by_page_and_heading(
+    database_url: str, fake_llm: FakeOpenAI, sessions: async_sessionmaker[AsyncSession], tmp_path: Path
+) -> None:
+    """The company's manuals are read by the readers of customers' attachments: a PDF by page (titled by its file's
+    name), a DOCX by its Title and Heading styles."""
+    manuals = tmp_path / "manuals"
+    manuals.mkdir()
+    (manuals / "kestrel-manual.pdf").write_bytes(
+        documents.pdf("Unfold the arms before the first flight.", "Tighten each propeller nut to 0.6 Nm of torque.")
+    )
+    (manuals / "osprey-care.docx").write_bytes(
+        documents.docx(
+            ("Title", "Osprey Care Guide"),
+            ("Heading1", "Batteries"),
+            (None, "Store Osprey batteries at half charge."),
+            (None, "Never leave them in a hot car."),
+        )
+    )
+    env = kb_env(database_url, fake_llm)
+    code, out, err = await run_bot("kb", "ingest", "manuals", "--collection", "manuals", env=env, cwd=tmp_path)
+    assert code == 0, err
+    assert out.startswith("manuals: 2 added, 0 replaced, 0 unchanged, 0 pruned; 3 chunks embedded with openai:")
+    search = ("kb", "search", "--collection", "manuals", "--k", "1")
+    code, out, err = await run_bot(*search, "propeller nut torque", env=env, cwd=tmp_path)
+    assert code == 0, err
+    assert out.startswith("[1] Kestrel Manual › page 2 (kestrel-manual.pdf)") and "0.6 Nm" in out
+    code, out, err = await run_bot(*search, "store batteries at half charge", env=env, cwd=tmp_path)
+    assert out.startswith("[1] Osprey Care Guide › Batteries (osprey-care.docx)"), err
+    assert "half charge.\n\n    Never leave them" not in out and "Never leave them in a hot car" in out
+
+
+async def test_kb_ingest_of_an_unreadable_file_names_it_and_changes_nothing(
+    database_url: str, fake_llm: FakeOpenAI, sessions: async_sessionmaker[AsyncSession], tmp_path: Path
+) -> None:
+    """A file that cannot be read fails the whole ingestion, in a line naming it: the documents read before it are
+    not stored, a collection it was to make is not made, and one that existed keeps what it held."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "returns.md").write_text("# Returns\n\nReturns are accepted within 30 days.\n")
+    env = kb_env(database_url, fake_llm)
+    code, _, err = await run_bot("kb", "ingest", "docs", "--collection", "help", env=env, cwd=tmp_path)
+    assert code == 0, err
+    (docs / "returns.md").write_text("# Returns\n\nReturns are accepted within 60 days.\n")
+    (docs / "scan.pdf").write_bytes(b"%PDF-1.4\nnot really a PDF\n")
+    for collection in ("help", "fresh"):
+        code, out, err = await run_bot("kb", "ingest", "docs", "--collection", collection, env=env, cwd=tmp_path)
+        assert code == 1 and out == ""
+        assert err.strip() == f"error: docs/scan.pdf: not a readable PDF; nothing was changed in {collection}"
+    async with sessions() as s:
+        assert list(await s.scalars(select(m.KnowledgeCollection.name))) == ["help"]
+        held = (await s.execute(select(m.KnowledgeChunk.text, m.KnowledgeChunk.dim))).all()
+    assert [(text, dim) for text, dim in held] == [("Returns are accepted within 30 days.", EMBEDDING_DIM)]
+
+
 async def test_version(tmp_path: Path) -> None:
     code, out, _ = await run_bot("--version", env={}, cwd=tmp_path)
     assert code == 0 and re.fullmatch(r"helpdesk-bot \S+\n", out)
+
+
+async def test_a_first_start_with_an_unreadable_knowledge_file_refuses_in_a_line_and_stores_nothing(
+    database_url: str, fake_llm: FakeOpenAI, sessions: async_sessionmaker[AsyncSession], tmp_path: Path
+) -> None:
+    code, _, err = await run_bot("init", "desk", env={}, cwd=tmp_path)
+    assert code == 0, err
+    (tmp_path / "desk" / "knowledge" / "help" / "scan.pdf").write_bytes(b"%PDF-1.4\nnot really a PDF\n")
+    env = kb_env(database_url, fake_llm) | {"HELPDESK_FILE": str(tmp_path / "desk" / "helpdesk.yaml")}
+    code, _, err = await run_bot("eval", "desk/cases.yaml", env=env, cwd=tmp_path, wait_s=120)
+    assert code == 2, err
+    [line] = [line for line in err.splitlines() if line.startswith("Not started:")] or [err]
+    assert "knowledge collection help could not be added" in line and "scan.pdf: not a readable PDF" in line
+    assert "Traceback" not in err
+    async with sessions() as s:
+        assert list(await s.scalars(select(m.KnowledgeCollection.name))) == []

@@ -77,7 +77,8 @@ async def test_eval_reports_routing_escalation_citations_tokens_and_cost(
     code, out, err = await run_eval(
         tmp_path, database_url, fake_llm, "--out", "run1.json", cite=True, battery_to="sales"
     )
-    assert code == 0, err
+    # Two cases fail their expectations: the report is written and printed all the same, and the exit says so.
+    assert code == 1 and err.strip().endswith("2 of 4 cases failed: battery question, angry customer"), err
     result = json.loads((tmp_path / "run1.json").read_text())
     s = result["summary"]
     assert (s["cases"], s["messages"], s["llm_calls"]) == (4, 5, 7) and fake_llm.calls == 7
@@ -107,11 +108,11 @@ async def test_eval_diff_against_the_previous_run(
     code, _, err = await run_eval(
         tmp_path, database_url, fake_llm, "--out", "before.json", cite=True, battery_to="sales"
     )
-    assert code == 0, err
+    assert code == 1, err
     # The new model routes the battery question right but cites no more; and it is free.
     args = ("--out", "after.json", "--previous", "before.json", "--price", "fake-model=0,0")
     code, out, err = await run_eval(tmp_path, database_url, fake_llm, *args, cite=False, battery_to="support")
-    assert code == 0, err
+    assert code == 1 and "2 of 4 cases failed: order status, angry customer" in err, err
     diff = json.loads((tmp_path / "after.json").read_text())["diff"]
     assert diff["better"] == [{"case": "battery question", "check": "routing"}]
     assert diff["worse"] == [{"case": "order status", "check": "citation"}]
@@ -119,6 +120,22 @@ async def test_eval_diff_against_the_previous_run(
     assert diff["overall"]["citation_rate"] == {"previous": 1.0, "current": 0.0, "change": "worse"}
     assert diff["overall"]["cost_per_message"]["change"] == "better"  # the flag's price (free) beat the file's
     assert "better: battery question (routing)" in out and "worse: order status (citation)" in out
+
+
+async def test_eval_exits_0_only_when_every_case_meets_its_expectations(
+    database_url: str, fake_llm: FakeOpenAI, sessions: async_sessionmaker[AsyncSession], tmp_path: Path
+) -> None:
+    (tmp_path / "cases.yaml").write_text(
+        "cases:\n"
+        "  - name: order status\n"
+        '    messages: ["Where is DW-1007?"]\n'
+        "    expect: {agent: support, contains: [shipped], cites: true}\n"
+    )
+    fake_llm.script(
+        tools(tool_call("transfer_to_support", {"reason": "order"})), reply("Your order has shipped, see [1] Shipping.")
+    )
+    code, out, err = await run_bot("eval", "cases.yaml", env=env(database_url, fake_llm), cwd=tmp_path, wait_s=300)
+    assert code == 0 and "FAIL" not in out and "failed" not in err, err
 
 
 async def test_a_bad_file_names_the_line_and_field_and_exits_2(tmp_path: Path) -> None:
@@ -158,7 +175,7 @@ async def test_the_running_summarys_calls_count_in_the_tokens_and_the_cost(
     fake_llm.script(reply("The customer called the bot useless; the agent apologised."))
     run_env = env(database_url, fake_llm) | {"HISTORY_TOKENS": "1"}
     code, out, err = await run_bot("eval", "cases.yaml", "--out", "run.json", env=run_env, cwd=tmp_path, wait_s=300)
-    assert code == 0, err
+    assert code == 1 and "1 of 4 cases failed: angry customer" in err, err
     s = json.loads((tmp_path / "run.json").read_text())["summary"]
     assert fake_llm.calls == 8 and (s["llm_calls"], s["summary_calls"]) == (7, 1)
     assert "summary" in json.dumps(fake_llm.requests[-1].messages).casefold()

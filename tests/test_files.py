@@ -3,8 +3,6 @@ from `url_private` with its token, read (PDF, DOCX, text) or described (images, 
 
 from __future__ import annotations
 
-import io
-import zipfile
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,45 +15,11 @@ from db import models as m
 from fakes.openai_server import FakeOpenAI, reply
 from fakes.slack_api import SlackEmulator
 from harness import bot as harness
+from harness import documents
 from harness.slack import replies_in
 
 Sessions = async_sessionmaker[AsyncSession]
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
-
-
-def minimal_pdf(text: str) -> bytes:
-    """A one-page PDF whose page shows `text` in Helvetica, written by hand (objects, then the xref table)."""
-    stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
-    objects = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
-        b"/Resources << /Font << /F1 5 0 R >> >> >>",
-        b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
-        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-    ]
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
-    return bytes(out)
-
-
-def minimal_docx(*paragraphs: str) -> bytes:
-    w = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
-    body = "".join(f"<w:p><w:r><w:t>{p}</w:t></w:r></w:p>" for p in paragraphs)
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as docx:
-        docx.writestr("[Content_Types].xml", '<?xml version="1.0"?><Types/>')
-        docx.writestr(
-            "word/document.xml", f'<?xml version="1.0"?><w:document xmlns:w="{w}"><w:body>{body}</w:body></w:document>'
-        )
-    return buffer.getvalue()
 
 
 @pytest.fixture
@@ -116,7 +80,7 @@ async def test_with_model_accepts_images_the_model_gets_the_image(
 
 async def test_a_pdfs_text_reaches_the_model(slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI) -> None:
     fake_llm.script(reply("Your invoice DW-1006 shows 2 batteries."))
-    invoice = emulator.add_file("invoice.pdf", "application/pdf", minimal_pdf("Invoice DW-1006: 2 x Kestrel battery"))
+    invoice = emulator.add_file("invoice.pdf", "application/pdf", documents.pdf("Invoice DW-1006: 2 x Kestrel battery"))
     said = await emulator.user_says("C_SUPPORT", "what does my invoice say?", files=[invoice])
     await replies_in(emulator, "C_SUPPORT", said.ts, 1)
     assert fake_llm.requests[0].last_user == (
@@ -129,7 +93,7 @@ async def test_a_docx_alone_is_read(slack_bot: Any, emulator: SlackEmulator, fak
     letter = emulator.add_file(
         "complaint.docx",
         "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
-        minimal_docx("Dear Driftwing,", "my Osprey arrived without propellers."),
+        documents.docx("Dear Driftwing,", "my Osprey arrived without propellers."),
     )
     said = await emulator.user_says("C_SUPPORT", "", files=[letter])
     await replies_in(emulator, "C_SUPPORT", said.ts, 1)
@@ -171,7 +135,7 @@ async def test_the_bot_token_never_goes_to_a_url_that_is_not_slacks(
 
     async def collect(request: web.Request) -> web.Response:
         received.append(request.headers.get("Authorization", ""))
-        return web.Response(body=minimal_pdf("secret"), content_type="application/pdf")
+        return web.Response(body=documents.pdf("secret"), content_type="application/pdf")
 
     app = web.Application()
     app.router.add_get("/{path:.*}", collect)
@@ -181,10 +145,10 @@ async def test_the_bot_token_never_goes_to_a_url_that_is_not_slacks(
     await site.start()
     port = runner.addresses[0][1]
     try:
-        foreign = emulator.add_file("invoice.pdf", "application/pdf", minimal_pdf("x")) | {
+        foreign = emulator.add_file("invoice.pdf", "application/pdf", documents.pdf("x")) | {
             "url_private": f"http://localhost:{port}/steal/invoice.pdf"
         }
-        remote = emulator.add_file("notes.pdf", "application/pdf", minimal_pdf("y")) | {"is_external": True}
+        remote = emulator.add_file("notes.pdf", "application/pdf", documents.pdf("y")) | {"is_external": True}
         fake_llm.script(reply("I could not open those."))
         said = await emulator.user_says("C_SUPPORT", "see attached", files=[foreign, remote])
         await replies_in(emulator, "C_SUPPORT", said.ts, 1)

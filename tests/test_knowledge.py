@@ -20,7 +20,7 @@ from agents.knowledge.chunking import chunk_document
 from agents.knowledge.documents import find_documents, read_document, read_html, read_markdown
 from agents.knowledge.embedders import OpenAIEmbedder
 from agents.knowledge.identifiers import in_document, in_question
-from agents.knowledge.store import RRF_K, EmbedderMismatch, KnowledgeBase
+from agents.knowledge.store import RRF_K, EmbedderMismatch, IngestFailed, KnowledgeBase
 from escalation.machine import TAKEOVER
 from fakes.openai_server import EMBEDDING_DIM, FakeOpenAI
 from harness.sample import SAMPLE_KNOWLEDGE
@@ -111,6 +111,38 @@ async def test_ingest_is_idempotent_replaces_changes_and_prunes(kb: KnowledgeBas
     ]
     [stats] = await kb.stats()
     assert stats["documents"] == 6
+
+
+async def test_an_embedder_failing_mid_ingest_leaves_the_collection_as_it_was(
+    kb: KnowledgeBase, sessions: Sessions, fake_llm: FakeOpenAI, tmp_path: Path
+) -> None:
+    """As `kb ingest` runs it (`require_vectors`): the embedder answers for the first document and fails (503) for
+    the second; the ingestion fails naming it, and the first document's new text, already written in the run, is
+    not kept: the collection holds what it held, every passage with its vector. A new collection is not made."""
+    docs = write(
+        tmp_path / "docs", {"a-returns.md": "# Returns\n\n30 days.\n", "b-shipping.md": "# Shipping\n\n2 days.\n"}
+    )
+    await kb.ingest(docs, collection="help", root=tmp_path)
+    write(tmp_path / "docs", {"a-returns.md": "# Returns\n\n60 days.\n", "b-shipping.md": "# Shipping\n\n5 days.\n"})
+
+    def embedder_fails_after_the_first(done: int, total: int, source: str) -> None:
+        fake_llm.embeddings_status = 503
+
+    for collection in ("help", "fresh"):
+        fake_llm.embeddings_status = 200
+        with pytest.raises(IngestFailed) as failed:
+            await kb.ingest(
+                docs,
+                collection=collection,
+                root=tmp_path,
+                progress=embedder_fails_after_the_first,
+                require_vectors=True,
+            )
+        assert failed.value.path == docs[1] and failed.value.why.startswith("the embedder failed (embeddings: ")
+    assert [row["collection"] for row in await kb.stats()] == ["help"]
+    async with sessions() as s:
+        held = (await s.execute(text("SELECT text, dim FROM kb_chunks ORDER BY text"))).all()
+    assert [tuple(row) for row in held] == [("2 days.", EMBEDDING_DIM), ("30 days.", EMBEDDING_DIM)]
 
 
 async def test_exact_product_code_is_found_by_full_text(kb: KnowledgeBase) -> None:
@@ -277,12 +309,14 @@ async def test_offline_mode_answers_with_sources_and_escalates_when_nothing_matc
     nothing = await picky.handle("t:2", "I want to return my drone and get a refund")
     assert nothing.kind == "escalated" and nothing.escalation_reason == "no help article matches the question"
 
-    # An order the message names is looked up before support's first call; the offline model answers only from
-    # passages, never with that look-up's text (written for a model), and without passages asks a person in.
+    # An order the message names is looked up before support's first call; the offline model never answers with
+    # that look-up's text (written for a model), nor pastes passages found beside it: a colleague reads the order.
     casey = Author("cli", None, "terminal", DEMO_CUSTOMER.name, DEMO_CUSTOMER.email)
-    order = await picky.handle("t:4", "where is my order DW-1006?", author=casey)
-    assert order.kind == "escalated" and order.escalation_reason == "no help article matches the question"
-    assert "Order DW-1006" not in (order.reply or "") and "Here is what I found" not in (order.reply or "")
+    for conversation, key in ((picky, "t:4"), (service, "t:5")):
+        order = await conversation.handle(key, "where is my order DW-1006?", author=casey)
+        assert order.kind == "escalated"
+        assert order.escalation_reason == "the question needs lookup_order, which the offline mode cannot answer from"
+        assert "Order DW-1006" not in (order.reply or "") and "Here is what I found" not in (order.reply or "")
 
 
 # --- retrieval: identifiers first, full text AND before OR, a small collection beside a big one ---

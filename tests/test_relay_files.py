@@ -12,9 +12,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from db import models as m
 from fakes.openai_server import FakeOpenAI
 from fakes.slack_api import SlackEmulator
+from harness import documents
 from harness.database import settle
 from tests.test_escalation import STAFF, SUPPORT, escalate, relays_to_customer
-from tests.test_files import minimal_pdf
 
 Sessions = async_sessionmaker[AsyncSession]
 MANUAL = b"Kestrel Mini 2 manual: hold the power button for 3 seconds."
@@ -24,7 +24,7 @@ async def test_a_customers_file_reaches_the_case_thread_with_their_words(
     slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
 ) -> None:
     thread, case = await escalate(emulator, fake_llm, sessions)
-    receipt = minimal_pdf("Receipt DW-1006")
+    receipt = documents.pdf("Receipt DW-1006")
     pdf = emulator.add_file("receipt.pdf", "application/pdf", receipt)
     await emulator.user_says(SUPPORT, "here is my receipt", thread_ts=thread, files=[pdf])
     [(share, data)] = await emulator.wait_for(lambda: emulator.shared_files(STAFF, case.ts))
@@ -62,7 +62,7 @@ async def test_a_lost_answer_to_the_share_does_not_share_the_file_twice(
     the uploaded ids first, asks files.info where they are shared, finds the share and completes nothing again."""
     thread, case = await escalate(emulator, fake_llm, sessions)
     emulator.drop_next("files.completeUploadExternal")
-    pdf = emulator.add_file("receipt.pdf", "application/pdf", minimal_pdf("Receipt DW-1006"))
+    pdf = emulator.add_file("receipt.pdf", "application/pdf", documents.pdf("Receipt DW-1006"))
     await emulator.user_says(SUPPORT, "receipt attached", thread_ts=thread, files=[pdf])
     await emulator.wait_for(lambda: emulator.calls_to("files.info"))
     await settle(sessions)

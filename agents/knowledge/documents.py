@@ -1,14 +1,25 @@
-"""Reading Markdown, plain text and HTML into titled sections."""
+"""Reading Markdown, plain text and HTML into titled sections; the text of PDF and DOCX files (extracted by
+`agents.knowledge.readers`) too."""
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
-SUFFIXES = {".md": "markdown", ".markdown": "markdown", ".txt": "text", ".html": "html", ".htm": "html"}
+SUFFIXES = {
+    ".md": "markdown",
+    ".markdown": "markdown",
+    ".txt": "text",
+    ".html": "html",
+    ".htm": "html",
+    ".pdf": "pdf",
+    ".docx": "docx",
+}
+"""What `kb ingest` reads: the text formats with `read_document`, all of them with `readers.read_file`."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,11 @@ def _hash(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
+def _named_title(source: str) -> str:
+    """A title from the file's name, for a document that gives none."""
+    return Path(source).stem.replace("-", " ").title()
+
+
 def read_markdown(source: str, raw: str) -> Document:
     title: str | None = None
     heading: str | None = None
@@ -78,7 +94,7 @@ def read_markdown(source: str, raw: str) -> Document:
             continue
         buffer.append(line)
     flush()
-    title = title or Path(source).stem.replace("-", " ").title()
+    title = title or _named_title(source)
     return Document(source, title, tuple(sections), _hash(raw), says_superseded(title, tuple(sections)))
 
 
@@ -88,7 +104,7 @@ def read_text(source: str, raw: str) -> Document:
     if len(lines) > 1 and lines[0].strip() and not lines[1].strip():
         title, body = lines[0].strip(), "\n".join(lines[2:])
     else:
-        title, body = Path(source).stem.replace("-", " ").title(), raw
+        title, body = _named_title(source), raw
     sections = (Section(None, body.strip()),) if body.strip() else ()
     return Document(source, title, sections, _hash(raw), says_superseded(title, sections))
 
@@ -189,13 +205,57 @@ def read_html(source: str, raw: str) -> Document:
     parser = _HtmlSections()
     parser.feed(raw)
     parser.close()
-    title = parser.title or parser.page_title or Path(source).stem.replace("-", " ").title()
+    title = parser.title or parser.page_title or _named_title(source)
     sections = tuple(parser.sections)
     return Document(source, title, sections, _hash(raw), parser.stale_banner or says_superseded(title, sections))
 
 
+def pdf_document(source: str, pages: Sequence[str], content_hash: str) -> Document:
+    """A PDF's pages as sections headed by their numbers (`page 3`), so that a citation says where to look. Titled by
+    the file's name: a PDF's own title field is often its authoring tool's, or empty."""
+    sections = tuple(Section(f"page {n}", text.strip()) for n, text in enumerate(pages, 1) if text.strip())
+    title = _named_title(source)
+    return Document(source, title, sections, content_hash, says_superseded(title, sections))
+
+
+_DOCX_HEADING = re.compile(r"heading\s*[1-6]", re.I)
+
+
+def docx_document(source: str, paragraphs: Sequence[tuple[str, str | None]], content_hash: str) -> Document:
+    """A DOCX's paragraphs (text, style id) under their headings (styles `Heading1` to `Heading6`); its first
+    `Title`-styled paragraph is the title, else the file's name."""
+    title: str | None = None
+    heading: str | None = None
+    sections: list[Section] = []
+    buffer: list[str] = []
+
+    def flush() -> None:
+        # A blank line between paragraphs: the chunker packs paragraphs, and cuts only an oversized one at sentences.
+        text = "\n\n".join(buffer).strip()
+        if text:
+            sections.append(Section(heading, text))
+        buffer.clear()
+
+    for text, style in paragraphs:
+        words = " ".join(text.split())
+        if style and style.lower() == "title" and title is None and words:
+            flush()
+            title, heading = words, None
+        elif style and _DOCX_HEADING.fullmatch(style) and words:
+            flush()
+            heading = words
+        elif text.strip():
+            buffer.append(text.strip())
+    flush()
+    title = title or _named_title(source)
+    return Document(source, title, tuple(sections), content_hash, says_superseded(title, tuple(sections)))
+
+
 def read_document(path: Path, *, source: str | None = None) -> Document:
+    """A text document (Markdown, text, HTML); PDF and DOCX are read by `agents.knowledge.readers.read_file`."""
     kind = SUFFIXES.get(path.suffix.lower())
+    if kind in ("pdf", "docx"):
+        raise ValueError(f"{path}: a {kind.upper()} is read by agents.knowledge.readers.read_file")
     if kind is None:
         raise ValueError(f"{path}: unsupported file type (supported: {', '.join(sorted(SUFFIXES))})")
     raw = path.read_text(encoding="utf-8", errors="replace")
@@ -204,13 +264,21 @@ def read_document(path: Path, *, source: str | None = None) -> Document:
 
 
 def find_documents(paths: list[Path]) -> list[Path]:
-    """Files under the given paths that a reader understands, in a stable order."""
+    """The files under the given paths that a reader understands, each once, in a stable order; a folder's README.md
+    is left out (it describes the folder). A file named explicitly must be of a type read (ValueError), a path must
+    exist (FileNotFoundError)."""
     found: list[Path] = []
     for path in paths:
         if path.is_dir():
-            found += sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES)
+            found += sorted(
+                p
+                for p in path.rglob("*")
+                if p.is_file() and p.suffix.lower() in SUFFIXES and p.name.lower() != "readme.md"
+            )
         elif path.is_file():
+            if path.suffix.lower() not in SUFFIXES:
+                raise ValueError(f"{path}: not a type of document that is read (only {', '.join(sorted(SUFFIXES))})")
             found.append(path)
         else:
             raise FileNotFoundError(f"{path}: no such file or folder")
-    return [p for p in found if p.name.lower() != "readme.md"]
+    return list(dict.fromkeys(found))

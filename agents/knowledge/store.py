@@ -1,4 +1,4 @@
-"""The knowledge base in Postgres: idempotent ingestion and hybrid search.
+"""The knowledge base in Postgres: idempotent ingestion, all or nothing, and hybrid search.
 
 Search runs a vector query (cosine distance on the collection's HNSW index) and a full-text query (the
 question's words, all of them first, then fewer) and fuses the two rankings by reciprocal rank fusion (a
@@ -31,9 +31,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.errors import AgentsError, ProviderError
 from agents.knowledge.chunking import Chunk, chunk_document
-from agents.knowledge.documents import Document, find_documents, read_document
+from agents.knowledge.documents import SUFFIXES, Document, find_documents
 from agents.knowledge.embedders import Embedder, Unavailable
 from agents.knowledge.identifiers import in_document, in_question
+from agents.knowledge.readers import Unreadable, read_file
 from db import models as m
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,17 @@ REMEMBERED_QUERIES = 256
 
 class EmbedderMismatch(AgentsError):
     """The collection was built by another embedder; its vectors and the query's are not comparable."""
+
+
+class IngestFailed(AgentsError):
+    """An ingestion that changed nothing: a file could not be read, there was none to read, or the embedder failed
+    (`ingest(require_vectors=True)`)."""
+
+    def __init__(self, path: Path | None, why: str) -> None:
+        super().__init__(f"{path}: {why}" if path is not None else why)
+        self.path = path
+        """The file that failed; None when the failure is not one file's."""
+        self.why = why
 
 
 @dataclass(frozen=True)
@@ -275,21 +287,32 @@ class KnowledgeBase:
     async def ensure_collection(self, collection: str) -> None:
         works = self._embedder_works()
         async with self.sessions() as s, s.begin():
-            await s.execute(
-                insert(m.KnowledgeCollection)
-                .values(name=collection, embedder=self.embedder.name, dim=None)
-                .on_conflict_do_nothing()
-            )
-            row = await s.get(m.KnowledgeCollection, collection)
-            assert row is not None
-            if problem := self._mismatch(row):
-                raise EmbedderMismatch(problem)
-            if row.dim is None and row.embedder != self.embedder.name:
-                row.embedder = self.embedder.name  # never embedded: whichever embedder works may take it
+            await self._ensure(s, collection, claim=False)
             if works:
                 await self._vectors_ready(s, collection)
 
+    async def _ensure(self, s: AsyncSession, collection: str, *, claim: bool) -> None:
+        """The collection exists (made if not) and is the configured embedder's; `claim`: a collection never embedded
+        records this embedder's width (`_vectors_ready` does it, with the index)."""
+        await s.execute(
+            insert(m.KnowledgeCollection)
+            .values(name=collection, embedder=self.embedder.name, dim=None)
+            .on_conflict_do_nothing()
+        )
+        row = await s.get(m.KnowledgeCollection, collection)
+        assert row is not None
+        if problem := self._mismatch(row):
+            raise EmbedderMismatch(problem)
+        if row.dim is None and row.embedder != self.embedder.name:
+            row.embedder = self.embedder.name  # never embedded: whichever embedder works may take it
+        if claim:
+            await self._claim(s, collection)
+
     async def _vectors_ready(self, s: AsyncSession, collection: str) -> None:
+        await self._hnsw_index(s)
+        await self._claim(s, collection)
+
+    async def _hnsw_index(self, s: AsyncSession) -> None:
         # One partial HNSW index per dimension (the migration made 384 and 1536).
         dim = int(self.embedder.dim)
         await s.execute(
@@ -298,9 +321,11 @@ class KnowledgeBase:
                 f"USING hnsw ((embedding::vector({dim})) vector_cosine_ops) WHERE dim = {dim}"
             )
         )
+
+    async def _claim(self, s: AsyncSession, collection: str) -> None:
         await s.execute(
             text("UPDATE kb_collections SET dim = :dim, embedder = :embedder WHERE name = :name AND dim IS NULL"),
-            {"dim": dim, "name": collection, "embedder": self.embedder.name},
+            {"dim": int(self.embedder.dim), "name": collection, "embedder": self.embedder.name},
         )
 
     async def ingest(
@@ -311,34 +336,59 @@ class KnowledgeBase:
         prune: bool = False,
         root: Path | None = None,
         progress: Callable[[int, int, str], None] | None = None,
+        require_vectors: bool = False,
     ) -> IngestReport:
         """Unchanged documents (same content hash) are skipped, changed ones replaced; with `prune`, documents
-        of the collection that are no longer among `paths` are removed."""
-        await self.ensure_collection(collection)
+        of the collection that are no longer among `paths` are removed.
+
+        All or nothing, in one transaction: a file that cannot be read (`IngestFailed`, naming it), or no document
+        among `paths` at all, leaves the collection as it was (or not made). An embedder that fails stores the rest
+        without vectors, embedded later (`backfill`); with `require_vectors` it fails the ingestion instead, as it
+        does when no embedder works from the start: an operator's run, which they can start again."""
         files = find_documents(list(paths))
+        if not files:
+            raise IngestFailed(None, f"no documents to read (reads {', '.join(sorted(SUFFIXES))})")
+        works = self._embedder_works()
+        if require_vectors and not works:
+            raise IngestFailed(None, f"no vectors can be made: {self.unavailable}")
+        if works:
+            # Apart, and first: CREATE INDEX locks the passages' table against writes until its transaction ends,
+            # and the ingestion's may last minutes (a running bot's backfill writes there).
+            async with self.sessions() as s, s.begin():
+                await self._hnsw_index(s)
         added = replaced = unchanged = chunks = 0
         seen: set[str] = set()
-        for index, path in enumerate(files):
-            source = str(path.relative_to(root)) if root else str(path)
-            seen.add(source)
-            document = read_document(path, source=source)
-            outcome, count = await self._ingest_one(document, collection)
-            added += outcome == "added"
-            replaced += outcome == "replaced"
-            unchanged += outcome == "unchanged"
-            chunks += count
-            if progress:
-                progress(index + 1, len(files), source)
-        pruned = await self._prune(collection, seen) if prune else 0
+        async with self.sessions() as s, s.begin():
+            await self._ensure(s, collection, claim=works)
+            for index, path in enumerate(files):
+                source = str(path.relative_to(root)) if root else str(path)
+                seen.add(source)
+                try:
+                    document = await read_file(path, source=source)
+                    outcome, count = await self._ingest_one(s, document, collection, require_vectors=require_vectors)
+                except Unreadable as exc:
+                    raise IngestFailed(path, str(exc)) from exc
+                except OSError as exc:
+                    raise IngestFailed(path, exc.strerror or str(exc)) from exc
+                except ProviderError as exc:
+                    raise IngestFailed(path, f"the embedder failed ({exc})") from exc
+                added += outcome == "added"
+                replaced += outcome == "replaced"
+                unchanged += outcome == "unchanged"
+                chunks += count
+                if progress:
+                    progress(index + 1, len(files), source)
+            pruned = await self._prune(s, collection, seen) if prune else 0
         return IngestReport(added, replaced, unchanged, pruned, chunks)
 
-    async def _ingest_one(self, document: Document, collection: str) -> tuple[str, int]:
-        async with self.sessions() as s:
-            existing = await s.scalar(
-                select(m.KnowledgeDocument).where(
-                    m.KnowledgeDocument.collection == collection, m.KnowledgeDocument.source == document.source
-                )
+    async def _ingest_one(
+        self, s: AsyncSession, document: Document, collection: str, *, require_vectors: bool
+    ) -> tuple[str, int]:
+        existing = await s.scalar(
+            select(m.KnowledgeDocument).where(
+                m.KnowledgeDocument.collection == collection, m.KnowledgeDocument.source == document.source
             )
+        )
         # The flag too: a document stored before it was read (migration 0022) is flagged at its next ingestion.
         if existing is not None and (existing.content_hash, existing.superseded) == (
             document.content_hash,
@@ -351,37 +401,38 @@ class KnowledgeBase:
             try:
                 vectors = list(await self.embedder.embed([c.embedding_text for c in pieces]))
             except ProviderError as exc:
+                if require_vectors:
+                    raise
                 self._lost(exc)  # stored without vectors, embedded once the embedder answers again
-        async with self.sessions() as s, s.begin():
-            if existing is not None:
-                await s.execute(delete(m.KnowledgeDocument).where(m.KnowledgeDocument.id == existing.id))
-            doc = m.KnowledgeDocument(
-                collection=collection,
-                source=document.source,
-                title=document.title,
-                content_hash=document.content_hash,
-                superseded=document.superseded,
+        if existing is not None:
+            await s.execute(delete(m.KnowledgeDocument).where(m.KnowledgeDocument.id == existing.id))
+        doc = m.KnowledgeDocument(
+            collection=collection,
+            source=document.source,
+            title=document.title,
+            content_hash=document.content_hash,
+            superseded=document.superseded,
+        )
+        s.add(doc)
+        await s.flush()
+        if pieces:
+            await s.execute(
+                insert(m.KnowledgeChunk),
+                [
+                    {
+                        "document_id": doc.id,
+                        "collection": collection,
+                        "ordinal": c.ordinal,
+                        "title": c.title,
+                        "heading": c.heading,
+                        "text": c.text,
+                        "dim": self.embedder.dim if vector is not None else None,
+                        "embedding": vector,
+                        "identifiers": sorted(in_document(f"{c.title} {c.heading or ''} {c.text}")),
+                    }
+                    for c, vector in zip(pieces, vectors, strict=True)
+                ],
             )
-            s.add(doc)
-            await s.flush()
-            if pieces:
-                await s.execute(
-                    insert(m.KnowledgeChunk),
-                    [
-                        {
-                            "document_id": doc.id,
-                            "collection": collection,
-                            "ordinal": c.ordinal,
-                            "title": c.title,
-                            "heading": c.heading,
-                            "text": c.text,
-                            "dim": self.embedder.dim if vector is not None else None,
-                            "embedding": vector,
-                            "identifiers": sorted(in_document(f"{c.title} {c.heading or ''} {c.text}")),
-                        }
-                        for c, vector in zip(pieces, vectors, strict=True)
-                    ],
-                )
         return ("replaced" if existing is not None else "added"), len(pieces)
 
     async def backfill(self, *, progress: Callable[[int, int], None] | None = None, batch: int = 64) -> int:
@@ -454,14 +505,13 @@ class KnowledgeBase:
             )
         return await self.backfill(progress=progress)
 
-    async def _prune(self, collection: str, keep: set[str]) -> int:
-        async with self.sessions() as s, s.begin():
-            result = await s.execute(
-                delete(m.KnowledgeDocument)
-                .where(m.KnowledgeDocument.collection == collection, m.KnowledgeDocument.source.not_in(keep))
-                .returning(m.KnowledgeDocument.id)
-            )
-            return len(result.all())
+    async def _prune(self, s: AsyncSession, collection: str, keep: set[str]) -> int:
+        result = await s.execute(
+            delete(m.KnowledgeDocument)
+            .where(m.KnowledgeDocument.collection == collection, m.KnowledgeDocument.source.not_in(keep))
+            .returning(m.KnowledgeDocument.id)
+        )
+        return len(result.all())
 
     async def search(
         self, query: str, *, collections: Sequence[str] = (), k: int = 5, mode: Mode = "hybrid"

@@ -1,0 +1,52 @@
+"""Small documents made by hand for tests and benchmarks: PDFs and DOCX files the readers must read, without a
+library that writes them."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+
+
+def pdf(*pages: str) -> bytes:
+    """A PDF with a page showing each text in Helvetica, written by hand (objects, then the xref table)."""
+    kids = " ".join(f"{4 + 2 * n} 0 R" for n in range(len(pages)))
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        f"<< /Type /Pages /Kids [{kids}] /Count {len(pages)} >>".encode(),
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    for n, text in enumerate(pages):
+        stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
+        objects.append(
+            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents {5 + 2 * n} 0 R "
+            "/Resources << /Font << /F1 3 0 R >> >> >>".encode()
+        )
+        objects.append(b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream")
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    return bytes(out)
+
+
+def docx(*paragraphs: str | tuple[str | None, str]) -> bytes:
+    """A DOCX of paragraphs: body text, or (style id, text) with a style such as `Title` or `Heading1`."""
+    w = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
+
+    def paragraph(style: str | None, text: str) -> str:
+        properties = f'<w:pPr><w:pStyle w:val="{style}"/></w:pPr>' if style else ""
+        return f"<w:p>{properties}<w:r><w:t>{text}</w:t></w:r></w:p>"
+
+    body = "".join(paragraph(*((None, p) if isinstance(p, str) else p)) for p in paragraphs)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as docx:
+        docx.writestr("[Content_Types].xml", '<?xml version="1.0"?><Types/>')
+        docx.writestr(
+            "word/document.xml", f'<?xml version="1.0"?><w:document xmlns:w="{w}"><w:body>{body}</w:body></w:document>'
+        )
+    return buffer.getvalue()
