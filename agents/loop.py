@@ -400,7 +400,10 @@ def written_calls(content: str | None, *, call_id: str) -> tuple[ToolCall, ...] 
             value = json.loads(piece)
         except ValueError:
             return unreadable
-        for item in value if isinstance(value, list) else [value]:
+        for entry in value if isinstance(value, list) else [value]:
+            # Also the API's own shape, `{"type": "function", "function": {"name": ..., "arguments": ...}}`.
+            nested = entry.get("function") if isinstance(entry, dict) else None
+            item = nested if isinstance(nested, dict) else entry
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
                 return unreadable
             arguments = item.get("arguments", item.get("parameters", {}))

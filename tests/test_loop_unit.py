@@ -136,6 +136,13 @@ async def test_a_call_written_as_text_is_made_and_never_shown_to_the_customer() 
     assert all("<tools>" not in (m.content or "") for m in result.messages)
 
 
+async def test_a_call_written_in_the_apis_own_shape_is_made() -> None:
+    written = '<tools> {"type": "function", "function": {"name": "transfer_to_sales", "arguments": "{}"}} </tools>'
+    model = ScriptedModel(text(written), text("The Kestrel Mini 2 is our lightest drone."))
+    result = await run(model, "which drone is lightest?")
+    assert [h.to_agent for h in result.handoffs] == ["sales"] and "<tools>" not in result.reply
+
+
 @pytest.mark.parametrize("written", ["<tools></tools>", "<tool_call>\n</tool_call>", "<tools>not json</tools>"])
 async def test_tool_tags_without_a_readable_call_are_asked_again_never_shown(written: str) -> None:
     """A real small model answered `<tools></tools>`: not an answer for the customer."""
