@@ -17,6 +17,3 @@ def test_manifest_points_everything_at_the_one_endpoint() -> None:
     assert {"chat:write", "reactions:write", "users:read"} <= set(manifest["oauth_config"]["scopes"]["bot"])
 
 
-def test_procfile() -> None:
-    lines = dict(line.split(": ", 1) for line in (PROJECT_ROOT / "Procfile").read_text().splitlines())
-    assert lines == {"release": "python -m bot migrate", "web": "python -m bot serve"}
