@@ -381,19 +381,30 @@ NUDGE = (
     "message in words, from what is above; if you cannot, call the tool that hands them to the colleague who can, "
     "or escalate_to_human."
 )
-_WRITTEN = re.compile(r"<(tool_call|tools|function_call)>\s*(.*?)\s*</\1>", re.DOTALL)
+_WRITTEN = re.compile(r"<(tool_call|tools|function_call)>\s*(.*?)\s*(?:</\1>|$)", re.DOTALL)
+"""A call in tags, as Qwen and Hermes templates write them; an unclosed tag runs to the end of the answer."""
+_FENCED = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+_MISTRAL = "[TOOL_CALLS]"
 
 
 def written_calls(content: str | None, *, call_id: str) -> tuple[ToolCall, ...] | None:
-    """The tool calls a model wrote as text (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, `<tools>`,
-    or the whole answer one such JSON object), or None when the answer is not one. An answer with tool tags that
-    hold no call that can be read (`<tools></tools>`) is one, with no calls: never shown to a customer either."""
+    """The tool calls a model wrote as text, or None when the answer is not one. Read: tags (`<tool_call>{"name":
+    ..., "arguments": {...}}</tool_call>`, `<tools>`, `<function_call>`), Mistral's `[TOOL_CALLS]` prefix, and an
+    answer that is nothing but such JSON (an object or a list, fenced or not, in the API's own `{"type":
+    "function", "function": {...}}` shape too). Untagged JSON counts only with `arguments` (or `parameters`): an
+    answer that is a JSON object with a `name` is an answer. Tags or the prefix holding no readable call give an
+    empty tuple: not a call, and never shown to a customer either."""
     if not content or not content.strip():
         return None
     text = content.strip()
+    prefixed = text.startswith(_MISTRAL)
+    text = text.removeprefix(_MISTRAL).strip()
+    if fenced := _FENCED.match(text):
+        text = fenced.group(1)
     tagged = [m.group(2) for m in _WRITTEN.finditer(text)]
-    pieces = tagged or ([text] if text.startswith("{") else [])
-    unreadable: tuple[ToolCall, ...] | None = () if tagged else None
+    pieces = tagged or ([text] if text.startswith(("{", "[")) else [])
+    marked = bool(tagged) or prefixed
+    unreadable: tuple[ToolCall, ...] | None = () if marked else None
     found: list[ToolCall] = []
     for n, piece in enumerate(pieces):
         try:
@@ -401,11 +412,12 @@ def written_calls(content: str | None, *, call_id: str) -> tuple[ToolCall, ...] 
         except ValueError:
             return unreadable
         for entry in value if isinstance(value, list) else [value]:
-            # Also the API's own shape, `{"type": "function", "function": {"name": ..., "arguments": ...}}`.
             nested = entry.get("function") if isinstance(entry, dict) else None
             item = nested if isinstance(nested, dict) else entry
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
                 return unreadable
+            if not marked and nested is None and "arguments" not in item and "parameters" not in item:
+                return None
             arguments = item.get("arguments", item.get("parameters", {}))
             raw = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
             found.append(ToolCall(f"written_{call_id}_{n}_{len(found)}", item["name"], raw))

@@ -236,6 +236,13 @@ async def ensure_sample_knowledge(kb: KnowledgeBase) -> None:
 
 
 async def _ingest(kb: KnowledgeBase, collections: list[Collection]) -> None:
+    empty = [c for c in collections if not find_documents([c.folder])]
+    for collection in empty:
+        # A folder made for documents still to come: its agents find nothing until some are added.
+        log.warning("knowledge collection %s: %s holds no documents to read yet", collection.name, collection.folder)
+    collections = [c for c in collections if c not in empty]
+    if not collections:
+        return
     files = sum(len(find_documents([c.folder])) for c in collections)
     # One check of each vectors file against the model, however many collections share it.
     shipped: dict[Path, Precomputed | None] = {}

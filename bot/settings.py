@@ -38,14 +38,19 @@ def is_local_url(url: str | None) -> bool:
     """Whether a base URL names this machine or its own network rather than a hosted provider."""
     if not url:
         return False
-    host = (urlsplit(url).hostname or "").lower()
+    try:
+        host = (urlsplit(url).hostname or "").lower()
+    except ValueError:  # not a URL the client could use either; it says so on the first call
+        return False
     if not host:
         return False
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
-        return "." not in host or host.endswith((".local", ".internal", ".lan", ".localhost"))
-    return address.is_loopback or address.is_private or address.is_link_local
+        return "." not in host or host.endswith((".local", ".internal", ".lan", ".localhost", ".ts.net"))
+    # 100.64.0.0/10 (carrier-grade NAT) is where Tailscale and similar overlays put a machine of one's own.
+    shared = address.version == 4 and address in ipaddress.ip_network("100.64.0.0/10")
+    return address.is_loopback or address.is_private or address.is_link_local or shared
 
 
 TEMPLATES = {

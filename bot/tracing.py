@@ -125,6 +125,11 @@ class _TracedModel:
                 span.set_attribute("helpdesk.fallback_from", response.fallback_from)
             return response
 
+    async def close(self) -> None:
+        closer = getattr(self.inner, "close", None)
+        if closer is not None:
+            await closer()
+
 
 class _TurnSpans:
     """The engine's events as spans. A turn's span lasts from `TurnStarted` to its `Reply` or `Escalate` and is

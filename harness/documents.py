@@ -4,7 +4,9 @@ library that writes them."""
 from __future__ import annotations
 
 import io
+import struct
 import zipfile
+import zlib
 
 
 def pdf(*pages: str) -> bytes:
@@ -50,3 +52,24 @@ def docx(*paragraphs: str | tuple[str | None, str]) -> bytes:
             "word/document.xml", f'<?xml version="1.0"?><w:document xmlns:w="{w}"><w:body>{body}</w:body></w:document>'
         )
     return buffer.getvalue()
+
+
+def docx_bomb(unpacked: int) -> bytes:
+    """A DOCX whose word/document.xml inflates to `unpacked` bytes while its headers declare 1,000: a reader that
+    trusts the declared size inflates it all."""
+    squeeze = zlib.compressobj(9, zlib.DEFLATED, -15)
+    block = b"\0" * (1 << 20)
+    payload = squeeze.compress(b"<a>") + b"".join(squeeze.compress(block) for _ in range(unpacked >> 20))
+    payload += squeeze.compress(b"</a>") + squeeze.flush()
+    name = b"word/document.xml"
+    small = io.BytesIO()
+    with zipfile.ZipFile(small, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(name.decode(), b"<a>tiny</a>")
+    data = small.getvalue()
+    central_at = data.find(b"PK\x01\x02")
+    local = bytearray(data[: 30 + len(name)]) + payload
+    central = bytearray(data[central_at:])
+    for header, at in ((local, 18), (central, 20)):  # compressed size, then the declared (false) unpacked size
+        struct.pack_into("<II", header, at, len(payload), 1000)
+    struct.pack_into("<I", central, central.find(b"PK\x05\x06") + 16, len(local))
+    return bytes(local + central)

@@ -335,3 +335,28 @@ async def test_a_declared_collection_holding_other_documents_is_named_at_start(
     assert "support/battery-safety.md" in said and "kb delete --collection support" in said
     await kb.close()
     await client.close()
+
+
+async def test_a_declared_folder_with_no_documents_yet_is_named_and_the_bot_starts(
+    tmp_path: Path, sessions: Sessions, fake_llm: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = openai.AsyncOpenAI(api_key="test", base_url=fake_llm.base_url, max_retries=0)
+    kb = KnowledgeBase(
+        sessions=sessions, embedder=OpenAIEmbedder(client=client, model="fake-embed", dimensions=EMBEDDING_DIM)
+    )
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "README.md").write_text("# What goes here\n\nOur manuals, once written.\n")
+    path = tmp_path / "helpdesk.yaml"
+    path.write_text(
+        ALONE.format(port=1)
+        .replace(
+            'mcpServers:\n  books_http: {url: "http://127.0.0.1:1/mcp", timeout_s: 5}\n', "knowledge: {support: docs}\n"
+        )
+        .replace('tools: ["mcp:books_http"]', "knowledge: [support]")
+    )
+    caplog.set_level(logging.WARNING)
+    await ensure_knowledge(kb, build(load(path)))  # no refusal: documents may come later
+    assert any("collection support: " in r.getMessage() and "no documents" in r.getMessage() for r in caplog.records)
+    assert await kb.stats() == []
+    await kb.close()
+    await client.close()

@@ -159,3 +159,22 @@ async def test_the_bot_token_never_goes_to_a_url_that_is_not_slacks(
         )
     finally:
         await runner.cleanup()
+
+
+def test_a_docx_that_lies_about_its_unpacked_size_is_refused_without_inflating_it() -> None:
+    """A 1 MB DOCX whose document inflates to 200 MB while its headers say 1,000 bytes: refused, having read no more
+    than the reader's own limit (it once inflated all of it: 2 GB from a 1 MB file)."""
+    import tracemalloc
+
+    from agents.knowledge.readers import DOCX_UNPACKED_BYTES, Unreadable, docx_paragraphs
+
+    bomb = documents.docx_bomb(200 << 20)
+    assert len(bomb) < 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(Unreadable):
+            docx_paragraphs(bomb)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * DOCX_UNPACKED_BYTES  # read in pieces, copied once; all of it would be 200 MB

@@ -136,6 +136,31 @@ async def test_a_call_written_as_text_is_made_and_never_shown_to_the_customer() 
     assert all("<tools>" not in (m.content or "") for m in result.messages)
 
 
+@pytest.mark.parametrize(
+    "written",
+    [
+        '```json\n{"name": "transfer_to_sales", "arguments": {}}\n```',
+        '[{"name": "transfer_to_sales", "arguments": {"reason": "drones"}}]',
+        '<tool_call>\n{"name": "transfer_to_sales", "arguments": {}}',  # the closing tag never came
+        '[TOOL_CALLS][{"name": "transfer_to_sales", "arguments": {}}]',  # Mistral's
+    ],
+)
+async def test_calls_written_fenced_as_lists_unclosed_or_mistrals_way_are_made(written: str) -> None:
+    model = ScriptedModel(text(written), text("The Kestrel Mini 2 is our lightest drone."))
+    result = await run(model, "which drone is lightest?")
+    assert [h.to_agent for h in result.handoffs] == ["sales"]
+    assert result.reply == "The Kestrel Mini 2 is our lightest drone."
+
+
+@pytest.mark.parametrize(
+    "answer", ['{"name": "Ben Ortiz", "email": "ben@example.com"}', '[{"name": "Kestrel Mini 2", "price": 899}]']
+)
+async def test_an_answer_that_is_json_with_a_name_is_an_answer_not_a_call(answer: str) -> None:
+    model = ScriptedModel(text(answer))
+    result = await run(model, "my details as JSON please")
+    assert isinstance(result.outcome, Reply) and result.reply == answer and len(model.seen) == 1
+
+
 async def test_a_call_written_in_the_apis_own_shape_is_made() -> None:
     written = '<tools> {"type": "function", "function": {"name": "transfer_to_sales", "arguments": "{}"}} </tools>'
     model = ScriptedModel(text(written), text("The Kestrel Mini 2 is our lightest drone."))

@@ -120,6 +120,8 @@ def test_teams_settings_read_the_sdks_variables(monkeypatch: pytest.MonkeyPatch,
         ("http://[::1]:1234/v1", True),
         ("http://gpu-box.internal:8000/v1", True),
         ("http://8.8.8.8/v1", False),
+        ("http://100.101.102.103:11434/v1", True),  # a Tailscale address
+        ("http://[::1:8000/v1", False),  # malformed: no traceback here, the client reports it
     ],
 )
 def test_a_provider_on_this_machine_or_network_is_local(url: str | None, local: bool) -> None:

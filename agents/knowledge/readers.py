@@ -87,6 +87,7 @@ async def pdf_text(data: bytes, *, max_chars: int) -> str:
 
 
 _W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
+DOCX_UNPACKED_BYTES = 20 * 1_000_000
 
 
 def docx_paragraphs(data: bytes) -> list[tuple[str, str | None]]:
@@ -95,9 +96,15 @@ def docx_paragraphs(data: bytes) -> list[tuple[str, str | None]]:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as docx:
             info = docx.getinfo("word/document.xml")
-            if info.file_size > 20 * 1_000_000:  # a zip bomb is refused before it is inflated
+            # A zip bomb is refused before it is inflated: the size it declares is checked, then only that much is
+            # read, since the declared size is the file's own claim.
+            if info.file_size > DOCX_UNPACKED_BYTES:
                 raise Unreadable("the document is too large once unpacked")
-            root = ElementTree.fromstring(docx.read(info))
+            with docx.open(info) as member:
+                xml = member.read(DOCX_UNPACKED_BYTES + 1)
+            if len(xml) > DOCX_UNPACKED_BYTES:
+                raise Unreadable("the document is too large once unpacked")
+            root = ElementTree.fromstring(xml)
     except (zipfile.BadZipFile, KeyError, ElementTree.ParseError) as exc:
         raise Unreadable("not a readable DOCX") from exc
     paragraphs: list[tuple[str, str | None]] = []

@@ -313,8 +313,11 @@ class KnowledgeBase:
         await self._claim(s, collection)
 
     async def _hnsw_index(self, s: AsyncSession) -> None:
-        # One partial HNSW index per dimension (the migration made 384 and 1536).
+        # One partial HNSW index per dimension (the migration made 384 and 1536). Looked up first: CREATE INDEX IF
+        # NOT EXISTS needs the table's owner even when the index is there, and the runtime role owns nothing.
         dim = int(self.embedder.dim)
+        if await s.scalar(text(f"SELECT to_regclass('ix_kb_chunks_hnsw_{dim}') IS NOT NULL")):
+            return
         await s.execute(
             text(
                 f"CREATE INDEX IF NOT EXISTS ix_kb_chunks_hnsw_{dim} ON kb_chunks "
