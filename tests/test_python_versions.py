@@ -85,9 +85,25 @@ def index_url() -> str:
 
 
 def requirements() -> list[str]:
+    """The dependencies and EXTRAS' requirements, an extra that names the project's own (`helpdesk-bot[otel]` in
+    `dev`) taken as that extra's requirements: the project itself is not on the index."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project.get("optional-dependencies", {})
-    return [*project["dependencies"], *(r for extra in EXTRAS for r in extras[extra])]
+    own = canonicalize_name(project["name"])
+    found: list[str] = list(project["dependencies"])
+    wanted, seen = list(EXTRAS), set()
+    while wanted:
+        extra = wanted.pop()
+        if extra in seen:
+            continue
+        seen.add(extra)
+        for line in extras[extra]:
+            requirement = Requirement(line)
+            if canonicalize_name(requirement.name) == own:
+                wanted.extend(requirement.extras)
+            else:
+                found.append(line)
+    return found
 
 
 @dataclass
