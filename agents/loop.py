@@ -277,6 +277,9 @@ async def run_turn(
             # shown to the customer either way.
             known = tuple(c for c in written if c.name in {t.name for t in agent_tools})
             response = replace(response, content=None, tool_calls=known)
+        elif not response.tool_calls and _repeats(response.content, turn.history):
+            # The customer's own message given back (a small model did): not an answer to it.
+            response = replace(response, content=None)
         if response.tool_calls or (response.content or "").strip():
             # An empty answer is not kept: providers refuse an assistant message with neither text nor calls.
             new.append(Message("assistant", response.content, agent=agent.name, tool_calls=response.tool_calls))
@@ -377,7 +380,8 @@ async def _prepare(
 
 
 NUDGE = (
-    "Your last answer could not be used: it was empty, or a tool call written as text. Answer the customer's last "
+    "Your last answer could not be used: it was empty, the customer's own words, or a tool call written as text. "
+    "Answer the customer's last "
     "message in words, from what is above; if you cannot, call the tool that hands them to the colleague who can, "
     "or escalate_to_human."
 )
@@ -422,6 +426,18 @@ def written_calls(content: str | None, *, call_id: str) -> tuple[ToolCall, ...] 
             raw = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
             found.append(ToolCall(f"written_{call_id}_{n}_{len(found)}", item["name"], raw))
     return tuple(found) if found else unreadable
+
+
+def _repeats(content: str | None, history: Sequence[Message]) -> bool:
+    """Whether an answer is the customer's last message again, but for case, spacing and end punctuation."""
+    last = next((m.content for m in reversed(history) if m.role == "user"), None)
+    if not content or not last:
+        return False
+
+    def plain(text: str) -> str:
+        return " ".join(text.casefold().split()).strip(" .!?")
+
+    return plain(content) == plain(last)
 
 
 MAX_PREFETCH = 3

@@ -161,6 +161,15 @@ async def test_an_answer_that_is_json_with_a_name_is_an_answer_not_a_call(answer
     assert isinstance(result.outcome, Reply) and result.reply == answer and len(model.seen) == 1
 
 
+async def test_the_customers_own_words_given_back_are_not_an_answer() -> None:
+    """Qwen2.5-1.5B answered "Which spare battery fits the Osprey Pro 8K?" with that very question."""
+    model = ScriptedModel(text("Which spare battery fits the Osprey Pro 8K"), text("The LB-6800P fits it."))
+    result = await run(model, "which spare battery fits the  Osprey Pro 8K?")
+    assert isinstance(result.outcome, Reply) and result.reply == "The LB-6800P fits it."
+    assert "customer's own words" in str(model.seen[1]["messages"][-1]["content"])
+    assert all("Which spare battery" not in (m.content or "") for m in result.messages if m.role == "assistant")
+
+
 async def test_a_call_written_in_the_apis_own_shape_is_made() -> None:
     written = '<tools> {"type": "function", "function": {"name": "transfer_to_sales", "arguments": "{}"}} </tools>'
     model = ScriptedModel(text(written), text("The Kestrel Mini 2 is our lightest drone."))
