@@ -30,7 +30,7 @@ from agents.agent import Agent, Roster
 from agents.errors import ProviderError, ToolUnavailable
 from agents.identity import Author
 from agents.messages import PREPARED, Message, ToolCall
-from agents.model import Model, Usage
+from agents.model import Model, ModelResponse, Usage
 from agents.router import Routed, Router, acts_on
 from agents.tools import EscalateTo, HandoffTo, Tool, ToolArgumentsError, ToolContext
 from agents.window import build_window, shared
@@ -271,15 +271,7 @@ async def run_turn(
             calls.append(LLMCallRecord(agent.name, model_name, False, response.fallback_from, Usage(), 0.0))
         answered_by = response.model or model_name
         calls.append(LLMCallRecord(agent.name, answered_by, True, None, response.usage, response.latency_ms))
-        written = None if response.tool_calls else written_calls(response.content, call_id=f"{turn.inbound_id}_{asked}")
-        if written is not None:
-            # A call written as text (small local models do): acted on when it names a tool of this agent, never
-            # shown to the customer either way.
-            known = tuple(c for c in written if c.name in {t.name for t in agent_tools})
-            response = replace(response, content=None, tool_calls=known)
-        elif not response.tool_calls and _repeats(response.content, turn.history):
-            # The customer's own message given back (a small model did): not an answer to it.
-            response = replace(response, content=None)
+        response = _as_meant(response, turn, {t.name for t in agent_tools}, call_id=f"{turn.inbound_id}_{asked}")
         if response.tool_calls or (response.content or "").strip():
             # An empty answer is not kept: providers refuse an assistant message with neither text nor calls.
             new.append(Message("assistant", response.content, agent=agent.name, tool_calls=response.tool_calls))
@@ -426,6 +418,35 @@ def written_calls(content: str | None, *, call_id: str) -> tuple[ToolCall, ...] 
             raw = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
             found.append(ToolCall(f"written_{call_id}_{n}_{len(found)}", item["name"], raw))
     return tuple(found) if found else unreadable
+
+
+def _as_meant(response: ModelResponse, turn: TurnInput, tools: set[str], *, call_id: str) -> ModelResponse:
+    """What a model's answer means, as small local models write them: a call written as text is made when it names
+    one of the agent's `tools` and never shown either way; an answer wrapped whole in its chat template's tags is its
+    words; the customer's own message given back is no answer (content None, as empty)."""
+    if response.tool_calls:
+        return response
+    written = written_calls(response.content, call_id=call_id)
+    if written is not None:
+        return replace(response, content=None, tool_calls=tuple(c for c in written if c.name in tools))
+    content = _unwrapped(response.content)
+    if content is None:
+        content = response.content
+    return replace(response, content=None if _repeats(content, turn.history) else content)
+
+
+_WRAPPED = re.compile(r"^<(tool_response|response|answer)>\s*(.*?)\s*</\1>$", re.DOTALL)
+
+
+def _unwrapped(content: str | None) -> str | None:
+    """The words of an answer a model wrapped whole in template tags, quotes and all; None when it is not wrapped."""
+    found = _WRAPPED.match(content.strip()) if content else None
+    if found is None:
+        return None
+    words = found.group(2)
+    if len(words) >= 2 and words[0] == words[-1] == '"':
+        words = words[1:-1].strip()
+    return words
 
 
 def _repeats(content: str | None, history: Sequence[Message]) -> bool:

@@ -161,6 +161,12 @@ async def test_an_answer_that_is_json_with_a_name_is_an_answer_not_a_call(answer
     assert isinstance(result.outcome, Reply) and result.reply == answer and len(model.seen) == 1
 
 
+async def test_an_answer_wrapped_in_template_tags_reaches_the_customer_as_words() -> None:
+    wrapped = '<tool_response>\n"Your order DW-1006 was delivered on the 5th."\n</tool_response>'
+    result = await run(ScriptedModel(text(wrapped)), "where is my order DW-1006?")
+    assert isinstance(result.outcome, Reply) and result.reply == "Your order DW-1006 was delivered on the 5th."
+
+
 async def test_the_customers_own_words_given_back_are_not_an_answer() -> None:
     """Qwen2.5-1.5B answered "Which spare battery fits the Osprey Pro 8K?" with that very question."""
     model = ScriptedModel(text("Which spare battery fits the Osprey Pro 8K"), text("The LB-6800P fits it."))
