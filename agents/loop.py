@@ -449,10 +449,14 @@ def _unwrapped(content: str | None) -> str | None:
     return words
 
 
+ECHO_WORDS = 4
+"""A message this long given back is an echo, not an answer; a shorter one may be answered in kind ("hi" - "hi")."""
+
+
 def _repeats(content: str | None, history: Sequence[Message]) -> bool:
     """Whether an answer is the customer's last message again, but for case, spacing and end punctuation."""
     last = next((m.content for m in reversed(history) if m.role == "user"), None)
-    if not content or not last:
+    if not content or not last or len(last.split()) < ECHO_WORDS:
         return False
 
     def plain(text: str) -> str:

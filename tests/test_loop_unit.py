@@ -174,6 +174,9 @@ async def test_the_customers_own_words_given_back_are_not_an_answer() -> None:
     assert isinstance(result.outcome, Reply) and result.reply == "The LB-6800P fits it."
     assert "customer's own words" in str(model.seen[1]["messages"][-1]["content"])
     assert all("Which spare battery" not in (m.content or "") for m in result.messages if m.role == "assistant")
+    # A greeting answered in kind is an answer.
+    hello = await run(ScriptedModel(text("Hi!")), "hi")
+    assert isinstance(hello.outcome, Reply) and hello.reply == "Hi!"
 
 
 async def test_a_call_written_in_the_apis_own_shape_is_made() -> None:
