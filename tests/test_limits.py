@@ -151,8 +151,10 @@ async def test_over_slack_one_notice_per_flood_and_the_admins_see_it(
         assert fake_llm.calls == 2
         notice = "You've sent more messages than I can answer right now."
         posted = [[p.text for p in emulator.posts(SUPPORT, said.ts)] for said in flood]
-        assert posted[0][0].startswith(notice) and "write again in a minute" in posted[0][0]
-        assert posted[1:] == [[], []]  # one notice, not one per message
+        # One notice, not one per message, under whichever of the three was handled first (they are three
+        # conversations, run at once: not necessarily in the order written).
+        [told] = [texts for texts in posted if texts]
+        assert len(told) == 1 and told[0].startswith(notice) and "write again in a minute" in told[0]
         for said in flood:  # seen (the 👀 is gone), not answered: no ✅
             message = emulator.message(SUPPORT, said.ts)
             assert message is not None and dict(message.reactions) == {}
