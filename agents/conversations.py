@@ -500,8 +500,13 @@ class Conversations:
         )  # fmt: skip
 
     async def _run(self, started: _Started, *, keep: bool, on_event: EventSink | None) -> _Done:
-        started = await self._read_files(started)
         planned = self._plan(started)
+        if isinstance(planned, TurnInput):
+            # Files are read only for a message that gets a turn: reading costs a download and a reader process,
+            # which a message over a limit, paused or for a person must not spend. The plan is made again with
+            # them (`_plan` is pure: the same facts give the same turn).
+            started = await self._read_files(started)
+            planned = self._plan(started)
         if isinstance(planned, _Commit):
             if planned.told is not None and not await self._tell_once(started, planned.told):
                 planned = self._limited(started, planned.told, tell=False)
@@ -716,6 +721,10 @@ class Conversations:
 # ---------------------------------------------------------------------------------------------------- values
 
 
+NOT_READ = "not read, as the assistant did not answer this message"
+"""Why a file of a message that got no turn (over a limit, paused, with a person) was not read."""
+
+
 @dataclass(frozen=True)
 class _Inbound:
     id: int
@@ -733,10 +742,12 @@ class _Inbound:
     """Its files as read for this turn (`Conversations._read_files`)."""
 
     def message(self) -> Message:
-        """The customer's message in the transcript: its text and what its files say; images for this turn only."""
-        images = tuple(a.image for a in self.attachments if a.image is not None)
+        """The customer's message in the transcript: its text and what its files say; images for this turn only.
+        Files not read (the message got no turn) are named as such, so that the agents know they were sent."""
+        attachments = self.attachments or tuple(Attachment(f.name, f.mime, problem=NOT_READ) for f in self.files)
+        images = tuple(a.image for a in attachments if a.image is not None)
         name = self.asker.name if self.asker else None
-        content = with_attachments(self.text, self.attachments)
+        content = with_attachments(self.text, attachments)
         return Message("user", content, author=self.author, author_name=name, images=images)
 
 

@@ -19,8 +19,8 @@ from agents.attachments import Attachment, FileRef, Image
 
 # The readers are the knowledge base's too (manuals go through the same ones); `Unreadable` is re-exported for
 # the outbox, which relays files and meets it when Slack refuses one.
+from agents.knowledge.readers import ATTACHMENT_LIMITS, ReaderLimits, docx_text, pdf_text
 from agents.knowledge.readers import Unreadable as Unreadable
-from agents.knowledge.readers import docx_text, pdf_text
 from bot.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -65,10 +65,23 @@ class FileLimits:
     """Text kept per file; the rest is cut, and the agent told so."""
     images: bool = False
     """The model accepts images (MODEL_ACCEPTS_IMAGES): send them; else the agent hears that one was sent."""
+    max_files: int = 5
+    """Files of one message read (MAX_FILES_PER_MESSAGE); the rest are named to the agent as not read."""
+    readers_at_once: int = 2
+    """PDF and DOCX reader processes this process runs at once (FILE_READERS_AT_ONCE); others wait for one."""
+    reader: ReaderLimits = ATTACHMENT_LIMITS
+    """Each reader process's deadline and memory (FILE_READER_MEMORY_MB)."""
 
 
 def file_limits(settings: Settings) -> FileLimits:
-    return FileLimits(settings.max_file_bytes, settings.max_file_chars, settings.model_accepts_images)
+    return FileLimits(
+        settings.max_file_bytes,
+        settings.max_file_chars,
+        settings.model_accepts_images,
+        settings.max_files_per_message,
+        settings.file_readers_at_once,
+        ReaderLimits(memory_bytes=settings.file_reader_memory_mb << 20),
+    )
 
 
 class SlackFiles:
@@ -84,11 +97,16 @@ class SlackFiles:
         self.hosts = frozenset({SLACK_FILES_HOST, api.netloc})
         """Where the bot token may go: Slack's file host, and the Web API's (the emulator serves both)."""
         self.plain_http = api.scheme == "http"
+        self.readers = asyncio.Semaphore(limits.readers_at_once)
+        """Reader processes at once: each may take a core and its memory limit, and every turn may bring files."""
 
     async def read(self, files: Sequence[FileRef]) -> tuple[Attachment, ...]:
         read: list[Attachment] = []
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as http:
-            for ref in files:
+            for at, ref in enumerate(files):
+                if at >= self.limits.max_files:  # each costs a download and maybe a reader process
+                    read.append(Attachment(ref.name, ref.mime, problem=self._past_max_files()))
+                    continue
                 images = sum(1 for done in read if done.image is not None)
                 if kind_of(ref) == Kind.IMAGE and images >= MAX_IMAGES:  # each goes into every call of the turn
                     read.append(Attachment(ref.name, ref.mime, problem=f"only {MAX_IMAGES} images are shown"))
@@ -103,6 +121,10 @@ class SlackFiles:
             return None
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as http:
             return await self._download(http, ref.url)
+
+    def _past_max_files(self) -> str:
+        most = self.limits.max_files
+        return f"only the first {most} files of a message are read" if most else "files are not read here"
 
     def too_big(self, ref: FileRef) -> bool:
         """Not relayed: larger than the limit, as Slack declared it."""
@@ -123,10 +145,12 @@ class SlackFiles:
                 return Attachment(ref.name, ref.mime, problem=too_big)
             if kind == Kind.IMAGE:
                 return Attachment(ref.name, ref.mime, image=Image(ref.mime, data))
-            if kind == Kind.PDF:
-                text = await pdf_text(data, max_chars=self.limits.max_chars)
-            else:  # parsing is CPU work: off the event loop, so acks keep their time
-                text = await asyncio.to_thread(extract_text, kind, data)
+            if kind == Kind.TEXT:  # decoding at most max_bytes: quick, but off the event loop all the same
+                text = await asyncio.to_thread(extract_text, data)
+            else:
+                async with self.readers:
+                    read = pdf_text if kind == Kind.PDF else docx_text
+                    text = await read(data, max_chars=self.limits.max_chars, limits=self.limits.reader)
         except Unreadable as exc:
             return Attachment(ref.name, ref.mime, problem=str(exc))
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -157,15 +181,13 @@ def clip(text: str, max_chars: int) -> str:
     text = text.strip()
     if len(text) <= max_chars:
         return text
-    return f"{text[:max_chars]}\n[… the rest of the file ({len(text) - max_chars} characters) was cut]"
+    # PDF and DOCX readers stop soon after `max_chars`: how much more the file says is not known.
+    return f"{text[:max_chars]}\n[… the rest of the file was cut: the assistant reads its first {max_chars} characters]"
 
 
-def extract_text(kind: Kind, data: bytes) -> str:
-    match kind:  # a PDF is read by `pdf_text`, in a process of its own
-        case Kind.DOCX:
-            text = docx_text(data)
-        case _:
-            text = data.decode("utf-8", errors="replace")
+def extract_text(data: bytes) -> str:
+    """A plain-text file's text (PDF and DOCX are read by `pdf_text` and `docx_text`, in processes of their own)."""
+    text = data.decode("utf-8", errors="replace")
     if not text.strip():
         raise Unreadable("it holds no text (a scan, or empty)")
     return text.replace("\x00", "")

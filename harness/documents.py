@@ -73,3 +73,45 @@ def docx_bomb(unpacked: int) -> bytes:
         struct.pack_into("<II", header, at, len(payload), 1000)
     struct.pack_into("<I", central, central.find(b"PK\x05\x06") + 16, len(local))
     return bytes(local + central)
+
+
+def docx_of_xml(unpacked: int, *, element: str = "<w:p><w:r><w:t>x</w:t></w:r></w:p>") -> bytes:
+    """A DOCX whose word/document.xml is `unpacked` bytes of real XML: `element` again and again in the body (a
+    paragraph of text by default). Some 58 KB for 20 MB: within every size limit, yet parsing it takes a core for
+    a second or more and hundreds of MB, in one call that holds the GIL."""
+    w = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
+    head, tail = f'<?xml version="1.0"?><w:document xmlns:w="{w}"><w:body>', "</w:body></w:document>"
+    body = element * ((unpacked - len(head) - len(tail)) // len(element))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as docx:
+        docx.writestr("[Content_Types].xml", '<?xml version="1.0"?><Types/>')
+        docx.writestr("word/document.xml", head + body + tail)
+    return buffer.getvalue()
+
+
+PROOF_MARKS = '<w:proofErr w:type="spellStart"/>'
+"""A body element with no text: a document of these is all parsing (in C, holding the GIL) and no text."""
+
+
+def pdf_of_operators(operators: int) -> bytes:
+    """A one-page PDF whose content stream is `operators` path operators, compressed: some KB that cost pypdf's text
+    extraction seconds of CPU and a growing amount of memory (every operator is parsed into Python objects)."""
+    stream = zlib.compress(b"BT /F1 12 Tf 72 720 Td (cheap) Tj ET\n" + b"0 0 m 1 1 l S\n" * operators, 9)
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [4 0 R] /Count 1 >>",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 5 0 R "
+        b"/Resources << /Font << /F1 3 0 R >> >> >>",
+        b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream",
+    ]
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    return bytes(out)

@@ -34,6 +34,9 @@ async def test_a_customers_file_reaches_the_case_thread_with_their_words(
     await settle(sessions)
     assert [p.text for p in emulator.posts(STAFF, case.ts)].count(share.text) == 1  # not relayed as text too
     assert fake_llm.calls == 1  # a person has the conversation: the bot stays quiet
+    # No turn, so nothing read: the file was fetched once, to relay it (a customer's hostile file costs a person's
+    # conversation no reader process).
+    assert emulator.downloads == [(pdf["id"], 200)]
 
 
 async def test_a_colleagues_file_reaches_the_customer_and_a_file_alone_is_relayed(
