@@ -1,7 +1,8 @@
 """Who wrote a message, as the platform vouched for it: the one value tools check ownership against.
 
 The edge builds an `Author` from what the platform verified (Slack signs each event with the user's and the
-workspace's ids; `users.info` adds the profile's name and email), stores it with the message, and the engine
+workspace's ids; `users.info` adds the profile's name and email), keeps the email only where an organisation we
+trust vouches for it (`vouched`), stores it with the message, and the engine
 hands the author of the message being answered to every tool as `ToolContext.asker`. Nothing the model writes
 ever becomes an `Author`: a tool that trusted a name or an email from its arguments would let anyone in a thread
 act for anyone else.
@@ -10,7 +11,7 @@ act for anyone else.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 
@@ -19,14 +20,15 @@ class Author:
     platform: str
     """"slack", or "cli" for the terminal chat (as `agents.address.Address.platform`)."""
     workspace: str | None
-    """The author's own workspace (Slack team id), which in a Slack Connect channel may be another company's."""
+    """The author's own organisation (Slack team id, Teams tenant id), which in a Slack Connect channel or a Teams
+    chat across tenants may be another company's."""
     user: str
     """The platform's id for the person (a Slack user id): stable, unlike names."""
     name: str | None = None
     """The display name, for people reading (and the model, in a shared thread); never proof of anything."""
     email: str | None = None
-    """The email the platform verified, when it gives one (Slack: the `users:read.email` scope, and not for
-    every external user); the usual key to a shop's customer record."""
+    """An email vouched for by our own organisation or one the operator lists as a customer organisation
+    (`vouched`); None otherwise, whatever the profile says. The usual key to a shop's customer record."""
 
     @property
     def key(self) -> str:
@@ -52,6 +54,14 @@ class Author:
             raw.get("name"),
             raw.get("email"),
         )
+
+
+def vouched(author: Author, *, organisation: str | None, ours: str | None, customers: frozenset[str]) -> Author:
+    """`author` with its email kept only when `organisation` (the author's, as the platform's directory says) is
+    `ours` or one of `customers` (CUSTOMER_ORGANISATIONS). Another organisation's admins set their people's
+    profile emails as they like: such an email would open anyone's records, so tools get the ids alone."""
+    trusted = organisation is not None and (organisation == ours or organisation in customers)
+    return author if trusted or author.email is None else replace(author, email=None)
 
 
 def asker_claims(asker: Author | None) -> dict[str, str]:

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.address import Platform
 from agents.conversations import STORE_MESSAGE, Conversations, InboundKind
-from agents.identity import Author
+from agents.identity import Author, vouched
 from bot.metrics import Metrics
 from bot.outbox import ReplyStyle
 from bot.slack_events import (
@@ -71,6 +71,7 @@ class Inbox:
         people: People,
         staff: StaffGate,
         colleagues: Colleagues | None = None,
+        customer_organisations: frozenset[str] = frozenset(),
     ) -> None:
         self.sessions = sessions
         self.people = people
@@ -82,6 +83,8 @@ class Inbox:
         self.on_stored = on_stored
         self.staff = staff
         self.colleagues = colleagues or Colleagues()
+        self.customer_organisations = customer_organisations
+        """CUSTOMER_ORGANISATIONS: besides our own, the organisations whose emails tools trust (both platforms)."""
 
     async def accept(self, envelope: Mapping[str, Any], *, bot_user_id: str | None) -> str:
         """Store one event_callback in a single transaction; returns its disposition. Raises if the database
@@ -133,20 +136,28 @@ class Inbox:
     async def _identify(self, message: CustomerMessage) -> tuple[Author, bool]:
         """The writer's profile, and whether they are a colleague rather than a customer. Both come from the one
         users.info answer (cached), so a customer's message costs no Slack call beyond the profile's; a writer
-        who cannot be looked up in time is a customer, as before."""
-        author = message.author
+        who cannot be looked up in time is a customer, as before.
+
+        The profile's email is kept only when Slack confirmed it (`is_email_confirmed`, which the writer's own
+        workspace sets) and that workspace is ours or a listed customer organisation: a Slack Connect user's
+        profile is their organisation's to write."""
         try:
             async with asyncio.timeout(IDENTIFY_WITHIN_S):
-                author = await self.people.identify(author)
-                # A direct message is someone asking the bot, a colleague included: never a takeover.
-                if message.is_dm or not self.colleagues.worth_asking(shared=message.shared):
-                    return author, False
+                author = await self.people.identify(message.author)
                 member = await self.people.member(author.user)
-                return author, self.colleagues.includes(author, member, team=message.team, shared=message.shared)
         except Exception as exc:  # a slow or failing Web API never costs a customer's message
             reason = f"not within {IDENTIFY_WITHIN_S:g} s" if isinstance(exc, TimeoutError) else repr(exc)
             log.warning("no profile for %s (%s): stored without name and email", message.user, reason)
+            return message.author, False
+        # Whose member they are, as staff detection decides it: our workspace's unless Slack shows them as external.
+        organisation = None if member is None else member.team
+        if member is not None and member.outsider(message.team) != Standing.EXTERNAL:
+            organisation = message.team
+        author = vouched(author, organisation=organisation, ours=message.team, customers=self.customer_organisations)
+        # A direct message is someone asking the bot, a colleague included: never a takeover.
+        if message.is_dm or not self.colleagues.worth_asking(shared=message.shared):
             return author, False
+        return author, self.colleagues.includes(author, member, team=message.team, shared=message.shared)
 
     async def _store_customer(
         self,

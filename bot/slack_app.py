@@ -108,8 +108,9 @@ class SlackDirectory:
             return author
         if profile is None:
             return author
-        # The email is in the profile only with the users:read.email scope, and not for every external user.
-        email = (profile.get("profile") or {}).get("email")
+        # The email is in the profile only with the users:read.email scope, and not for every external user; it
+        # counts once Slack says its owner confirmed it (whose organisation vouches for it is the inbox's call).
+        email = (profile.get("profile") or {}).get("email") if profile.get("is_email_confirmed") else None
         return replace(author, name=_name_of(profile), email=str(email) if email else None)
 
     async def member(self, user: str) -> Member | None:

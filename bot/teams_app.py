@@ -8,7 +8,10 @@ the issuer must be the Bot Framework's (Teams' channel tokens are; an Entra toke
 registered there can get for our app id, is not a channel's word about who wrote), its `serviceurl` claim must be
 the activity's `serviceUrl` (where the bot will send its own credentials when it answers), and the activity must
 come from the Teams channel (`channelId` "msteams", not Web Chat or Direct Line, whose users write what they like
-in `from` and `channelData`).
+in `from` and `channelData`). The token is checked before the body is read: a stranger's body is never parsed.
+
+Identity: a member's email (or UPN) reaches the tools only when our tenant or a listed customer organisation
+(CUSTOMER_ORGANISATIONS) holds the account; another tenant's admins write their members' emails as they like.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.address import is_teams_id
-from agents.identity import Author
+from agents.identity import Author, vouched
 from bot.admin.command import AdminCommands, Invocation
 from bot.inbox import IDENTIFY_WITHIN_S, STAFF_CHECK_S, Inbox
 from bot.messenger import Where
@@ -57,8 +60,9 @@ class TeamsAuth:
         self.config = AgentAuthConfiguration(client_id=app_id, tenant_id=tenant)
         self.validator = JwtTokenValidator(self.config)
 
-    async def check(self, header: str | None, service_url: Any) -> Mapping[str, Any]:
-        """The token's claims; Unauthorized (with why) for a missing, forged, expired or misaddressed token."""
+    async def check(self, header: str | None) -> Mapping[str, Any]:
+        """The token's claims; Unauthorized (with why) for a missing, forged, expired or misaddressed token, or
+        one that is not the Bot Framework's."""
         scheme, _, token = (header or "").partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("no bearer token")
@@ -69,9 +73,16 @@ class TeamsAuth:
         claims: Mapping[str, Any] = identity.claims
         if claims.get("iss") != BOT_FRAMEWORK:
             raise Unauthorized(f"issuer {claims.get('iss')!r} is not the Bot Framework")
+        return claims
+
+    @staticmethod
+    def check_activity(claims: Mapping[str, Any], activity: Mapping[str, Any]) -> None:
+        """Unauthorized unless the token was issued for this activity's service and it comes from Teams."""
+        service_url = activity.get("serviceUrl")
         if not service_url or claims.get("serviceurl") != service_url:
             raise Unauthorized("the activity's serviceUrl is not the token's")
-        return claims
+        if activity.get("channelId") != TEAMS_CHANNEL:
+            raise Unauthorized(f"channel {activity.get('channelId')!r} is not Teams")
 
 
 class TeamsPeople:
@@ -196,19 +207,20 @@ class TeamsEdge:
         if (request.content_length or 0) > MAX_BODY:
             return web.json_response({"error": "too large"}, status=413)
         try:
+            # The token alone first: a stranger's body is neither read nor parsed.
+            claims = await self.auth.check(header)
+        except Unauthorized as exc:
+            return _refused(exc)
+        try:
             body = sanitised(json.loads(await request.read()))
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: JSON nested too deep
             body = None
         if not isinstance(body, dict):
-            # Checked before parsing would be nicer, but the token's serviceurl is compared with the body's.
             return web.json_response({"error": "malformed body"}, status=400)
         try:
-            await self.auth.check(header, body.get("serviceUrl"))
-            if body.get("channelId") != TEAMS_CHANNEL:
-                raise Unauthorized(f"channel {body.get('channelId')!r} is not Teams")
+            self.auth.check_activity(claims, body)  # the token's serviceurl is compared with the body's
         except Unauthorized as exc:
-            log.warning("Teams activity refused: %s", exc)
-            return web.json_response({"error": "unauthorized"}, status=401)
+            return _refused(exc)
         try:
             Activity.model_validate(body)
         except ValidationError as exc:
@@ -273,8 +285,13 @@ class TeamsEdge:
             return author
         if member is None:
             return author
+        # The Bot Connector says which tenant holds the account (the activity may name only the conversation's).
+        tenant = member.get("tenantId")
         email = member.get("email") or member.get("userPrincipalName")
-        return Author(author.platform, author.workspace, author.user, member.get("name") or author.name, email)
+        found = Author(
+            author.platform, tenant or author.workspace, author.user, member.get("name") or author.name, email or None
+        )
+        return vouched(found, organisation=tenant, ours=self.policy.tenant, customers=self.inbox.customer_organisations)
 
     async def _act(self, action: CaseAction) -> None:
         kind = CASE_ACTIONS.get(action.action_id)
@@ -311,3 +328,8 @@ class TeamsEdge:
             await self.messenger.direct(user, words)
         except Exception:
             log.warning("could not tell %s: %s", user, words, exc_info=True)
+
+
+def _refused(exc: Unauthorized) -> web.Response:
+    log.warning("Teams activity refused: %s", exc)
+    return web.json_response({"error": "unauthorized"}, status=401)

@@ -64,6 +64,8 @@ class SlackUser:
     team_id: str = TEAM_ID
     """Another team's id: a member of another organisation in a shared channel (Slack Connect), whom users.info
     shows as is_stranger and whose messages carry their own team as user_team and source_team."""
+    email_confirmed: bool = True
+    """users.info's is_email_confirmed: the owner confirmed the email to their own workspace."""
 
     @property
     def external(self) -> bool:
@@ -76,6 +78,7 @@ class SlackUser:
             profile["email"] = self.email
         user = {"id": self.id, "team_id": self.team_id, "name": self.name, "real_name": self.real_name}
         flags = {"is_bot": self.is_bot, "is_admin": self.is_admin, "is_owner": False}
+        flags |= {"is_email_confirmed": self.email_confirmed and self.email is not None}
         flags |= {"is_restricted": self.guest is not None, "is_ultra_restricted": self.guest == "single"}
         if self.external:
             flags["is_stranger"] = True
@@ -582,12 +585,15 @@ class SlackEmulator:
         email: str | None = None,
         guest: str | None = None,
         team_id: str = TEAM_ID,
+        email_confirmed: bool = True,
     ) -> SlackUser:
         """A member of the workspace; a person (not a bot) gets an email at the workspace's domain unless given."""
         image = image_url or f"https://avatars.{TEAM_DOMAIN}.test/{id}.png"
         if email is None and not is_bot:
             email = f"{name}@{TEAM_DOMAIN}.test"
-        user = self.users[id] = SlackUser(id, name, real_name, image, is_bot, is_admin, email, guest, team_id)
+        user = self.users[id] = SlackUser(
+            id, name, real_name, image, is_bot, is_admin, email, guest, team_id, email_confirmed
+        )
         return user
 
     def add_channel(self, id: str, name: str, is_im: bool = False, **flags: bool) -> Channel:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -18,6 +19,9 @@ from bot.examples.driftwing.shop import ORDERS, REFUND_CONFIRMATION
 from db import models as m
 from fakes.openai_server import FakeOpenAI, RecordedRequest, reply, tool_call, tools
 from fakes.slack_api import TEAM_ID, SlackEmulator
+from fakes.teams_api import TeamsEmulator
+from harness import teams as th
+from harness.bot import bot_settings, serving
 from harness.database import settle
 from harness.slack import replies_in
 
@@ -196,3 +200,96 @@ async def test_a_slow_profile_does_not_hold_the_ack(
     async with sessions() as s:
         identity = await s.scalar(select(m.Inbound.identity))
     assert identity == {"platform": "slack", "workspace": TEAM_ID, "user": "U_CUSTOMER", "name": None, "email": None}
+
+
+# --- Whose email counts: our organisation's, or a listed customer organisation's ---------------------------------
+
+OTHER_ORG = "5d1c7a9e-0f3b-4e2a-8c6d-9b8a7f6e5d4c"
+"""Another company's Teams tenant; as a Slack team id, another company's workspace."""
+NOT_YOURS = "no verified email"
+"""What the sample shop's lookup_order says when the asker has no email it may trust."""
+
+
+def _order_lookup(fake_llm: FakeOpenAI) -> None:
+    fake_llm.script(
+        tools(tool_call("transfer_to_support")),
+        tools(tool_call("lookup_order", {"order_id": "DW-1001"})),
+        reply("Here is what I found."),
+    )
+
+
+@pytest.mark.parametrize("listed", [False, True], ids=["unlisted", "listed"])
+async def test_a_teams_member_of_another_tenant_gets_an_order_only_when_their_tenant_is_listed(
+    listed: bool,
+    database_url: str,
+    sessions: Sessions,
+    fake_llm: FakeOpenAI,
+    emulator: SlackEmulator,
+    teams: TeamsEmulator,
+) -> None:
+    """Another tenant's admins set their members' emails: one set to Ada's opens Ada's order only if the operator
+    lists that tenant among the customer organisations."""
+    teams.add_user("29:mallory", "Mallory Stone", email=ADA_ORDER.customer.email, tenant=OTHER_ORG)
+    more = {"customer_organisations": OTHER_ORG} if listed else {}
+    async with serving(
+        bot_settings(database_url, fake_llm, emulator, **th.teams_settings(teams), **more), emulator
+    ) as bot:
+        teams.messaging_url = f"{bot.url}/api/messages"
+        _order_lookup(fake_llm)
+        sent = await th.personal(teams, "where is my order DW-1001?", user="29:mallory")
+        assert sent.status == 200
+        await teams.wait_for(lambda: teams.posts(sent.conversation_id), timeout=15)
+    output = tool_outputs(fake_llm.requests[-1])[-1]
+    if listed:
+        assert "Order DW-1001 for Ada Park" in output
+    else:
+        assert NOT_YOURS in output and "Ada" not in output
+    async with sessions() as s:
+        identity = await s.scalar(select(m.Inbound.identity))
+    # Tools (and an operator's MCP and HTTP tools) know them by their tenant and Teams id either way.
+    assert identity is not None and identity["workspace"] == OTHER_ORG and identity["user"] == "29:mallory"
+    assert identity["email"] == (ADA_ORDER.customer.email if listed else None)
+
+
+async def test_a_teams_member_of_our_tenant_gets_their_order(
+    database_url: str, sessions: Sessions, fake_llm: FakeOpenAI, emulator: SlackEmulator, teams: TeamsEmulator
+) -> None:
+    teams.add_user("29:ada", "Ada Park", email=ADA_ORDER.customer.email)
+    async with serving(bot_settings(database_url, fake_llm, emulator, **th.teams_settings(teams)), emulator) as bot:
+        teams.messaging_url = f"{bot.url}/api/messages"
+        _order_lookup(fake_llm)
+        sent = await th.personal(teams, "where is my order DW-1001?", user="29:ada")
+        await teams.wait_for(lambda: teams.posts(sent.conversation_id), timeout=15)
+    assert "Order DW-1001 for Ada Park" in tool_outputs(fake_llm.requests[-1])[-1]
+
+
+@pytest.mark.parametrize("listed", [False, True], ids=["unlisted", "listed"])
+async def test_a_slack_connect_user_gets_an_order_only_when_their_workspace_is_listed(
+    listed: bool, database_url: str, sessions: Sessions, fake_llm: FakeOpenAI, emulator: SlackEmulator
+) -> None:
+    """A Slack Connect user's profile email is their own organisation's to set (and to confirm)."""
+    emulator.add_user("U_MAL", "mallory", "Mallory Stone", email=ADA_ORDER.customer.email, team_id="T_OTHER")
+    more = {"customer_organisations": "T_OTHER"} if listed else {}
+    async with serving(bot_settings(database_url, fake_llm, emulator, **more), emulator):
+        _order_lookup(fake_llm)
+        said = await emulator.user_says("C_SUPPORT", "where is my order DW-1001?", user="U_MAL")
+        await replies_in(emulator, "C_SUPPORT", said.ts, 2)
+    output = tool_outputs(fake_llm.requests[-1])[-1]
+    if listed:
+        assert "Order DW-1001 for Ada Park" in output
+    else:
+        assert NOT_YOURS in output and "Ada" not in output
+    async with sessions() as s:
+        identity = await s.scalar(select(m.Inbound.identity))
+    assert identity is not None and (identity["workspace"], identity["user"]) == ("T_OTHER", "U_MAL")
+
+
+async def test_an_unconfirmed_slack_email_opens_no_order(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI
+) -> None:
+    """In our own workspace too, an email counts once Slack says its owner confirmed it."""
+    emulator.add_user("U_ADA", "ada", "Ada Park", email=ADA_ORDER.customer.email, email_confirmed=False)
+    _order_lookup(fake_llm)
+    said = await emulator.user_says("C_SUPPORT", "where is my order DW-1001?", user="U_ADA")
+    await replies_in(emulator, "C_SUPPORT", said.ts, 2)
+    assert NOT_YOURS in tool_outputs(fake_llm.requests[-1])[-1]
