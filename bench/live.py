@@ -306,7 +306,7 @@ def paused_gc() -> Iterator[None]:
 
 async def bot_metrics(bot: BotProcess) -> dict[str, Any]:
     """The bot's own counters (from /metrics): event dispositions, turns and their mean wall time."""
-    async with aiohttp.ClientSession() as http, http.get(f"{bot.url}/metrics") as response:
+    async with aiohttp.ClientSession() as http, http.get(f"{bot.monitoring_url}/metrics") as response:
         body = await response.text()
     found: dict[str, Any] = {"events": {}, "processed": {}}
     for family in text_string_to_metric_families(body):

@@ -53,7 +53,7 @@ from bot.home import Home
 from bot.inbox import Inbox
 from bot.metrics import Metrics
 from bot.outbox import OutboxSender, ReplyStyle, turn_outbox
-from bot.preflight import staff_channel_problem, staff_channel_status
+from bot.preflight import RefusedToStart, staff_channel_problem, staff_channel_status
 from bot.settings import Settings
 from bot.slack_app import SlackDirectory, build_app, slack_client
 from bot.slack_events import Policy
@@ -101,7 +101,7 @@ class Bot:
     url: str = ""
     """Where the HTTP endpoints listen, once they do."""
     monitoring_url: str = ""
-    """Where /healthz and /metrics are served: `url`, or METRICS_HOST:METRICS_PORT."""
+    """Where /healthz and /metrics are served: METRICS_HOST:METRICS_PORT, or `url` when METRICS_PORT is PORT."""
     provider: Callable[[], ProviderHealth] | None = None
     """How the LLM provider is doing (None offline): /healthz says degraded while it fails."""
 
@@ -262,6 +262,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             people=directory or NoMembers(),
             staff=staff,
             colleagues=Colleagues(settings.staff_teams, settings.staff_domains),
+            customer_organisations=settings.customer_orgs,
         )
         workers.housekeeping = [(inbox.prune, 600), (lambda: desk.remind(now=now()), 30)]
         app = None
@@ -425,8 +426,8 @@ def _version() -> str:
 
 
 def web_app(bot: Bot) -> web.Application:
-    """The public listener: Slack's requests, Teams' activities and `/livez`, and `/healthz` and `/metrics` unless
-    they have a listener of their own (METRICS_PORT)."""
+    """The public listener: Slack's requests, Teams' activities and `/livez`; `/healthz` and `/metrics` only when
+    METRICS_PORT is PORT (behind METRICS_TOKEN, which the settings then require)."""
     secret = bot.settings.slack_signing_secret
     verifier = SignatureVerifier(secret.get_secret_value()) if secret is not None else None
 
@@ -458,13 +459,13 @@ def web_app(bot: Bot) -> web.Application:
         if bot.teams is not None:
             application.router.add_post("/api/messages", bot.teams.handle)
     application.router.add_get("/livez", livez)
-    if bot.settings.metrics_port is None:
+    if bot.settings.metrics_on_public_port:
         _add_monitoring(application, bot)
     return application
 
 
 def monitoring_app(bot: Bot) -> web.Application:
-    """The listener on METRICS_HOST:METRICS_PORT: `/healthz` and `/metrics` only."""
+    """The listener on METRICS_HOST:METRICS_PORT (loopback unless told otherwise): `/healthz` and `/metrics` only."""
     application = web.Application()
     _add_monitoring(application, bot)
     return application
@@ -528,19 +529,30 @@ def _add_monitoring(application: web.Application, bot: Bot) -> None:
 
 @asynccontextmanager
 async def listening(bot: Bot, *, host: str, port: int) -> AsyncIterator[Bot]:
-    """The public listener on host:port (0: any free port), and the monitoring one when METRICS_PORT is set;
-    `bot.url` and `bot.monitoring_url` say where they are."""
-    listeners = [(web_app(bot), host, port)]
-    if bot.settings.metrics_port is not None:
-        listeners.append((monitoring_app(bot), bot.settings.metrics_host, bot.settings.metrics_port))
+    """The public listener on host:port (0: any free port), and the monitoring one on METRICS_HOST:METRICS_PORT
+    unless METRICS_PORT is PORT; `bot.url` and `bot.monitoring_url` say where they are. A port that is taken
+    refuses the start, naming the variable to change."""
+    settings = bot.settings
+    listeners = [(web_app(bot), host, port, "PORT")]
+    if not settings.metrics_on_public_port:
+        listeners.append((monitoring_app(bot), settings.metrics_host, settings.metrics_port, "METRICS_PORT"))
     runners: list[web.AppRunner] = []
     try:
         urls = []
-        for application, where, number in listeners:
+        for application, where, number, variable in listeners:
             runner = web.AppRunner(application, access_log=None)
             await runner.setup()
             runners.append(runner)
-            await web.TCPSite(runner, where, number).start()
+            try:
+                await web.TCPSite(runner, where, number).start()
+            except OSError as exc:
+                # Most often a second bot process on this host (web and worker, or two workers) with the same
+                # default METRICS_PORT: each needs its own.
+                anywhere = ", or METRICS_PORT=0 for any free port" if variable == "METRICS_PORT" else ""
+                raise RefusedToStart(
+                    f"cannot listen on {where}:{number} ({exc.strerror or exc}): is another bot process on this "
+                    f"host using it? Give each process its own {variable}{anywhere}"
+                ) from exc
             urls.append(f"http://{where}:{runner.addresses[0][1]}")
         bot.url, bot.monitoring_url = urls[0], urls[-1]
         yield bot
@@ -573,7 +585,14 @@ async def serve(settings: Settings, *, socket_mode: bool = False) -> int:
             log.info("/healthz and /metrics on %s", bot.monitoring_url)
         gc.freeze()  # start-up objects live forever: keep them out of full collections, which stall every ack
         print(
-            json.dumps({"event": "ready", "port": settings.port, "mode": "socket" if socket_mode else "http"}),
+            json.dumps(
+                {
+                    "event": "ready",
+                    "port": settings.port,
+                    "mode": "socket" if socket_mode else "http",
+                    "monitoring": bot.monitoring_url,  # METRICS_PORT=0 picks a port: this says which
+                }
+            ),
             flush=True,
         )
         handler = None

@@ -136,6 +136,10 @@ class Settings(BaseSettings):
     staff_email_domains: str = ""
     """Writers in customer threads who are colleagues, not customers (besides our own workspace's members in Slack
     Connect channels): comma-separated workspace ids, and domains of verified emails (`bot.staff.Colleagues`)."""
+    customer_organisations: str = ""
+    """Other organisations whose people's emails tools may trust (comma-separated Slack team ids, Teams tenant
+    ids): their admins set those emails, so list only organisations that are your customers' own. Our own
+    workspace and tenant always count (`agents.identity.vouched`)."""
     staff_name_suffix: str | None = None
     """After a colleague's name on what they say to customers; unset: the declaration's brand (" (Acme team)");
     empty (`STAFF_NAME_SUFFIX=`): nothing."""
@@ -144,9 +148,12 @@ class Settings(BaseSettings):
     admin_command: str = "/support"
     port: int = 3000
     host: str = "0.0.0.0"
-    metrics_port: int | None = None
-    """Set: /healthz and /metrics are served on METRICS_HOST:METRICS_PORT only, not on PORT."""
+    metrics_port: int = Field(default=3001, ge=0, le=65535)
+    """/healthz and /metrics are served on METRICS_HOST:METRICS_PORT, not on PORT (0: any free port, logged and in
+    the ready line); PORT's own number: on the public listener after all, which wants METRICS_TOKEN. Not 9090:
+    that is Prometheus's own port, and a Prometheus that scrapes loopback runs on this very host."""
     metrics_host: str = "127.0.0.1"
+    """Loopback by default: what the database and the model are doing is nobody else's business."""
     metrics_token: SecretStr | None = None
     """Set: /healthz and /metrics want `Authorization: Bearer <token>`."""
     slack_channels: str = ""
@@ -170,6 +177,12 @@ class Settings(BaseSettings):
     """Text read from one file (PDF, DOCX, TXT, MD) that the agent sees; the rest is cut."""
     model_accepts_images: bool = False
     """Images go to the model (`image_url` parts); off, the agent is told an image was sent (name and type)."""
+    max_files_per_message: int = Field(default=5, ge=0)
+    """Files of one message that are read; the agent hears the others' names, and that they were not read."""
+    file_readers_at_once: int = Field(default=2, ge=1)
+    """PDF and DOCX files read at once by one process, each in a process of its own; others wait their turn."""
+    file_reader_memory_mb: int = Field(default=512, ge=64)
+    """Memory (address space) of one reader process; a file that needs more is named to the agent as unread."""
 
     # Microsoft Teams: the 365 Agents SDK's own variables for the bot's Entra app registration
     teams_app_id: str | None = Field(
@@ -334,6 +347,21 @@ class Settings(BaseSettings):
     def teams_admins(self) -> frozenset[str]:
         return _ids(self.teams_admin_ids)
 
+    @property
+    def metrics_on_public_port(self) -> bool:
+        """METRICS_PORT=PORT: /healthz and /metrics on the public listener (0 is "any free port" for each)."""
+        return self.metrics_port != 0 and self.metrics_port == self.port
+
+    @model_validator(mode="after")
+    def _monitoring(self) -> Settings:
+        """Monitoring is never open on the public port: there it wants a token, checked here at start-up."""
+        if self.metrics_on_public_port and self.metrics_token is None:
+            raise ValueError(
+                f"METRICS_PORT={self.metrics_port} is PORT: /healthz and /metrics would be open to anyone who reaches "
+                "the bot; set METRICS_TOKEN too, or another METRICS_PORT"
+            )
+        return self
+
     @model_validator(mode="after")
     def _teams(self) -> Settings:
         """Checked at start-up, with the variable to set: a half-configured Teams would refuse every activity."""
@@ -386,6 +414,10 @@ class Settings(BaseSettings):
     @property
     def staff_teams(self) -> frozenset[str]:
         return _ids(self.staff_team_ids)
+
+    @property
+    def customer_orgs(self) -> frozenset[str]:
+        return _ids(self.customer_organisations)
 
     @property
     def staff_domains(self) -> frozenset[str]:

@@ -63,6 +63,8 @@ def bot_config(database_url: str, llm: FakeOpenAI, slack: SlackEmulator, **overr
         "csat": False,
         # The router loads the local model on a bot's first message (seconds): the tests of routing switch it on.
         "router_min_score": "off",
+        # Monitoring on any free loopback port: tests run side by side, and a test may start several bots.
+        "metrics_port": 0,
     } | overrides
 
 
@@ -109,6 +111,8 @@ class BotProcess:
     log: Path
     started_s: float
     """From spawning the process to its being ready (imports, migrations check, pools, workers)."""
+    monitoring_url: str = ""
+    """Where its /healthz and /metrics are, as its ready line says."""
 
     @property
     def events_url(self) -> str:
@@ -139,8 +143,8 @@ async def bot_process(
     env: dict[str, str], slack: SlackEmulator | None = None, *, workdir: Path | None = None
 ) -> AsyncIterator[BotProcess]:
     """`python -m bot serve` with `env` (see `bot_env`; PORT is chosen here) in a folder of its own (`workdir`,
-    which keeps its log, or a temporary one), so that no `.env` is read; ready once it says so and /healthz
-    agrees. The emulator, if given, delivers to it."""
+    which keeps its log, or a temporary one), so that no `.env` is read; ready once it says so and /healthz (on
+    its monitoring listener) agrees. The emulator, if given, delivers to it."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="helpdesk-bot-") as tmp:
         folder = workdir or Path(tmp)
@@ -169,8 +173,10 @@ async def _ready(bot: BotProcess) -> None:
     if not line:  # stdout closed: the bot is exiting
         await asyncio.wait_for(bot.proc.wait(), timeout=15)
     bot.check_alive()
-    if json.loads(line).get("event") != "ready":
+    said = json.loads(line)
+    if said.get("event") != "ready":
         raise RuntimeError(f"the bot said {line!r} instead of being ready")
-    async with aiohttp.ClientSession() as http, http.get(f"{bot.url}/healthz") as health:
+    bot.monitoring_url = said["monitoring"]
+    async with aiohttp.ClientSession() as http, http.get(f"{bot.monitoring_url}/healthz") as health:
         if health.status != 200:
             raise RuntimeError(f"the bot said it was ready, but /healthz answered {health.status}")

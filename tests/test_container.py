@@ -268,11 +268,15 @@ def test_every_bot_command_named_is_a_real_subcommand() -> None:
 def test_the_procfile_migrates_once_and_runs_web_and_worker_processes() -> None:
     lines = procfile()
     assert lines["release"] == "python -m bot migrate"
+    monitoring = set()
     for role in ("web", "worker"):
         words = shlex.split(lines[role])
         assignments = dict(w.split("=", 1) for w in words[: words.index("python")])
-        assert assignments == {"PROCESS_ROLE": role, "MIGRATE_AT_START": "false"}
-        Settings(_env_file=None, **{k.lower(): v for k, v in assignments.items()})  # type: ignore[call-arg, arg-type]
+        assert assignments.keys() - {"METRICS_PORT"} == {"PROCESS_ROLE", "MIGRATE_AT_START"}
+        assert (assignments["PROCESS_ROLE"], assignments["MIGRATE_AT_START"]) == (role, "false")
+        settings = Settings(_env_file=None, **{k.lower(): v for k, v in assignments.items()})  # type: ignore[call-arg, arg-type]
+        monitoring.add(settings.metrics_port)
+    assert len(monitoring) == 2  # run on one host (honcho, foreman), one monitoring port would stop the second
 
 
 def test_the_docs_show_the_roles_sql_that_compose_runs() -> None:

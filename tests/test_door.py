@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
+from pydantic import ValidationError
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from bot.preflight import RefusedToStart
+from bot.settings import Settings
 from db import models as m
 from escalation.views import ACTION_CLAIM
 from fakes.openai_server import FakeOpenAI, reply
@@ -55,6 +59,55 @@ async def test_health_and_metrics_only_on_their_own_listener_and_only_with_the_t
         fake_llm.script(reply("hello there"))
         said = await emulator.user_says(SUPPORT, "hi")
         assert await replies_in(emulator, SUPPORT, said.ts, 1) == ["hello there"]
+
+
+async def test_monitoring_is_private_when_nothing_is_configured(
+    database_url: str, fake_llm: FakeOpenAI, emulator: SlackEmulator
+) -> None:
+    """Issue 26: with no METRICS_* set, what the database and the model are doing is not told to whoever reaches
+    the public port; it is told on loopback. (The tests' bots take any free port instead of the fixed default, so
+    that they can run side by side: the only thing changed from nothing-configured.)"""
+    fields = Settings.model_fields
+    assert (fields["metrics_port"].default, fields["metrics_host"].default) == (3001, "127.0.0.1")
+    assert fields["metrics_token"].default is None and fields["port"].default != fields["metrics_port"].default
+    settings = bot_settings(database_url, fake_llm, emulator, metrics_port=0)
+    async with serving(settings, emulator) as bot:
+        assert bot.monitoring_url != bot.url and bot.monitoring_url.startswith("http://127.0.0.1:")
+        for path in ("/healthz", "/metrics"):
+            assert (await get(bot.url + path))[0] == 404
+            assert (await get(bot.monitoring_url + path))[0] == 200
+        assert await get(bot.url + "/livez") == (200, '{"ready": true}')
+
+
+async def test_monitoring_on_the_public_port_only_behind_the_token(
+    database_url: str, fake_llm: FakeOpenAI, emulator: SlackEmulator
+) -> None:
+    """METRICS_PORT=PORT (a platform that exposes one port) serves them beside Slack's requests, and only with
+    METRICS_TOKEN: without it the bot does not start."""
+    port = free_port()
+    with pytest.raises(ValidationError, match="METRICS_TOKEN"):
+        bot_settings(database_url, fake_llm, emulator, port=port, metrics_port=port)
+    settings = bot_settings(database_url, fake_llm, emulator, port=port, metrics_port=port, metrics_token=TOKEN)
+    async with serving(settings, emulator) as bot:
+        assert bot.monitoring_url == bot.url
+        for path in ("/healthz", "/metrics"):
+            assert (await get(bot.url + path))[0] == 401
+            assert (await get(bot.url + path, token=TOKEN))[0] == 200
+
+
+async def test_a_taken_monitoring_port_refuses_the_start_and_says_which(
+    database_url: str, fake_llm: FakeOpenAI, emulator: SlackEmulator
+) -> None:
+    """Two bot processes on one host (web and worker) with the same METRICS_PORT: the second is told which
+    variable to change, rather than dying on a bare OSError."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = bot_settings(database_url, fake_llm, emulator, metrics_port=port)
+        with pytest.raises(RefusedToStart, match=f"127.0.0.1:{port} .*own METRICS_PORT, or METRICS_PORT=0"):
+            async with serving(settings, emulator):
+                pass
 
 
 @pytest.fixture

@@ -345,7 +345,7 @@ async def test_the_bot_starts_answers_and_says_why_search_is_full_text(
         tool_result = fake_llm.requests[-1].messages[-1]
         assert tool_result["role"] == "tool" and "Warranty" in tool_result["content"]
 
-        async with aiohttp.ClientSession() as http, http.get(f"{bot.url}/healthz") as health:
+        async with aiohttp.ClientSession() as http, http.get(f"{bot.monitoring_url}/healthz") as health:
             body = await health.json()
         assert health.status == 200 and body["ready"] is True
         assert body["knowledge"]["search"] == "full-text" and "EMBEDDINGS_MODEL" in body["knowledge"]["problems"][0]

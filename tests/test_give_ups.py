@@ -68,7 +68,7 @@ def dms_to(emulator: SlackEmulator, user: str) -> list[str]:
 
 
 async def metric(bot: Any, name: str) -> float:
-    async with aiohttp.ClientSession() as http, http.get(f"{bot.url}/metrics") as response:
+    async with aiohttp.ClientSession() as http, http.get(f"{bot.monitoring_url}/metrics") as response:
         body = await response.text()
     return sum(float(line.split()[-1]) for line in body.splitlines() if line.startswith(name + " "))
 

@@ -122,7 +122,7 @@ async def test_a_person_over_the_daily_token_budget_gets_no_more_llm_calls_today
 
 
 async def metric(bot: Any, name: str) -> str:
-    async with aiohttp.ClientSession() as http, http.get(f"{bot.url}/metrics") as response:
+    async with aiohttp.ClientSession() as http, http.get(f"{bot.monitoring_url}/metrics") as response:
         return "\n".join(line for line in (await response.text()).splitlines() if line.startswith(name))
 
 

@@ -257,7 +257,7 @@ async def test_healthz_and_metrics(
     await replies_in(emulator, "C_SUPPORT", said.ts, 1)
     await settle(sessions)
     async with aiohttp.ClientSession() as http:
-        async with http.get(f"{slack_bot.url}/healthz") as health:
+        async with http.get(f"{slack_bot.monitoring_url}/healthz") as health:
             assert health.status == 200
             assert json.loads(await health.text()) == {
                 "database": "ok",
@@ -265,7 +265,7 @@ async def test_healthz_and_metrics(
                 "knowledge": {"search": "hybrid", "embedder": "openai:fake-embed", "dim": 64, "problems": []},
                 "llm": {"status": "ok", "failing_since": None, "failures": 0, "last_error": None},
             }
-        async with http.get(f"{slack_bot.url}/metrics") as metrics:
+        async with http.get(f"{slack_bot.monitoring_url}/metrics") as metrics:
             body = await metrics.text()
     assert 'helpdesk_events_received_total{disposition="stored"} 1.0' in body
     assert 'helpdesk_messages_processed_total{kind="reply"} 1.0' in body
