@@ -43,6 +43,10 @@ T = TypeVar("T")
 STAFF_REPLY = "Hi Casey, Sam from Driftwing here: the Harrier X4 ships today."
 
 
+PAGE_TIMEOUT = aiohttp.ClientTimeout(total=60)
+"""Far above what a page request takes: a request that never answers fails in a minute, not aiohttp's five."""
+
+
 def offline_settings(database_url: str) -> Settings:
     return Settings(  # type: ignore[call-arg]
         _env_file=None,
@@ -213,7 +217,10 @@ async def test_json_endpoints_with_an_llm_provider(
         case_summary="transcript",
     )
     fake_llm.script(reply("It is $899."))
-    async with running_playground(settings, port=0) as pg, aiohttp.ClientSession(base_url=pg.url) as http:
+    async with (
+        running_playground(settings, port=0) as pg,
+        aiohttp.ClientSession(base_url=pg.url, timeout=PAGE_TIMEOUT) as http,
+    ):
 
         async def get(path: str, **params: str) -> Any:
             async with http.get(path, params=params) as r:
