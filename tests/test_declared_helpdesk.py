@@ -308,6 +308,19 @@ async def test_what_a_server_lists_is_checked_at_start(tmp_path: Path) -> None:
             assert len(raised.value.problems) == 1 and expected in raised.value.problems[0], raised.value.problems
 
 
+def support_from_docs(folder: Path) -> Path:
+    """A declaration (`ALONE`'s, without its MCP server) whose support agent answers from `folder/docs`."""
+    path = folder / "helpdesk.yaml"
+    path.write_text(
+        ALONE.format(port=1)
+        .replace(
+            'mcpServers:\n  books_http: {url: "http://127.0.0.1:1/mcp", timeout_s: 5}\n', "knowledge: {support: docs}\n"
+        )
+        .replace('tools: ["mcp:books_http"]', "knowledge: [support]")
+    )
+    return path
+
+
 async def test_a_declared_collection_holding_other_documents_is_named_at_start(
     tmp_path: Path, sessions: Sessions, fake_llm: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -320,14 +333,7 @@ async def test_a_declared_collection_holding_other_documents_is_named_at_start(
     await ensure_sample_knowledge(kb)
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "returns.md").write_text("# Returns\n\nReturn anything within 45 days.\n")
-    path = tmp_path / "helpdesk.yaml"
-    path.write_text(
-        ALONE.format(port=1)
-        .replace(
-            'mcpServers:\n  books_http: {url: "http://127.0.0.1:1/mcp", timeout_s: 5}\n', "knowledge: {support: docs}\n"
-        )
-        .replace('tools: ["mcp:books_http"]', "knowledge: [support]")
-    )
+    path = support_from_docs(tmp_path)
     caplog.set_level(logging.WARNING)
     await ensure_knowledge(kb, build(load(path)))
     [said] = [r.getMessage() for r in caplog.records if "holds" in r.getMessage()]
@@ -346,14 +352,7 @@ async def test_a_declared_folder_with_no_documents_yet_is_named_and_the_bot_star
     )
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "README.md").write_text("# What goes here\n\nOur manuals, once written.\n")
-    path = tmp_path / "helpdesk.yaml"
-    path.write_text(
-        ALONE.format(port=1)
-        .replace(
-            'mcpServers:\n  books_http: {url: "http://127.0.0.1:1/mcp", timeout_s: 5}\n', "knowledge: {support: docs}\n"
-        )
-        .replace('tools: ["mcp:books_http"]', "knowledge: [support]")
-    )
+    path = support_from_docs(tmp_path)
     caplog.set_level(logging.WARNING)
     await ensure_knowledge(kb, build(load(path)))  # no refusal: documents may come later
     assert any("collection support: " in r.getMessage() and "no documents" in r.getMessage() for r in caplog.records)
