@@ -1,0 +1,235 @@
+"""Faults under load (issue 26): the real bot as `python -m bot serve` against the Slack emulator and the fake
+LLM, loopback only, each scenario bounded in time.
+
+    killed worker     N customers write at once, the fake LLM answers each after about a second; the process is
+                      killed (SIGKILL) once some answers are out and the rest are mid-turn, holding their leases;
+                      a new process starts. Figures: replies per thread (every message answered exactly once),
+                      and the seconds from the kill to the last answer (about LEASE_SECONDS: a killed process's
+                      conversations wait for their leases to run out).
+    provider outage   the fake LLM answers 503 for OUTAGE_S seconds while customers write, one every
+                      SPACING_S, then recovers. Every message ends answered or handed to a person (the apology in
+                      its thread and a case in the staff channel): none lost, none twice.
+
+About 50 s (40 s with --quick) on 2 cores; `python -m bench faults`, or `python -m bench.faults`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agents.loop import Texts
+from bench.live import CONNECTIONS, UNLIMITED
+from bench.setup import DATABASE_PREFIX, RESULTS, run_benchmark, section, table
+from fakes.openai_server import FakeOpenAI, FakeReply, RecordedRequest, error, reply, slow
+from fakes.slack_api import SlackEmulator
+from harness.bot import STAFF_CHANNEL, BotProcess, bot_env, bot_process, emulator
+from harness.database import throwaway_database
+from harness.slack import Sent, deliver, write
+
+CHANNEL = "C_SUPPORT"
+LEASE_SECONDS = 10.0
+"""Shorter than the default 30 s, to keep the run short; the kill's recovery time scales with it."""
+LLM_LATENCY_S = 1.0
+QUIET_S = 3.0
+"""After the last expected reply: time enough for a duplicate to show up, if one were coming."""
+APOLOGY = Texts().provider_failure
+
+
+@dataclass
+class Scene:
+    database_url: str
+    fake: FakeOpenAI
+    slack: SlackEmulator
+    stack: AsyncExitStack
+    logs: Path
+    started: int = 0
+
+    async def start(self, **settings: Any) -> BotProcess:
+        """One more bot process (the emulator then delivers to it), with its log in a folder of its own."""
+        folder, self.started = self.logs / str(self.started), self.started + 1
+        env = bot_env(self.database_url, self.fake, self.slack, **UNLIMITED | settings)
+        return await self.stack.enter_async_context(bot_process(env, self.slack, workdir=folder))
+
+
+@asynccontextmanager
+async def scene(server_url: str, logs: Path) -> AsyncIterator[Scene]:
+    async with (
+        throwaway_database(server_url, DATABASE_PREFIX) as url,
+        FakeOpenAI() as fake,
+        emulator(connection_limit=CONNECTIONS) as slack,
+        AsyncExitStack() as stack,
+    ):
+        yield Scene(url, fake, slack, stack, logs)
+
+
+def answer_to(request: RecordedRequest) -> FakeReply:
+    return slow(LLM_LATENCY_S, reply(f"answer: {request.last_user}"))
+
+
+def replies(slack: SlackEmulator, said: Sequence[Sent]) -> list[list[str]]:
+    return [[p.text for p in slack.posts(CHANNEL, s.ts)] for s in said]
+
+
+async def until(check: Any, timeout_s: float, poll_s: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(poll_s)
+    return True
+
+
+def last_post_at(slack: SlackEmulator) -> float | None:
+    posts = [c.at for c in slack.calls if c.method == "chat.postMessage" and not c.failed]
+    return max(posts) if posts else None
+
+
+async def killed_worker(server_url: str, logs: Path, customers: int) -> dict[str, Any]:
+    """Kill -9 the only process mid-wave; a new one answers what the first left, each message exactly once."""
+    async with scene(server_url, logs) as s:
+        s.fake.rule = answer_to
+        first = await s.start(lease_seconds=LEASE_SECONDS)
+        said = [write(s.slack, CHANNEL, f"killed-worker question {i:03d}") for i in range(customers)]
+        started = time.monotonic()
+        await asyncio.gather(*(deliver(s.slack, m) for m in said))
+        acked = sum(m.status == 200 for m in said)
+
+        def answered() -> int:
+            return sum(bool(r) for r in replies(s.slack, said))
+
+        # Mid-way: some answers out, the rest mid-turn (their model calls made, their leases held).
+        await until(lambda: answered() >= customers // 5, 60, poll_s=0.005)
+        await first.kill()
+        killed = time.monotonic()
+        answered_at_kill, llm_calls_at_kill = answered(), s.fake.calls
+        second = await s.start(lease_seconds=LEASE_SECONDS)
+        restarted = time.monotonic()
+        complete = await until(lambda: answered() == customers, 3 * LEASE_SECONDS + 60)
+        await asyncio.sleep(QUIET_S)
+        counts = [len(r) for r in replies(s.slack, said)]
+        wrong = sum(r != [f"answer: {m.text}"] for r, m in zip(replies(s.slack, said), said, strict=True))
+        last = last_post_at(s.slack)
+        second.check_alive()
+    return {
+        "customers": customers,
+        "acked": acked,
+        "lease_seconds": LEASE_SECONDS,
+        "llm_latency_s": LLM_LATENCY_S,
+        "answered_before_kill": answered_at_kill,
+        "llm_calls_before_kill": llm_calls_at_kill,
+        "answered": sum(c >= 1 for c in counts),
+        "exactly_once": sum(c == 1 for c in counts),
+        "twice_or_more": sum(c > 1 for c in counts),
+        "unanswered": sum(c == 0 for c in counts),
+        "wrong_text": wrong,
+        "all_answered_in_time": complete,
+        "restart_s": round(restarted - killed, 2),
+        "kill_to_last_answer_s": None if last is None else round(last - killed, 2),
+        "first_event_to_last_answer_s": None if last is None else round(last - started, 2),
+        "replies_per_thread": dict(Counter(counts)),
+    }
+
+
+async def provider_outage(server_url: str, logs: Path, customers: int, outage_s: float) -> dict[str, Any]:
+    """503s for `outage_s` seconds while customers write, spread over a bit more than the outage; then answers."""
+    spacing_s = (outage_s + 5) / customers
+    async with scene(server_url, logs) as s:
+        ends = time.monotonic() + outage_s
+
+        def rule(request: RecordedRequest) -> FakeReply:
+            return error(503, "overloaded") if time.monotonic() < ends else answer_to(request)
+
+        s.fake.rule = rule
+        # The bot's own retry policy (OPENAI_MAX_RETRIES unset), not the harness's none.
+        bot = await s.start(openai_max_retries=None)
+        ends = time.monotonic() + outage_s  # from the bot's being ready
+        started = time.monotonic()
+        said: list[Sent] = []
+        sent_in_outage = 0
+        for i in range(customers):
+            message = write(s.slack, CHANNEL, f"outage question {i:03d}")
+            sent_in_outage += time.monotonic() < ends
+            said.append(await deliver(s.slack, message))
+            await asyncio.sleep(max(0.0, started + (i + 1) * spacing_s - time.monotonic()))
+        complete = await until(lambda: all(replies(s.slack, said)), 60 + LLM_LATENCY_S * customers)
+        await asyncio.sleep(QUIET_S)
+        threads = replies(s.slack, said)
+        cases = [p for p in s.slack.posts(STAFF_CHANNEL) if not p.thread_ts]
+        last = last_post_at(s.slack)
+        bot.check_alive()
+    answered = sum(r == [f"answer: {m.text}"] for r, m in zip(threads, said, strict=True))
+    apologised = sum(r == [APOLOGY] for r in threads)
+    # A case names its customer's message in its transcript (CASE_SUMMARY=transcript): one case per apology.
+    cases_per_message = [sum(m.text in c.text for c in cases) for m in said]
+    return {
+        "customers": customers,
+        "acked": sum(m.status == 200 for m in said),
+        "outage_s": outage_s,
+        "spacing_s": round(spacing_s, 2),
+        "sent_during_outage": sent_in_outage,
+        "answered": answered,
+        "handed_to_a_person": apologised,
+        "cases": len(cases),
+        "cases_naming_their_message": sum(c == 1 for c in cases_per_message),
+        "messages_in_two_cases": sum(c > 1 for c in cases_per_message),
+        "lost": sum(not r for r in threads),
+        "twice_or_more": sum(len(r) > 1 for r in threads),
+        "other_replies": sum(bool(r) for r in threads) - answered - apologised,
+        "all_settled_in_time": complete,
+        "llm_calls": s.fake.calls,
+        "recovery_to_last_reply_s": None if last is None else round(last - ends, 2),
+        "replies_per_thread": dict(Counter(len(r) for r in threads)),
+    }
+
+
+def report_table(kill: dict[str, Any], outage: dict[str, Any]) -> str:
+    rows = [
+        [
+            f"killed worker ({kill['customers']} at once, lease {kill['lease_seconds']:.0f} s)",
+            kill["customers"], kill["answered"], 0, kill["exactly_once"], kill["twice_or_more"], kill["unanswered"],
+            kill["kill_to_last_answer_s"],
+        ],
+        [
+            f"provider outage ({outage['outage_s']:.0f} s of 503s, {outage['sent_during_outage']} sent in it)",
+            outage["customers"], outage["answered"], outage["handed_to_a_person"],
+            outage["customers"] - outage["lost"] - outage["twice_or_more"], outage["twice_or_more"], outage["lost"],
+            "",
+        ],
+    ]  # fmt: skip
+    headers = ["scenario", "messages", "answered", "to a person", "once", "twice+", "lost", "kill -> last s"]
+    return table(headers, rows)
+
+
+async def run(server_url: str, quick: bool, logs: Path) -> dict[str, Any]:
+    section("a worker killed (SIGKILL) while holding many leases")
+    kill = await killed_worker(server_url, logs / "killed", 20 if quick else 50)
+    print(kill, flush=True)
+    section("the LLM provider failing for a while")
+    outage = await provider_outage(server_url, logs / "outage", 10 if quick else 30, 8.0 if quick else 20.0)
+    print(outage, flush=True)
+    section("summary")
+    print(report_table(kill, outage))
+    print(f"(cases in the staff channel: {outage['cases']} for {outage['handed_to_a_person']} hand-overs)")
+    return {"killed_worker": kill, "provider_outage": outage}
+
+
+def main(*, quick: bool = False, results: Path = RESULTS) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="helpdesk-faults-") as tmp:
+        return run_benchmark("faults", quick, results, lambda url: run(url, quick, Path(tmp)))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a smaller run to check that it works")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for the JSON results")
+    args = parser.parse_args()
+    main(quick=args.quick, results=args.results)
