@@ -9,8 +9,16 @@ LLM, loopback only, each scenario bounded in time.
     provider outage   the fake LLM answers 503 for OUTAGE_S seconds while customers write, one every
                       SPACING_S, then recovers. Every message ends answered or handed to a person (the apology in
                       its thread and a case in the staff channel): none lost, none twice.
+    Postgres restart  as for the kill, N customers at once, but the database server is stopped (pg_ctl's fast mode:
+                      every connection cut) once some answers are out, and started again DOWN_S later; the bot
+                      process stays up. The server is an embedded one of this scenario's own (never the bench's,
+                      which BENCH_DATABASE_URL may name). Figures: replies per thread, and the seconds from the
+                      server's being back to the last answer (a turn cut mid-commit waits for its lease).
+    provider timeout  as for the outage, but the fake LLM answers only after 3 x the bot's OPENAI_TIMEOUT_S
+                      (TIMEOUT_S here, 60 s by default) instead of failing: the same outcome is expected.
 
-About 50 s (40 s with --quick) on 2 cores; `python -m bench faults`, or `python -m bench.faults`.
+The last column of the summary counts from the kill, from the database's being back, or from the provider's.
+About 90 s (65 s with --quick) on 2 cores; `python -m bench faults`, or `python -m bench.faults`.
 """
 
 from __future__ import annotations
@@ -20,8 +28,8 @@ import asyncio
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +37,7 @@ from typing import Any
 from agents.loop import Texts
 from bench.live import CONNECTIONS, UNLIMITED
 from bench.setup import DATABASE_PREFIX, RESULTS, run_benchmark, section, table
+from db.embedded import start_embedded
 from fakes.openai_server import FakeOpenAI, FakeReply, RecordedRequest, error, reply, slow
 from fakes.slack_api import SlackEmulator
 from harness.bot import STAFF_CHANNEL, BotProcess, bot_env, bot_process, emulator
@@ -42,6 +51,13 @@ LLM_LATENCY_S = 1.0
 QUIET_S = 3.0
 """After the last expected reply: time enough for a duplicate to show up, if one were coming."""
 APOLOGY = Texts().provider_failure
+OVERLOADED = error(503, "overloaded")
+TIMEOUT_S = 2.0
+"""The bot's OPENAI_TIMEOUT_S in the timeout scenario (60 s by default for a hosted provider)."""
+TOO_LATE = slow(3 * TIMEOUT_S, reply("too late"))
+"""A reply the bot has stopped waiting for: the provider hangs rather than failing."""
+DOWN_S = 3.0
+"""How long the database server stays stopped in the restart scenario."""
 
 
 @dataclass
@@ -139,18 +155,101 @@ async def killed_worker(server_url: str, logs: Path, customers: int) -> dict[str
     }
 
 
-async def provider_outage(server_url: str, logs: Path, customers: int, outage_s: float) -> dict[str, Any]:
-    """503s for `outage_s` seconds while customers write, spread over a bit more than the outage; then answers."""
+@contextmanager
+def own_postgres() -> Iterator[tuple[str, Any]]:
+    """(URL, pgserver handle) of an embedded Postgres of this scenario's own, in a temporary folder: the restart
+    stops and starts only it, never the bench's server (which BENCH_DATABASE_URL may name)."""
+    with tempfile.TemporaryDirectory(prefix="helpdesk-faults-pg-") as tmp:
+        url, server = start_embedded(Path(tmp), cleanup="delete")
+        try:
+            yield url, server
+        finally:
+            server.cleanup()
+
+
+def restart_postgres(server: Any, down_s: float) -> tuple[float, float]:
+    """Stop the server (pg_ctl stop, fast mode: open connections are cut), wait, start it again on the same data
+    folder and socket; (stopped at, ready at), monotonic. Blocking: run it in a thread."""
+    server.stop()
+    stopped = time.monotonic()
+    time.sleep(down_s)
+    # pgserver's start() would count this process as a second holder of the server (and then never stop it on
+    # cleanup): start the postmaster only, under pgserver's lock, as start() does.
+    with server._lock:
+        server.ensure_postgres_running()
+    return stopped, time.monotonic()
+
+
+async def postgres_restart(logs: Path, customers: int) -> dict[str, Any]:
+    """Stop and start the database server mid-wave; every message answered exactly once, none lost."""
+    with own_postgres() as (server_url, server):
+        async with scene(server_url, logs) as s:
+            s.fake.rule = answer_to
+            bot = await s.start(lease_seconds=LEASE_SECONDS)
+            said = [write(s.slack, CHANNEL, f"restart question {i:03d}") for i in range(customers)]
+            started = time.monotonic()
+            await asyncio.gather(*(deliver(s.slack, m) for m in said))
+            acked = sum(m.status == 200 for m in said)
+
+            def answered() -> int:
+                return sum(bool(r) for r in replies(s.slack, said))
+
+            # Mid-way, as for the kill: some answers out, the rest mid-turn.
+            await until(lambda: answered() >= customers // 5, 60, poll_s=0.005)
+            answered_at_stop, uri_before = answered(), server.get_uri()
+            stopped, ready = await asyncio.to_thread(restart_postgres, server, DOWN_S)
+            answered_at_start = answered()
+            complete = await until(lambda: answered() == customers, 3 * LEASE_SECONDS + 60)
+            await asyncio.sleep(QUIET_S)
+            threads = replies(s.slack, said)
+            counts = [len(r) for r in threads]
+            wrong = sum(r != [f"answer: {m.text}"] for r, m in zip(threads, said, strict=True) if r)
+            last = last_post_at(s.slack)
+            bot.check_alive()
+            same_uri = server.get_uri() == uri_before
+    return {
+        "customers": customers,
+        "acked": acked,
+        "down_s": DOWN_S,
+        "lease_seconds": LEASE_SECONDS,
+        "llm_latency_s": LLM_LATENCY_S,
+        "same_address_after_restart": same_uri,
+        "answered_before_stop": answered_at_stop,
+        "answered_while_down": answered_at_start - answered_at_stop,
+        "answered": sum(c >= 1 for c in counts),
+        "exactly_once": sum(c == 1 for c in counts),
+        "twice_or_more": sum(c > 1 for c in counts),
+        "unanswered": sum(c == 0 for c in counts),
+        "wrong_text": wrong,
+        "all_answered_in_time": complete,
+        "llm_calls": s.fake.calls,
+        "stop_to_last_answer_s": None if last is None else round(last - stopped, 2),
+        "restart_to_last_answer_s": None if last is None else round(last - ready, 2),
+        "first_event_to_last_answer_s": None if last is None else round(last - started, 2),
+        "replies_per_thread": dict(Counter(counts)),
+    }
+
+
+async def provider_outage(
+    server_url: str,
+    logs: Path,
+    customers: int,
+    outage_s: float,
+    failure: FakeReply = OVERLOADED,
+    **settings: Any,
+) -> dict[str, Any]:
+    """`failure` (503s, or replies too slow for the bot's timeout) for `outage_s` seconds while customers write,
+    spread over a bit more than the outage; then answers."""
     spacing_s = (outage_s + 5) / customers
     async with scene(server_url, logs) as s:
         ends = time.monotonic() + outage_s
 
         def rule(request: RecordedRequest) -> FakeReply:
-            return error(503, "overloaded") if time.monotonic() < ends else answer_to(request)
+            return failure if time.monotonic() < ends else answer_to(request)
 
         s.fake.rule = rule
         # The bot's own retry policy (OPENAI_MAX_RETRIES unset), not the harness's none.
-        bot = await s.start(openai_max_retries=None)
+        bot = await s.start(openai_max_retries=None, **settings)
         ends = time.monotonic() + outage_s  # from the bot's being ready
         started = time.monotonic()
         said: list[Sent] = []
@@ -191,7 +290,15 @@ async def provider_outage(server_url: str, logs: Path, customers: int, outage_s:
     }
 
 
-def report_table(kill: dict[str, Any], outage: dict[str, Any]) -> str:
+def report_table(kill: dict[str, Any], restart: dict[str, Any], outage: dict[str, Any], timeout: dict[str, Any]) -> str:
+    def provider(label: str, r: dict[str, Any]) -> list[Any]:
+        return [
+            f"{label} for {r['outage_s']:.0f} s ({r['sent_during_outage']} sent in it)",
+            r["customers"], r["answered"], r["handed_to_a_person"],
+            r["customers"] - r["lost"] - r["twice_or_more"], r["twice_or_more"], r["lost"],
+            r["recovery_to_last_reply_s"],
+        ]  # fmt: skip
+
     rows = [
         [
             f"killed worker ({kill['customers']} at once, lease {kill['lease_seconds']:.0f} s)",
@@ -199,13 +306,14 @@ def report_table(kill: dict[str, Any], outage: dict[str, Any]) -> str:
             kill["kill_to_last_answer_s"],
         ],
         [
-            f"provider outage ({outage['outage_s']:.0f} s of 503s, {outage['sent_during_outage']} sent in it)",
-            outage["customers"], outage["answered"], outage["handed_to_a_person"],
-            outage["customers"] - outage["lost"] - outage["twice_or_more"], outage["twice_or_more"], outage["lost"],
-            "",
+            f"Postgres restarted ({restart['customers']} at once, down {restart['down_s']:.0f} s)",
+            restart["customers"], restart["answered"], 0, restart["exactly_once"], restart["twice_or_more"],
+            restart["unanswered"], restart["restart_to_last_answer_s"],
         ],
+        provider("provider 503s", outage),
+        provider(f"provider past the {timeout['openai_timeout_s']:.0f} s timeout", timeout),
     ]  # fmt: skip
-    headers = ["scenario", "messages", "answered", "to a person", "once", "twice+", "lost", "kill -> last s"]
+    headers = ["scenario", "messages", "answered", "to a person", "once", "twice+", "lost", "recovered -> last s"]
     return table(headers, rows)
 
 
@@ -213,13 +321,24 @@ async def run(server_url: str, quick: bool, logs: Path) -> dict[str, Any]:
     section("a worker killed (SIGKILL) while holding many leases")
     kill = await killed_worker(server_url, logs / "killed", 20 if quick else 50)
     print(kill, flush=True)
-    section("the LLM provider failing for a while")
+    section("the database server stopped and started again mid-wave (a server of this scenario's own)")
+    restart = await postgres_restart(logs / "restart", 20 if quick else 50)
+    print(restart, flush=True)
+    section("the LLM provider failing (503) for a while")
     outage = await provider_outage(server_url, logs / "outage", 10 if quick else 30, 8.0 if quick else 20.0)
     print(outage, flush=True)
+    section(f"the LLM provider answering too late (bot timeout {TIMEOUT_S:.0f} s) for a while")
+    timeout = await provider_outage(
+        server_url, logs / "timeout", 6 if quick else 20, 5.0 if quick else 12.0, TOO_LATE, openai_timeout_s=TIMEOUT_S
+    )
+    timeout["openai_timeout_s"] = TIMEOUT_S
+    timeout["late_reply_after_s"] = TOO_LATE.delay
+    print(timeout, flush=True)
     section("summary")
-    print(report_table(kill, outage))
-    print(f"(cases in the staff channel: {outage['cases']} for {outage['handed_to_a_person']} hand-overs)")
-    return {"killed_worker": kill, "provider_outage": outage}
+    print(report_table(kill, restart, outage, timeout))
+    for label, r in (("503s", outage), ("timeouts", timeout)):
+        print(f"({label}: {r['cases']} cases in the staff channel for {r['handed_to_a_person']} hand-overs)")
+    return {"killed_worker": kill, "postgres_restart": restart, "provider_outage": outage, "provider_timeout": timeout}
 
 
 def main(*, quick: bool = False, results: Path = RESULTS) -> dict[str, Any]:
