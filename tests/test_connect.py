@@ -153,9 +153,10 @@ async def test_staff_teams_and_email_domains_are_colleagues(
             await emulator.user_says(SHARED, "Our team has this.", user=user, thread_ts=thread)
         await emulator.wait_for(lambda: len(case_posts(emulator)) == 2)
         await settle(sessions)
-    assert [(c.claimed_by, c.customer) for c in await cases(sessions)] == [
-        ("U_PARTNER", "U_ACME"),
+    # Two conversations taken over at once: their cases are made in whichever order they were handled.
+    assert sorted((c.claimed_by, c.customer) for c in await cases(sessions)) == [
         ("U_EMP", "U_ACME"),
+        ("U_PARTNER", "U_ACME"),
     ]
     assert fake_llm.calls == 5
     assert [await mode_of(sessions, t) for t in threads] == ["human", "human", "bot"]
