@@ -28,7 +28,7 @@ import asyncio
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,21 +109,27 @@ def last_post_at(slack: SlackEmulator) -> float | None:
     return max(posts) if posts else None
 
 
+async def mid_wave(s: Scene, label: str, customers: int) -> tuple[list[Sent], float, int, Callable[[], int]]:
+    """`customers` write at once; back when a fifth have their answer and the rest are mid-turn (their model calls
+    made, their leases held): what was said, when, how many Slack acked, and a count of those answered."""
+    said = [write(s.slack, CHANNEL, f"{label} question {i:03d}") for i in range(customers)]
+    started = time.monotonic()
+    await asyncio.gather(*(deliver(s.slack, m) for m in said))
+    acked = sum(m.status == 200 for m in said)
+
+    def answered() -> int:
+        return sum(bool(r) for r in replies(s.slack, said))
+
+    await until(lambda: answered() >= customers // 5, 60, poll_s=0.005)
+    return said, started, acked, answered
+
+
 async def killed_worker(server_url: str, logs: Path, customers: int) -> dict[str, Any]:
     """Kill -9 the only process mid-wave; a new one answers what the first left, each message exactly once."""
     async with scene(server_url, logs) as s:
         s.fake.rule = answer_to
         first = await s.start(lease_seconds=LEASE_SECONDS)
-        said = [write(s.slack, CHANNEL, f"killed-worker question {i:03d}") for i in range(customers)]
-        started = time.monotonic()
-        await asyncio.gather(*(deliver(s.slack, m) for m in said))
-        acked = sum(m.status == 200 for m in said)
-
-        def answered() -> int:
-            return sum(bool(r) for r in replies(s.slack, said))
-
-        # Mid-way: some answers out, the rest mid-turn (their model calls made, their leases held).
-        await until(lambda: answered() >= customers // 5, 60, poll_s=0.005)
+        said, started, acked, answered = await mid_wave(s, "killed-worker", customers)
         await first.kill()
         killed = time.monotonic()
         answered_at_kill, llm_calls_at_kill = answered(), s.fake.calls
@@ -186,16 +192,7 @@ async def postgres_restart(logs: Path, customers: int) -> dict[str, Any]:
         async with scene(server_url, logs) as s:
             s.fake.rule = answer_to
             bot = await s.start(lease_seconds=LEASE_SECONDS)
-            said = [write(s.slack, CHANNEL, f"restart question {i:03d}") for i in range(customers)]
-            started = time.monotonic()
-            await asyncio.gather(*(deliver(s.slack, m) for m in said))
-            acked = sum(m.status == 200 for m in said)
-
-            def answered() -> int:
-                return sum(bool(r) for r in replies(s.slack, said))
-
-            # Mid-way, as for the kill: some answers out, the rest mid-turn.
-            await until(lambda: answered() >= customers // 5, 60, poll_s=0.005)
+            said, started, acked, answered = await mid_wave(s, "restart", customers)
             answered_at_stop, uri_before = answered(), server.get_uri()
             stopped, ready = await asyncio.to_thread(restart_postgres, server, DOWN_S)
             answered_at_start = answered()

@@ -218,6 +218,14 @@ def _order_lookup(fake_llm: FakeOpenAI) -> None:
     )
 
 
+def assert_order_shown(output: str, listed: bool) -> None:
+    """Ada's order in the look-up's result when the writer's organisation is listed; else what a stranger gets."""
+    if listed:
+        assert "Order DW-1001 for Ada Park" in output
+    else:
+        assert NOT_YOURS in output and "Ada" not in output
+
+
 @pytest.mark.parametrize("listed", [False, True], ids=["unlisted", "listed"])
 async def test_a_teams_member_of_another_tenant_gets_an_order_only_when_their_tenant_is_listed(
     listed: bool,
@@ -240,10 +248,7 @@ async def test_a_teams_member_of_another_tenant_gets_an_order_only_when_their_te
         assert sent.status == 200
         await teams.wait_for(lambda: teams.posts(sent.conversation_id), timeout=15)
     output = tool_outputs(fake_llm.requests[-1])[-1]
-    if listed:
-        assert "Order DW-1001 for Ada Park" in output
-    else:
-        assert NOT_YOURS in output and "Ada" not in output
+    assert_order_shown(output, listed)
     async with sessions() as s:
         identity = await s.scalar(select(m.Inbound.identity))
     # Tools (and an operator's MCP and HTTP tools) know them by their tenant and Teams id either way.
@@ -275,10 +280,7 @@ async def test_a_slack_connect_user_gets_an_order_only_when_their_workspace_is_l
         said = await emulator.user_says("C_SUPPORT", "where is my order DW-1001?", user="U_MAL")
         await replies_in(emulator, "C_SUPPORT", said.ts, 2)
     output = tool_outputs(fake_llm.requests[-1])[-1]
-    if listed:
-        assert "Order DW-1001 for Ada Park" in output
-    else:
-        assert NOT_YOURS in output and "Ada" not in output
+    assert_order_shown(output, listed)
     async with sessions() as s:
         identity = await s.scalar(select(m.Inbound.identity))
     assert identity is not None and (identity["workspace"], identity["user"]) == ("T_OTHER", "U_MAL")
