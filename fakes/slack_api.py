@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import mimetypes
 import secrets
 import time
@@ -210,12 +211,60 @@ class Said:
 
 
 @dataclass(frozen=True)
-class _Fault:
+class Fault:
+    """How one Web API call goes wrong."""
+
     status: int
-    retry_after: int
-    error: str
+    retry_after: int = 1
+    """Seconds, sent as Retry-After with a 429."""
+    error: str = "ratelimited"
     params: dict[str, str] = field(default_factory=dict)
-    """Only calls with these parameters fail."""
+    """Only calls with these parameters fail (`fail_next`)."""
+    performed: bool = False
+    """Slack did the call and then answered with this error (a 500 after the message was posted): the caller
+    cannot tell from the answer whether it was done."""
+    page: bool = False
+    """The answer is an HTML error page (a gateway's 502 or 504), not Slack's JSON."""
+    lost: bool = False
+    """Performed, and then the connection is closed unanswered (`status` is not sent)."""
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """A token bucket: `burst` calls at once, then one every 1/`per_s` seconds; per channel (chat.postMessage's
+    special limit) or per workspace (the tiers)."""
+
+    per_s: float
+    burst: int
+    per_channel: bool = False
+
+
+TIER_2, TIER_3, TIER_4 = RateLimit(20 / 60, 20), RateLimit(50 / 60, 50), RateLimit(100 / 60, 100)
+SLACK_RATE_LIMITS: Mapping[str, RateLimit] = {
+    # "1 message per second to a specific channel, with short bursts above this allowed"; how short is not
+    # published: three here.
+    "chat.postMessage": RateLimit(1.0, 3, per_channel=True),
+    "chat.update": TIER_3,
+    "chat.delete": TIER_3,
+    "chat.getPermalink": TIER_4,
+    "chat.postEphemeral": TIER_4,
+    "reactions.add": TIER_3,
+    "reactions.remove": TIER_2,
+    "users.info": TIER_4,
+    "usergroups.users.list": TIER_2,
+    "conversations.info": TIER_3,
+    # Tier 3 for an app its own organisation built; since 2025 a non-Marketplace app distributed to others gets 1
+    # a minute.
+    "conversations.replies": TIER_3,
+    "conversations.history": TIER_3,
+    "views.publish": TIER_4,
+    "views.open": TIER_4,
+    "files.getUploadURLExternal": TIER_4,
+    "files.completeUploadExternal": TIER_4,
+    "files.info": TIER_4,
+}
+"""Slack's published Web API limits (api.slack.com/apis/rate-limits and each method's page), for
+`SlackEmulator(rate_limits=SLACK_RATE_LIMITS)`."""
 
 
 def block_kit_problem(blocks: Any) -> str | None:
@@ -434,6 +483,7 @@ class SlackEmulator:
         bot_token: str | None = None,
         port: int = 0,
         connection_limit: int = 100,
+        rate_limits: Mapping[str, RateLimit] | None = None,
     ) -> None:
         self.signing_secret = signing_secret
         self.events_url = events_url
@@ -454,7 +504,14 @@ class SlackEmulator:
         self._reply_index: dict[tuple[str, str], list[str]] = {}  # (channel, root ts) -> reply ts, in order
         self.statuses: dict[tuple[str, str], Status] = {}
         """The AI status shown under each thread (channel, root ts), while one is; a bot post in it clears it."""
-        self._faults: dict[str, deque[_Fault]] = {}
+        self._faults: dict[str, deque[Fault]] = {}
+        self.weather: Callable[[str, Mapping[str, Any]], Fault | None] | None = None
+        """A storm: (method, params) -> how this call fails, or None; asked for every call no `fail_next` fault
+        answers (a benchmark sets a rule that depends on the time)."""
+        self.rate_limits: Mapping[str, RateLimit] = rate_limits or {}
+        """Enforced with 429s and Retry-After when set (`SLACK_RATE_LIMITS`); none by default, so that a test's
+        burst of posts is not slowed by them."""
+        self._buckets: dict[tuple[str, str], tuple[float, float]] = {}  # (method, channel or "") -> (tokens, at)
         self._holds: dict[str, asyncio.Event] = {}
         self._drops: list[tuple[str, dict[str, str]]] = []  # (method, params it must have), one per lost answer
         self._tasks: set[asyncio.Task[None]] = set()
@@ -784,10 +841,14 @@ class SlackEmulator:
         retry_after: int = 1,
         error: str = "ratelimited",
         times: int = 1,
+        performed: bool = False,
+        page: bool = False,
         **params: str,
     ) -> None:
-        """The next ``times`` calls of ``method`` with these parameters (all calls without any) fail so."""
-        self._faults.setdefault(method, deque()).extend([_Fault(status, retry_after, error, params)] * times)
+        """The next ``times`` calls of ``method`` with these parameters (all calls without any) fail so (see
+        `Fault`)."""
+        fault = Fault(status, retry_after, error, params, performed=performed, page=page)
+        self._faults.setdefault(method, deque()).extend([fault] * times)
 
     def drop_next(self, method: str, *, times: int = 1, **params: str) -> None:
         """The next ``times`` calls of ``method`` with these parameters (``channel="C_STAFF"``) are performed, and
@@ -825,12 +886,26 @@ class SlackEmulator:
         elif self.expected_token is not None and token != self.expected_token:
             body = {"ok": False, "error": "invalid_auth"}
         elif (fault := self._fault_for(method, params)) is not None:
-            self._faults[method].remove(fault)
-            status, injected = fault.status, True
+            performed = (fault.performed or fault.lost) and method in self._methods
+            if performed:
+                with contextlib.suppress(SlackApiFailure):
+                    self._methods[method](params)
+            status, injected = fault.status, not performed
             headers = {"Retry-After": str(fault.retry_after)} if fault.status == 429 else {}
             body = {"ok": False, "error": fault.error}
+            if fault.lost or fault.page:
+                what = "connection closed" if fault.lost else f"HTTP {status} page"
+                self.calls.append(ApiCall(method, params, time.monotonic(), what, injected, fault.lost))
+                if fault.lost and request.transport is not None:
+                    request.transport.close()
+                    return web.Response()
+                page = f"<html><body><h1>{status}</h1></body></html>"
+                return web.Response(status=status, text=page, content_type="text/html")
         elif method not in self._methods:
             body = {"ok": False, "error": "unknown_method"}
+        elif (wait := self._rate_limited(method, params)) is not None:
+            status, injected = 429, True
+            headers, body = {"Retry-After": str(wait)}, {"ok": False, "error": "ratelimited"}
         else:
             try:
                 body = {"ok": True, **self._methods[method](params)}
@@ -848,11 +923,30 @@ class SlackEmulator:
             await hold.wait()
         return web.json_response(body, status=status, headers=headers)
 
-    def _fault_for(self, method: str, params: Mapping[str, Any]) -> _Fault | None:
-        return next(
+    def _rate_limited(self, method: str, params: Mapping[str, Any]) -> int | None:
+        """Take a token from the method's bucket; the whole seconds to wait (Retry-After) when there is none."""
+        limit = self.rate_limits.get(method)
+        if limit is None:
+            return None
+        key = (method, str(params.get("channel") or "") if limit.per_channel else "")
+        now = time.monotonic()
+        tokens, at = self._buckets.get(key, (float(limit.burst), now))
+        tokens = min(float(limit.burst), tokens + (now - at) * limit.per_s)
+        if tokens < 1.0:
+            self._buckets[key] = (tokens, now)
+            return max(1, math.ceil((1.0 - tokens) / limit.per_s))
+        self._buckets[key] = (tokens - 1.0, now)
+        return None
+
+    def _fault_for(self, method: str, params: Mapping[str, Any]) -> Fault | None:
+        queued = next(
             (f for f in self._faults.get(method, ()) if all(str(params.get(k)) == v for k, v in f.params.items())),
             None,
         )
+        if queued is not None:
+            self._faults[method].remove(queued)
+            return queued
+        return self.weather(method, params) if self.weather is not None else None
 
     def _drop_for(self, method: str, params: Mapping[str, Any]) -> tuple[str, dict[str, str]] | None:
         return next(

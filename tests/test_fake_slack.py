@@ -17,7 +17,7 @@ from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetry
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
-from fakes.slack_api import BOT_ID, BOT_USER_ID, SlackEmulator
+from fakes.slack_api import BOT_ID, BOT_USER_ID, SLACK_RATE_LIMITS, Fault, SlackEmulator
 
 SECRET = "test-signing-secret"
 
@@ -434,3 +434,43 @@ async def test_views_open_exchanges_a_trigger_once_within_3_seconds_and_submissi
     assert payload["view"]["state"]["values"] == {"b": {"a": {"type": "plain_text_input", "value": "more tea"}}}
     await live.submit_view(opened["id"])
     assert json.loads(bot.received[-1].form["payload"])["view"]["state"]["values"]["b"]["a"]["value"] is None
+
+
+async def test_a_performed_fault_does_the_call_and_answers_an_error(emu: SlackEmulator) -> None:
+    emu.fail_next("chat.postMessage", status=500, error="internal_error", performed=True)
+    emu.fail_next("chat.postMessage", status=502, page=True, performed=True)
+    web_client = client(emu, retry_handlers=[])
+    with pytest.raises(SlackApiError) as json_error:
+        await web_client.chat_postMessage(channel="C_SUPPORT", text="landed, then a 500")
+    with pytest.raises(SlackApiError) as page_error:
+        await web_client.chat_postMessage(channel="C_SUPPORT", text="landed, then a gateway's page")
+    assert json_error.value.response["error"] == "internal_error"
+    assert page_error.value.response.status_code == 502 and not page_error.value.response.data
+    assert [m.text for m in emu.posts("C_SUPPORT")] == ["landed, then a 500", "landed, then a gateway's page"]
+    assert [c.injected for c in emu.calls_to("chat.postMessage")] == [False, False]
+
+
+async def test_weather_fails_the_calls_its_rule_picks(emu: SlackEmulator) -> None:
+    emu.weather = lambda method, params: Fault(503, error="service_unavailable") if method == "chat.update" else None
+    web_client = client(emu, retry_handlers=[])
+    posted = await web_client.chat_postMessage(channel="C_SUPPORT", text="v1")
+    with pytest.raises(SlackApiError):
+        await web_client.chat_update(channel="C_SUPPORT", ts=posted["ts"], text="v2")
+    emu.weather = None
+    await web_client.chat_update(channel="C_SUPPORT", ts=posted["ts"], text="v2")
+    assert emu.posts("C_SUPPORT")[0].text == "v2"
+
+
+async def test_slack_rate_limits_allow_a_burst_then_one_a_second_per_channel() -> None:
+    async with SlackEmulator(rate_limits=SLACK_RATE_LIMITS) as emu:
+        web_client = client(emu, retry_handlers=[])
+        for i in range(3):  # the burst
+            await web_client.chat_postMessage(channel="C_SUPPORT", text=f"burst {i}")
+        with pytest.raises(SlackApiError) as limited:
+            await web_client.chat_postMessage(channel="C_SUPPORT", text="one too many")
+        await web_client.chat_postMessage(channel="C_STAFF", text="another channel has its own")
+        assert limited.value.response.status_code == 429
+        assert limited.value.response.headers["Retry-After"] == "1"
+        await asyncio.sleep(1.05)
+        await web_client.chat_postMessage(channel="C_SUPPORT", text="a second later")
+    assert [m.text for m in emu.posts("C_SUPPORT")] == ["burst 0", "burst 1", "burst 2", "a second later"]
