@@ -11,7 +11,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+import aiohttp
 from slack_bolt.app.async_app import AsyncApp
+from slack_bolt.authorization import AuthorizeResult
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.respond.async_respond import AsyncRespond
 from slack_bolt.request.async_request import AsyncBoltRequest
@@ -161,9 +163,44 @@ DIRECT_EVENTS = frozenset({"app_home_opened"})
 CASE_ACTIONS: dict[str, Action] = {ACTION_CLAIM: "claim", ACTION_RESOLVE: "resolve", ACTION_HAND_BACK: "hand_back"}
 
 
+class SlackUnavailable(Exception):
+    """Slack did not say who the bot is (auth.test failed)."""
+
+
+class Authorisation:
+    """The bot's identity (auth.test), asked for once and kept, for bolt's `authorize`. Bolt's own single-workspace
+    authorisation asks on requests until Slack answers, and when Slack fails it acknowledges the request with a 200
+    and an error text: Slack never sends that event again, and the customer's message is lost. Raised from here
+    (not as a SlackApiError, which bolt would catch) the failure makes bolt answer 500, and Slack retries."""
+
+    def __init__(self, client: AsyncWebClient) -> None:
+        self.client = client
+        self._result: AuthorizeResult | None = None
+
+    async def warm(self) -> None:
+        """Ask now, at start-up, so that a Slack outage later does not hold requests up; a failure is only
+        logged (the first request asks again)."""
+        try:
+            await self.result()
+        except SlackUnavailable as exc:
+            log.warning("%s; asked again on the first request", exc)
+
+    async def result(self) -> AuthorizeResult:
+        if self._result is None:
+            try:
+                response = await self.client.auth_test()
+            except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+                raise SlackUnavailable(f"Slack's auth.test failed ({type(exc).__name__}: {exc})") from exc
+            self._result = AuthorizeResult.from_auth_test_response(
+                bot_token=self.client.token, auth_test_response=response
+            )
+        return self._result
+
+
 def build_app(
     *,
     client: AsyncWebClient,
+    authorisation: Authorisation,
     signing_secret: str,
     inbox: Inbox,
     desk: CaseDesk,
@@ -172,7 +209,15 @@ def build_app(
     csat: Csat | None = None,
     home: Home | None = None,
 ) -> AsyncApp:
-    app = AsyncApp(client=client, signing_secret=signing_secret)
+
+    async def authorize() -> AuthorizeResult:  # bolt passes the arguments a function names: none here
+        return await authorisation.result()
+
+    # Bolt's own client carries no token: each request's comes from `authorize` (given both, bolt warns).
+    bolt_client = AsyncWebClient(
+        base_url=client.base_url, timeout=client.timeout, retry_handlers=list(client.retry_handlers)
+    )
+    app = AsyncApp(client=bolt_client, signing_secret=signing_secret, authorize=authorize)
 
     async def act(action: CaseAction) -> ActionResult:
         try:

@@ -132,11 +132,19 @@ class SlackMessenger:
         try:
             return await call
         except SlackApiError as exc:
-            error = str(exc.response.get("error") or exc)
+            # A JSON body the client could not parse leaves the raw aiohttp response here, with `status`.
+            response = exc.response
+            status = int(getattr(response, "status_code", None) or getattr(response, "status", 0) or 0)
+            data = getattr(response, "data", None)
+            error = str(data.get("error") or "") if isinstance(data, dict) else ""
+            if not error and status >= 500:
+                # A gateway's page, not Slack's answer: it says nothing about the call, like `internal_error`.
+                error = "service_unavailable" if status == 503 else "internal_error"
+            error = error or str(exc)
             retry_after = None
             if error == "ratelimited":
-                retry_after = float(exc.response.headers.get("Retry-After", 1) or 1)
-            raise Refused(error, retry_after=retry_after, certain=error not in MAYBE_DONE) from exc
+                retry_after = float(response.headers.get("Retry-After", 1) or 1)
+            raise Refused(error, retry_after=retry_after, certain=error not in MAYBE_DONE and status < 500) from exc
 
 
 def _share_ts(file: Mapping[str, Any], where: Where) -> str | None:

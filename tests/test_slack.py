@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from db import models as m
 from db.deliveries import Answer
 from fakes.openai_server import FakeOpenAI, RecordedRequest, reply, slow, tool_call, tools
-from fakes.slack_api import BOT_USER_ID, SlackEmulator
+from fakes.slack_api import BOT_USER_ID, SLACK_RATE_LIMITS, SlackEmulator
 from harness.bot import bot_settings, serving
 from harness.database import count, settle
 from harness.slack import replies_in
@@ -325,6 +325,24 @@ async def test_a_post_in_doubt_stays_in_doubt_when_the_look_is_refused(
     assert len(emulator.calls_to("chat.postMessage")) == 1
 
 
+async def test_a_post_answered_by_a_gateway_page_is_looked_for_not_posted_twice(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    """A 502 page (no Slack JSON) says nothing about the call: Slack may have the reply. It is looked for, found,
+    and not posted again; a look answered so is tried again like Slack's own `internal_error`."""
+    emulator.fail_next("chat.postMessage", status=502, page=True, performed=True)
+    emulator.fail_next("conversations.replies", status=504, page=True)
+    fake_llm.script(reply("Only once."))
+    said = await emulator.user_says("C_SUPPORT", "hello")
+    await emulator.wait_for(lambda: len(emulator.calls_to("conversations.replies")) >= 2, timeout=40)
+    await settle(sessions)
+    assert [p.text for p in emulator.posts("C_SUPPORT", said.ts)] == ["Only once."]
+    assert len(emulator.calls_to("chat.postMessage")) == 1
+    async with sessions() as s:
+        row = await s.scalar(select(m.Outbox).where(m.Outbox.kind == Answer.kind))
+    assert row is not None and row.outcome == "sent" and row.last_error == "internal_error"
+
+
 async def test_failed_post_is_looked_for_then_retried_after_a_backoff(
     slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
 ) -> None:
@@ -341,3 +359,39 @@ async def test_failed_post_is_looked_for_then_retried_after_a_backoff(
     async with sessions() as s:
         row = await s.scalar(select(m.Outbox).where(m.Outbox.kind == Answer.kind))
     assert row is not None and row.attempts == 2 and row.last_error == "internal_error"
+
+
+async def test_a_message_that_came_while_slack_could_not_say_who_the_bot_is_is_sent_again_and_answered(
+    database_url: str, sessions: Sessions, emulator: SlackEmulator, fake_llm: FakeOpenAI
+) -> None:
+    """auth.test fails at start-up and on the first event: that event is refused with a 500 (bolt's own handling
+    acknowledged it with a 200 and an error text, so Slack never sent it again), and Slack's retry is answered."""
+    # Each ask is tried three times by the client (two retries of a 5xx).
+    emulator.fail_next("auth.test", status=503, error="service_unavailable", times=6)
+    fake_llm.script(reply("Here now."))
+    async with serving(bot_settings(database_url, fake_llm, emulator), emulator):
+        said = await emulator.user_says("C_SUPPORT", "hello?")
+        assert said.result.status == 500
+        [first] = [d for d in emulator.deliveries if d.result is not None and d.result.status == 500]
+        again = await emulator.deliver(first.payload, retry_num=1, retry_reason="http_error")
+        assert again.status == 200
+        assert await replies_in(emulator, "C_SUPPORT", said.ts, 1, wait_s=15) == ["Here now."]
+    assert len(emulator.calls_to("auth.test")) == 7  # and none after it was answered
+
+
+async def test_a_crowd_in_one_channel_under_slacks_rate_limits_is_answered_once_each_without_a_storm_of_429s(
+    slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+) -> None:
+    """chat.postMessage allows about one post a second per channel. After the first 429 the channel's posts go one
+    per Retry-After, each at its turn: not every waiting conversation trying again each second (which cost 12
+    calls a post with 30 customers)."""
+    emulator.rate_limits = SLACK_RATE_LIMITS
+    fake_llm.rule = lambda request: reply(f"re: {request.last_user}")
+    said = [await emulator.user_says("C_SUPPORT", f"question {i}") for i in range(10)]
+    for i, one in enumerate(said):
+        assert await replies_in(emulator, "C_SUPPORT", one.ts, 1, wait_s=40) == [f"re: question {i}"]
+    await settle(sessions)
+    posts = emulator.calls_to("chat.postMessage")
+    limited = [c for c in posts if c.error == "ratelimited"]
+    assert len(posts) - len(limited) == 10
+    assert len(limited) <= 10, len(limited)  # 2 to 5 here; 15 with 8 customers before
