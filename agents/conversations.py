@@ -51,8 +51,11 @@ from agents.model import Model
 from agents.router import Router
 from agents.summary import UNSUMMARISED, VALID_SUMMARY, Summaries, Summarising
 from db import models as m
+from db.engine import database_unavailable
 
 log = logging.getLogger(__name__)
+UNCOUNTED_KEPT = 10_000
+"""At most this many messages remembered as failed by the database (`Conversations._uncounted`)."""
 
 InboundKind = Literal["customer", "staff", "colleague"]
 """Who wrote a stored message: the customer; a colleague in the case thread (relayed to the customer); or a colleague
@@ -248,6 +251,10 @@ class Conversations:
         self.history_limit = history_limit
         """Rows loaded per turn; the token window trims further. Bounded so long threads stay cheap."""
         self.max_attempts = max_attempts
+        self._uncounted: set[int] = set()
+        """Messages whose last attempt here the database failed (a commit cut off, a full disk): their next start in
+        this process is not counted, since what failed was not them (a disk full for seconds handed customers
+        whose answers were ready to a person). Another process counts it: this is a kindness, not a guarantee."""
         self.retry_base_s = retry_base_s
         """A conversation whose message failed is left alone this long, doubled per attempt (at most a minute): a
         poison message costs a handful of tries over seconds, not hundreds, and the others keep the workers."""
@@ -474,11 +481,13 @@ class Conversations:
             "token": lease.token if lease else 0,
             "ttl": self.leases.ttl_s,
             "history": self.history_limit,
+            "uncounted": sorted(self._uncounted),
         }
         async with self.sessions() as s, s.begin():
             row = (await s.execute(_START_CLAIMING if lease is None else _START, params)).first()
         if row is None:
             return None
+        self._uncounted.discard(row.inbound_id)
         held = Lease(conversation_id, row.lease_token, self.leases.owner)
         current_conversation.set(row.key)
         current_message.set(row.inbound_id)
@@ -500,6 +509,16 @@ class Conversations:
         )  # fmt: skip
 
     async def _run(self, started: _Started, *, keep: bool, on_event: EventSink | None) -> _Done:
+        try:
+            return await self._run_planned(started, keep=keep, on_event=on_event)
+        except Exception as exc:
+            if started.inbound is not None and database_unavailable(exc):
+                if len(self._uncounted) > UNCOUNTED_KEPT:  # those another process took stay: bounded
+                    self._uncounted.clear()
+                self._uncounted.add(started.inbound.id)
+            raise
+
+    async def _run_planned(self, started: _Started, *, keep: bool, on_event: EventSink | None) -> _Done:
         planned = self._plan(started)
         if isinstance(planned, TurnInput):
             # Files are read only for a message that gets a turn: reading costs a download and a reader process,
@@ -522,8 +541,8 @@ class Conversations:
                 on_event=on_event,
                 router=self.router,
             )
-        except Exception:
-            if started.inbound.attempts < self.max_attempts:
+        except Exception as exc:
+            if started.inbound.attempts < self.max_attempts or database_unavailable(exc):
                 raise
             log.exception("turn failed %d times; apologising", started.inbound.attempts)
             reason = Escalate("the bot failed repeatedly on this message", "error")
@@ -884,7 +903,7 @@ WITH lease AS (
     WHERE id = :id AND {lease_where}
     RETURNING key, mode, active_agent, context, history_from, summary, summary_through, lease_token
 ), next AS (
-    UPDATE inbound SET attempts = attempts + 1
+    UPDATE inbound SET attempts = attempts + CASE WHEN id = ANY(CAST(:uncounted AS bigint[])) THEN 0 ELSE 1 END
     WHERE id = (
         SELECT id FROM inbound WHERE conversation_id = :id AND processed_at IS NULL
         ORDER BY order_key ASC NULLS LAST, id LIMIT 1

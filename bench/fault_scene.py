@@ -32,6 +32,8 @@ TIMEOUT_S = 2.0
 """The bot's OPENAI_TIMEOUT_S in the timeout scenario (60 s by default for a hosted provider)."""
 TOO_LATE = slow(3 * TIMEOUT_S, reply("too late"))
 """A reply the bot has stopped waiting for: the provider hangs rather than failing."""
+HEADERS = ["scenario", "messages", "answered", "to a person", "once", "twice+", "lost", "recovered -> last s"]
+"""The summary table's columns, for every scenario's rows."""
 DOWN_S = 3.0
 """How long the database server stays stopped in the restart scenario."""
 
@@ -45,11 +47,13 @@ class Scene:
     logs: Path
     started: int = 0
 
-    async def start(self, **settings: Any) -> BotProcess:
-        """One more bot process (the emulator then delivers to it), with its log in a folder of its own."""
+    async def start(self, *, events: bool = True, **settings: Any) -> BotProcess:
+        """One more bot process, with its log in a folder of its own; the emulator then delivers to it, unless
+        it must not take Slack's events (a worker: pointing the emulator there even for a moment would lose the
+        messages sent meanwhile, 404)."""
         folder, self.started = self.logs / str(self.started), self.started + 1
         env = bot_env(self.database_url, self.fake, self.slack, **UNLIMITED | settings)
-        return await self.stack.enter_async_context(bot_process(env, self.slack, workdir=folder))
+        return await self.stack.enter_async_context(bot_process(env, self.slack if events else None, workdir=folder))
 
 
 @asynccontextmanager

@@ -17,8 +17,13 @@ LLM, loopback only, each scenario bounded in time.
     provider timeout  as for the outage, but the fake LLM answers only after 3 x the bot's OPENAI_TIMEOUT_S
                       (TIMEOUT_S here, 60 s by default) instead of failing: the same outcome is expected.
 
-The last column of the summary counts from the kill, from the database's being back, or from the provider's.
-About 90 s (65 s with --quick) on 2 cores; `python -m bench faults`, or `python -m bench.faults`.
+And, each in a module of its own (runnable alone as `python -m bench.<module>`): Slack answering 5xx and 429
+storms and its rate limits (`fault_slack`); a process SIGSTOPped past its lease, and the web and worker processes
+killed separately (`fault_processes`); the disk of the database nearly full, and full (`fault_disk`, on a tmpfs it
+mounts: root only, else reported as not run).
+
+The last column of the summary counts from the fault's end (the kill, the database back, the provider or Slack
+recovered, the disk freed). About 9 minutes (4 with --quick) on 2 cores; `python -m bench faults`.
 """
 
 from __future__ import annotations
@@ -33,10 +38,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench import fault_disk, fault_processes, fault_slack
 from bench.fault_scene import (
     APOLOGY,
     CHANNEL,
     DOWN_S,
+    HEADERS,
     LEASE_SECONDS,
     LLM_LATENCY_S,
     OVERLOADED,
@@ -220,7 +227,9 @@ async def provider_outage(
     }
 
 
-def report_table(kill: dict[str, Any], restart: dict[str, Any], outage: dict[str, Any], timeout: dict[str, Any]) -> str:
+def report_rows(
+    kill: dict[str, Any], restart: dict[str, Any], outage: dict[str, Any], timeout: dict[str, Any]
+) -> list[list[Any]]:
     def provider(label: str, r: dict[str, Any]) -> list[Any]:
         return [
             f"{label} for {r['outage_s']:.0f} s ({r['sent_during_outage']} sent in it)",
@@ -243,8 +252,7 @@ def report_table(kill: dict[str, Any], restart: dict[str, Any], outage: dict[str
         provider("provider 503s", outage),
         provider(f"provider past the {timeout['openai_timeout_s']:.0f} s timeout", timeout),
     ]  # fmt: skip
-    headers = ["scenario", "messages", "answered", "to a person", "once", "twice+", "lost", "recovered -> last s"]
-    return table(headers, rows)
+    return rows
 
 
 async def run(server_url: str, quick: bool, logs: Path) -> dict[str, Any]:
@@ -252,23 +260,29 @@ async def run(server_url: str, quick: bool, logs: Path) -> dict[str, Any]:
     kill = await killed_worker(server_url, logs / "killed", 20 if quick else 50)
     print(kill, flush=True)
     section("the database server stopped and started again mid-wave (a server of this scenario's own)")
-    restart = await postgres_restart(logs / "restart", 20 if quick else 50)
+    restart = await postgres_restart(logs / "restart", 20 if quick else 100)
     print(restart, flush=True)
     section("the LLM provider failing (503) for a while")
-    outage = await provider_outage(server_url, logs / "outage", 10 if quick else 30, 8.0 if quick else 20.0)
+    outage = await provider_outage(server_url, logs / "outage", 10 if quick else 40, 8.0 if quick else 60.0)
     print(outage, flush=True)
     section(f"the LLM provider answering too late (bot timeout {TIMEOUT_S:.0f} s) for a while")
     timeout = await provider_outage(
-        server_url, logs / "timeout", 6 if quick else 20, 5.0 if quick else 12.0, TOO_LATE, openai_timeout_s=TIMEOUT_S
+        server_url, logs / "timeout", 6 if quick else 30, 5.0 if quick else 60.0, TOO_LATE, openai_timeout_s=TIMEOUT_S
     )
     timeout["openai_timeout_s"] = TIMEOUT_S
     timeout["late_reply_after_s"] = TOO_LATE.delay
     print(timeout, flush=True)
+    slack = await fault_slack.run(server_url, quick, logs / "slack")
+    processes = await fault_processes.run(server_url, quick, logs / "processes")
+    disk = await fault_disk.run(logs / "disk", quick)
     section("summary")
-    print(report_table(kill, restart, outage, timeout))
+    rows = report_rows(kill, restart, outage, timeout)
+    rows += fault_slack.rows(slack) + fault_processes.rows(processes) + fault_disk.rows(disk)
+    print(table(HEADERS, rows))
     for label, r in (("503s", outage), ("timeouts", timeout)):
         print(f"({label}: {r['cases']} cases in the staff channel for {r['handed_to_a_person']} hand-overs)")
-    return {"killed_worker": kill, "postgres_restart": restart, "provider_outage": outage, "provider_timeout": timeout}
+    own = {"killed_worker": kill, "postgres_restart": restart, "provider_outage": outage, "provider_timeout": timeout}
+    return own | slack | processes | disk
 
 
 def main(*, quick: bool = False, results: Path = RESULTS) -> dict[str, Any]:

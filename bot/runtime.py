@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from bot.preflight import RefusedToStart
 from bot.settings import Settings
 from db import migrate
 from db.embedded import start_embedded
-from db.engine import make_engine, make_sessions
+from db.engine import WriteHealth, make_engine, make_sessions, watch_writes
 from escalation.machine import TAKEOVER
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,8 @@ class Database:
     sessions: async_sessionmaker[AsyncSession]
     embedded: Any = None
     """The embedded server's handle, kept alive while the process needs it."""
+    writes: WriteHealth = field(default_factory=WriteHealth)
+    """Whether the server lately refused writes (a full disk): shown by /healthz."""
 
 
 def database_url(settings: Settings) -> tuple[str, Any]:
@@ -78,7 +80,7 @@ async def open_database(settings: Settings, *, run_migrations: bool = True) -> A
     try:
         async with engine.connect() as conn:
             await conn.execute(text("SELECT 1"))
-        yield Database(url, engine, make_sessions(engine), handle)
+        yield Database(url, engine, make_sessions(engine), handle, watch_writes(engine))
     finally:
         await engine.dispose()
 

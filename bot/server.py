@@ -55,7 +55,7 @@ from bot.metrics import Metrics
 from bot.outbox import OutboxSender, ReplyStyle, turn_outbox
 from bot.preflight import RefusedToStart, staff_channel_problem, staff_channel_status
 from bot.settings import Settings
-from bot.slack_app import SlackDirectory, build_app, slack_client
+from bot.slack_app import Authorisation, SlackDirectory, build_app, slack_client
 from bot.slack_events import Policy
 from bot.staff import Colleagues, Member, Members, StaffGate, StaffList
 from bot.status import SlackStatus
@@ -63,7 +63,7 @@ from bot.teams_app import EitherDirectory, TeamsAuth, TeamsDirectory, TeamsEdge,
 from bot.teams_events import TeamsPolicy
 from bot.teams_messenger import ServiceUrls, TeamsMessenger
 from bot.workers import Workers
-from db.engine import make_engine, make_sessions
+from db.engine import make_engine, make_sessions, watch_writes
 from escalation.desk import CaseDesk
 from escalation.machine import TAKEOVER
 from escalation.policy import BusinessHours, EscalationPolicy
@@ -247,6 +247,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
         # workers' short transactions for Slack's 3 seconds.
         pooler = settings.database_pooler == "transaction"
         ack_engine = make_engine(db.url, pool_size=settings.ack_pool_size, transaction_pooler=pooler)
+        watch_writes(ack_engine, db.writes)  # where a full disk shows first: the events Slack sends
         # And so does monitoring: a scrape never waits behind turns, nor a turn behind a scrape.
         monitoring_engine = make_engine(db.url, pool_size=1, transaction_pooler=pooler)
         metrics.watch(monitoring_engine)
@@ -269,6 +270,8 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
         if client is not None and directory is not None and settings.slack_signing_secret is not None:
             secret = settings.slack_signing_secret.get_secret_value()
             admin = admin_commands(settings, db, brain, desk, directory, channel_check)
+            authorisation = Authorisation(client)
+            await authorisation.warm()
             feedback = Feedback(
                 sessions=db.sessions,
                 desk=desk,
@@ -277,6 +280,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             )
             app = build_app(
                 client=client,
+                authorisation=authorisation,
                 signing_secret=secret,
                 inbox=inbox,
                 desk=desk,
@@ -498,8 +502,15 @@ def _add_monitoring(application: web.Application, bot: Bot) -> None:
             database = "ok"
         except Exception as exc:
             database = f"error: {type(exc).__name__}"
+        # A full disk leaves SELECT 1 working while no message can be stored (Slack's events are refused): not
+        # ready either, until no write has been refused for a few seconds (`db.engine.WriteHealth`).
+        writes = bot.db.writes.status()
+        if database == "ok" and writes["status"] != "ok":
+            database = f"refusing writes: {writes['last_error']}"
         ready = database == "ok" and bot.workers.ready
         body: dict[str, object] = {"database": database, "ready": ready}
+        if writes["status"] != "ok":
+            body["database_writes"] = writes
         if bot.provider is not None:
             # Degraded, not down: customers still get an apology and a colleague (or offline answers) while it fails.
             health = bot.provider()

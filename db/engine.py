@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import time
 import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
+from sqlalchemy import event
+from sqlalchemy.engine import ExceptionContext
+from sqlalchemy.exc import DBAPIError, InterfaceError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 from db.url import async_url
@@ -11,9 +17,24 @@ from db.url import async_url
 Sessions = async_sessionmaker[AsyncSession]
 
 
-def make_engine(url: str, *, pool_size: int = 20, transaction_pooler: bool = False) -> AsyncEngine:
+IDLE_IN_TRANSACTION_S = 10.0
+"""How long the server keeps a transaction of ours that waits on us (idle in transaction) before it ends the
+session. Every transaction here is a few statements in a row, so one left waiting is a frozen or cut-off process's
+(SIGSTOP, a paused VM, a partition: its connection stays up): without this bound its row locks outlive its leases
+for as long as it is frozen, and another process's outbox waits behind them (bench/fault_processes.py)."""
+
+
+def make_engine(
+    url: str,
+    *,
+    pool_size: int = 20,
+    transaction_pooler: bool = False,
+    idle_in_transaction_s: float | None = IDLE_IN_TRANSACTION_S,
+) -> AsyncEngine:
     """`transaction_pooler`: `url` is PgBouncer (or alike) in transaction mode, where a prepared statement may
-    meet another server connection than the one it was prepared on: no statement caches, unique names."""
+    meet another server connection than the one it was prepared on: no statement caches, unique names; a pooler
+    passes no server settings either (`idle_in_transaction_s` is then the role's, ALTER ROLE ... SET
+    idle_in_transaction_session_timeout)."""
     pooled: dict[str, object] = {}
     if transaction_pooler:
         pooled = {
@@ -23,6 +44,9 @@ def make_engine(url: str, *, pool_size: int = 20, transaction_pooler: bool = Fal
             }
         }
         url = async_url(url).update_query_dict({"prepared_statement_cache_size": "0"}).render_as_string(False)
+    elif idle_in_transaction_s is not None:
+        timeout_ms = str(round(idle_in_transaction_s * 1000))
+        pooled = {"connect_args": {"server_settings": {"idle_in_transaction_session_timeout": timeout_ms}}}
     return create_async_engine(
         async_url(url),
         pool_size=pool_size,
@@ -40,3 +64,74 @@ def make_engine(url: str, *, pool_size: int = 20, transaction_pooler: bool = Fal
 
 def make_sessions(engine: AsyncEngine) -> Sessions:
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+REFUSING_WRITES = ("53", "58")
+"""SQLSTATE classes of a server that is up but cannot write: insufficient resources (53100 disk full, "could not
+extend file"; 53200 out of memory) and system errors (58030 I/O error). A read such as /healthz's SELECT 1 still
+succeeds then, while every message the bot cannot store is refused."""
+
+
+@dataclass
+class WriteHealth:
+    """Whether the server has lately refused to write (`REFUSING_WRITES`): failing while the last such error is
+    less than `window_s` old, with when the run of them began, how many and the last one."""
+
+    window_s: float = 10.0
+    failing_since: datetime | None = None
+    failures: int = 0
+    last_error: str | None = None
+    _last_at: float = field(default=0.0, repr=False)
+
+    @property
+    def failing(self) -> bool:
+        return self.failing_since is not None and time.monotonic() - self._last_at < self.window_s
+
+    def record(self, sqlstate: str, error: BaseException) -> None:
+        if not self.failing:
+            self.failing_since, self.failures = datetime.now(UTC), 0
+        self.failures += 1
+        self._last_at = time.monotonic()
+        self.last_error = f"{sqlstate}: {str(error).splitlines()[0][:200]}"
+
+    def status(self) -> dict[str, object]:
+        failing = self.failing
+        return {
+            "status": "failing" if failing else "ok",
+            "failing_since": self.failing_since.isoformat() if failing and self.failing_since else None,
+            "failures": self.failures if failing else 0,
+            "last_error": self.last_error,
+        }
+
+
+def watch_writes(engine: AsyncEngine, health: WriteHealth | None = None) -> WriteHealth:
+    """A `WriteHealth` (`health`, or a new one) fed by every statement of `engine` that the server refuses for want
+    of disk, memory or I/O."""
+    health = health if health is not None else WriteHealth()
+
+    def on_error(context: ExceptionContext) -> None:
+        sqlstate = getattr(context.original_exception, "sqlstate", None)
+        if isinstance(sqlstate, str) and sqlstate.startswith(REFUSING_WRITES):
+            health.record(sqlstate, context.original_exception)
+
+    event.listen(engine.sync_engine, "handle_error", on_error)
+    return health
+
+
+UNAVAILABLE = ("08", "53", "57", "58")
+"""SQLSTATE classes that say the server could not do the work, not that the work is wrong: connection failures,
+insufficient resources (a full disk), operator intervention (a shutdown, a crash restart, a cancelled or timed-out
+session) and system errors."""
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` is the database failing (lost connection, full disk, restart), not the statement: what is
+    tried again when the database is back, without counting against the work."""
+    if isinstance(exc, OSError | ConnectionError):
+        return True
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated or isinstance(exc, InterfaceError):
+            return True
+        sqlstate = getattr(exc.orig, "sqlstate", None)
+        return isinstance(sqlstate, str) and sqlstate.startswith(UNAVAILABLE)
+    return False

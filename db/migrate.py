@@ -55,7 +55,8 @@ async def behind(url: str, *, transaction_pooler: bool = False) -> tuple[str | N
     def current(connection: Connection) -> str | None:
         return MigrationContext.configure(connection).get_current_revision()
 
-    engine = make_engine(url, pool_size=1, transaction_pooler=transaction_pooler)
+    # A migration may compute between its statements: no bound on a transaction waiting on us.
+    engine = make_engine(url, pool_size=1, transaction_pooler=transaction_pooler, idle_in_transaction_s=None)
     try:
         async with engine.connect() as connection:
             revision = await connection.run_sync(current)

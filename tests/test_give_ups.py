@@ -12,7 +12,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
+from sqlalchemy.exc import DBAPIError
 
 from agents.conversations import SET_ASIDE, Conversations, MessageResult, ResultKind, TurnCommit
 from agents.identity import Author
@@ -29,6 +30,7 @@ from tests.test_admin import ADMIN, shown, support
 from tests.test_escalation import STAFF, SUPPORT, Sessions
 
 UNREACHABLE = "I'm sorry: I could not reach a colleague just now."
+DISK_FULL = text("DO $$ BEGIN RAISE EXCEPTION 'No space left on device' USING ERRCODE = 'disk_full'; END $$")
 
 
 @pytest.fixture
@@ -237,3 +239,36 @@ async def test_a_failing_staff_message_is_set_aside_without_an_apology_loop(
     async with sessions() as s:
         row = await s.get(m.Inbound, staff.inbound_id)
     assert row is not None and row.attempts == service.max_attempts + 1
+
+
+async def test_a_turn_the_database_cannot_store_is_answered_once_it_can_not_apologised_for(
+    sessions: Sessions, model: Any, fake_llm: FakeOpenAI
+) -> None:
+    """A full disk (SQLSTATE 53100, raised by the server) refuses the turn's commit more times than `max_attempts`:
+    the database's failures are not the message's, so once the disk has room the model's answer is stored. Before,
+    a disk full for some seconds used up the attempts, and customers whose answers were ready got the apology and a
+    person."""
+    refusals = 4
+
+    async def host(s: Any, commit: TurnCommit) -> None:
+        nonlocal refusals
+        if refusals:
+            refusals -= 1
+            await s.execute(
+                text("DO $$ BEGIN RAISE EXCEPTION 'No space left on device' USING ERRCODE = 'disk_full'; END $$")
+            )
+
+    fake_llm.rule = lambda _: reply("Happy to help.")
+    service = failing_host(sessions, model, host)
+    await service.submit("disk", "hello")
+    results: list[MessageResult] = []
+    for _ in range(300):
+        for lease in await service.leases.claim_pending(10):
+            with contextlib.suppress(DBAPIError):
+                results += await service.run_leased(lease)
+        if results:
+            break
+        await asyncio.sleep(0.02)
+    assert refusals == 0
+    assert [r.kind for r in results] == [ResultKind.REPLY]
+    assert fake_llm.calls == 5  # every attempt a turn: none given up without one

@@ -362,6 +362,9 @@ class KnowledgeBase:
         added = replaced = unchanged = chunks = 0
         seen: set[str] = set()
         async with self.sessions() as s, s.begin():
+            # The one transaction that waits on us for long (reading files, the embedder): exempt from the bound
+            # the engine puts on a transaction left idle (`db.engine.IDLE_IN_TRANSACTION_S`).
+            await s.execute(text("SET LOCAL idle_in_transaction_session_timeout = 0"))
             await self._ensure(s, collection, claim=works)
             for index, path in enumerate(files):
                 source = str(path.relative_to(root)) if root else str(path)
