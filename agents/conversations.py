@@ -54,6 +54,9 @@ from db import models as m
 from db.engine import database_unavailable
 
 log = logging.getLogger(__name__)
+UNCOUNTED_TIMES = 20
+"""How many of a message's failures in the database go uncounted: a failure that only looks like the database's
+(and never mends) still ends in the apology, after a longer while."""
 UNCOUNTED_KEPT = 10_000
 """At most this many messages remembered as failed by the database (`Conversations._uncounted`)."""
 
@@ -251,10 +254,11 @@ class Conversations:
         self.history_limit = history_limit
         """Rows loaded per turn; the token window trims further. Bounded so long threads stay cheap."""
         self.max_attempts = max_attempts
-        self._uncounted: set[int] = set()
+        self._uncounted: dict[int, int] = {}
         """Messages whose last attempt here the database failed (a commit cut off, a full disk): their next start in
         this process is not counted, since what failed was not them (a disk full for seconds handed customers
-        whose answers were ready to a person). Another process counts it: this is a kindness, not a guarantee."""
+        whose answers were ready to a person), up to UNCOUNTED_TIMES times each. Another process counts it: this is
+        a kindness, not a guarantee."""
         self.retry_base_s = retry_base_s
         """A conversation whose message failed is left alone this long, doubled per attempt (at most a minute): a
         poison message costs a handful of tries over seconds, not hundreds, and the others keep the workers."""
@@ -481,13 +485,12 @@ class Conversations:
             "token": lease.token if lease else 0,
             "ttl": self.leases.ttl_s,
             "history": self.history_limit,
-            "uncounted": sorted(self._uncounted),
+            "uncounted": sorted(i for i, times in self._uncounted.items() if times <= UNCOUNTED_TIMES),
         }
         async with self.sessions() as s, s.begin():
             row = (await s.execute(_START_CLAIMING if lease is None else _START, params)).first()
         if row is None:
             return None
-        self._uncounted.discard(row.inbound_id)
         held = Lease(conversation_id, row.lease_token, self.leases.owner)
         current_conversation.set(row.key)
         current_message.set(row.inbound_id)
@@ -510,13 +513,16 @@ class Conversations:
 
     async def _run(self, started: _Started, *, keep: bool, on_event: EventSink | None) -> _Done:
         try:
-            return await self._run_planned(started, keep=keep, on_event=on_event)
+            done = await self._run_planned(started, keep=keep, on_event=on_event)
         except Exception as exc:
             if started.inbound is not None and database_unavailable(exc):
                 if len(self._uncounted) > UNCOUNTED_KEPT:  # those another process took stay: bounded
                     self._uncounted.clear()
-                self._uncounted.add(started.inbound.id)
+                self._uncounted[started.inbound.id] = self._uncounted.get(started.inbound.id, 0) + 1
             raise
+        if started.inbound is not None:
+            self._uncounted.pop(started.inbound.id, None)
+        return done
 
     async def _run_planned(self, started: _Started, *, keep: bool, on_event: EventSink | None) -> _Done:
         planned = self._plan(started)

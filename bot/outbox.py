@@ -243,6 +243,8 @@ class Undeliverable(Exception):
 PACE_S = 1.0
 """Posts to a channel that answered a 429 go this far apart: Slack's "one message a second per channel" (Teams
 allows more a conversation, and is paced only once it has said 429 too)."""
+QUIET_AFTER_S = 30.0
+"""A channel paced this long ago, or a turn given out this long ago, is forgotten."""
 TURN_SLACK_S = 0.05
 """A paced row that comes back this close to its turn takes it."""
 
@@ -492,15 +494,16 @@ class OutboxSender:
             if message is None:
                 return await self._done(row, Outcome.SKIPPED, last_error="deleted before it was relayed")
             if (wait_s := self._turn_in(messenger.platform, where.channel, row.id)) > 0:
-                await self._backoff(row, "ratelimited", delay=timedelta(seconds=wait_s))
+                # Waiting for its turn is not a try: neither counted nor an error.
+                await self._mark(row.id, next_attempt_at=func.now() + timedelta(seconds=wait_s))
                 return None
             recording = time.monotonic()
             if not await self._attempt(row, key):
                 return None
-            if time.monotonic() - recording > self.lease_s / 2:
-                # Frozen (SIGSTOP, a paused VM) or starved since the attempt was recorded: the lease may have gone
-                # to a sender that looked, found nothing and posted. Not sending narrows the gap the module's
-                # docstring admits; the row stays in doubt, so the next try looks first.
+            if time.monotonic() - recording > self.lease_s / 2 and not await self._still_ours(row, key):
+                # Frozen (SIGSTOP, a paused VM) or starved since the attempt was recorded, and the lease or the row
+                # has moved on: another sender may have looked, found nothing and posted. Not sending narrows the
+                # gap the module's docstring admits; the row stays in doubt, so the next try looks first.
                 late_s = time.monotonic() - recording
                 log.warning("outbox row %s: %.1f s passed recording its attempt; not sent", row.id, late_s)
                 return None
@@ -519,23 +522,30 @@ class OutboxSender:
                 if exc.certain:  # the platform said it posted nothing: no post is in doubt, the next try need not look
                     await self._settled(row, key)
                 raise
-        if await self._posted_twice(row, where, ts, messenger):
+        if not await self._claim_post(row, where, ts, messenger):
             return Outcome.SENT
         if isinstance(delivery, CasePost):
             await self._renderer().case_posted(delivery.escalation_id, channel=where.channel, ts=ts)
         return await self._done(row, Outcome.SENT, result_ts=ts)
 
-    async def _posted_twice(self, row: Row[Any], where: Where, ts: str, messenger: Messenger) -> bool:
-        """Whether another sender has recorded this row's post meanwhile, under another id: then this post is a
-        second one (the gap the module's docstring admits: this sender was frozen past its lease after recording
-        its attempt, and the next sender looked, found nothing and posted), and is deleted."""
-        async with self.engine.connect() as conn:
-            recorded = (
-                await conn.execute(select(m.Outbox.outcome, m.Outbox.result_ts).where(m.Outbox.id == row.id))
-            ).first()
-        if recorded is None or recorded.outcome != Outcome.SENT or recorded.result_ts in (None, ts):
-            return False
-        log.warning("outbox row %s posted twice (%s, %s): deleting the second", row.id, recorded.result_ts, ts)
+    async def _claim_post(self, row: Row[Any], where: Where, ts: str, messenger: Messenger) -> bool:
+        """Record `ts` as this row's post unless another post is recorded for it already; False then: this one is
+        a second (the gap the module's docstring admits: this sender was frozen past its lease after recording its
+        attempt, and the next one looked, found nothing and posted), and is deleted. Claimed before the case is
+        told where its card is and before the row is done, so that two senders never both go on, and a crash in
+        between finds the claimed post where it would look."""
+        async with self.engine.begin() as conn:
+            claimed = await conn.scalar(
+                text(
+                    "UPDATE outbox SET result_ts = :ts WHERE id = :id AND (result_ts IS NULL OR result_ts = :ts) "
+                    "RETURNING id"
+                ),
+                {"id": row.id, "ts": ts},
+            )
+            if claimed is not None:
+                return True
+            first = await conn.scalar(select(m.Outbox.result_ts).where(m.Outbox.id == row.id))
+        log.warning("outbox row %s posted twice (%s, %s): deleting the second", row.id, first, ts)
         try:
             await messenger.delete(where, ts)
         except Exception as exc:  # the second post stands: shown to the admins, not only logged
@@ -544,13 +554,31 @@ class OutboxSender:
                 f":warning: A message of conversation {row.conversation_id} (outbox row {row.id}) was posted twice "
                 f"and the second ({escape(ts)}) could not be deleted: {escape(repr(exc))}. Delete it by hand."
             )
-        return True
+        return False
+
+    async def _still_ours(self, row: Row[Any], key: int) -> bool:
+        """Whether this sender still holds the lease and nobody has tried the row since its own attempt: then no
+        other sender can have posted it."""
+        async with self.engine.connect() as conn:
+            mine = await conn.scalar(
+                text(
+                    "SELECT id FROM outbox WHERE id = :id AND done_at IS NULL AND attempts = :n "
+                    f"AND {HOLDING_SEND_LEASE}"
+                ),
+                {"id": row.id, "n": row.attempts + 1, "k": key, "o": self.owner},
+            )
+        return mine is not None
 
     def _pace(self, platform: str, channel: str, retry_after_s: float) -> None:
-        """After a 429 on a post to `channel`: the next post in Retry-After, then one every PACE_S."""
+        """After a 429 on a post to `channel`: the next post in Retry-After, then one every PACE_S; turns given out
+        before it are void (their rows take new ones, in the order they come back)."""
         now = time.monotonic()
+        for other, pace in list(self._paced.items()):  # channels quiet for a while: forgotten
+            if pace.next_s + QUIET_AFTER_S < now:
+                del self._paced[other]
         pace = self._paced.setdefault((platform, channel), _Pace(next_s=now))
         pace.next_s = max(pace.next_s, now + retry_after_s)
+        pace.turns.clear()
 
     def _turn_in(self, platform: str, channel: str, row_id: int) -> float:
         """Seconds until row `row_id` may post to `channel` (0: now). A row given a turn keeps it when it comes
@@ -564,9 +592,8 @@ class OutboxSender:
                 pace.turns[row_id] = turn
                 return turn - now
             return 0.0
-        if pace.next_s + PACE_S < now:
-            # Turns long past were never taken (another process sent the row): they hold nothing up.
-            pace.turns = {row: at for row, at in pace.turns.items() if at > now - 60}
+        # Turns long past were never taken (another process sent the row, or it was given up): forgotten.
+        pace.turns = {row: at for row, at in pace.turns.items() if at > now - QUIET_AFTER_S}
         if pace.next_s + PACE_S < now and not pace.turns:
             del self._paced[(platform, channel)]
             return 0.0

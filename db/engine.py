@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import event
 from sqlalchemy.engine import ExceptionContext
-from sqlalchemy.exc import DBAPIError, InterfaceError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 from db.url import async_url
@@ -118,19 +118,19 @@ def watch_writes(engine: AsyncEngine, health: WriteHealth | None = None) -> Writ
     return health
 
 
-UNAVAILABLE = ("08", "53", "57", "58")
-"""SQLSTATE classes that say the server could not do the work, not that the work is wrong: connection failures,
-insufficient resources (a full disk), operator intervention (a shutdown, a crash restart, a cancelled or timed-out
-session) and system errors."""
+UNAVAILABLE = ("08", "53100", "53200", "53300", "57P01", "57P02", "57P03", "58")
+"""SQLSTATEs that say the server could not do the work, not that the work is wrong: connection failures, a full
+disk, out of memory, too many connections, a shutdown or crash restart, and system errors (not 57014, a statement
+timeout: that can be the statement's own fault)."""
 
 
 def database_unavailable(exc: BaseException) -> bool:
     """Whether `exc` is the database failing (lost connection, full disk, restart), not the statement: what is
     tried again when the database is back, without counting against the work."""
-    if isinstance(exc, OSError | ConnectionError):
+    if isinstance(exc, ConnectionError):
         return True
     if isinstance(exc, DBAPIError):
-        if exc.connection_invalidated or isinstance(exc, InterfaceError):
+        if exc.connection_invalidated:
             return True
         sqlstate = getattr(exc.orig, "sqlstate", None)
         return isinstance(sqlstate, str) and sqlstate.startswith(UNAVAILABLE)

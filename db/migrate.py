@@ -56,7 +56,7 @@ async def behind(url: str, *, transaction_pooler: bool = False) -> tuple[str | N
         return MigrationContext.configure(connection).get_current_revision()
 
     # A migration may compute between its statements: no bound on a transaction waiting on us.
-    engine = make_engine(url, pool_size=1, transaction_pooler=transaction_pooler, idle_in_transaction_s=None)
+    engine = make_engine(url, pool_size=1, transaction_pooler=transaction_pooler, idle_in_transaction_s=0)
     try:
         async with engine.connect() as connection:
             revision = await connection.run_sync(current)

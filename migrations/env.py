@@ -40,7 +40,7 @@ async def _run_async() -> None:
     # Through a pooler in transaction mode (DATABASE_POOLER=transaction) as the bot connects: no statement cache.
     pooler = bool(config.attributes.get("transaction_pooler"))
     # A migration may compute between its statements: no bound on a transaction waiting on us.
-    engine = make_engine(_url(), pool_size=1, transaction_pooler=pooler, idle_in_transaction_s=None)
+    engine = make_engine(_url(), pool_size=1, transaction_pooler=pooler, idle_in_transaction_s=0)
     async with engine.connect() as connection:
         await connection.run_sync(_run)
     await engine.dispose()
