@@ -17,21 +17,19 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from agents.address import Platform
 from agents.conversations import STORE_MESSAGE, Conversations, InboundKind
 from agents.identity import Author, vouched
-from bot.metrics import Metrics
-from bot.outbox import ReplyStyle
-from bot.slack_events import (
+from bot.incoming import (
     CustomerMessage,
     Delivery,
     Ignored,
     Incoming,
-    Policy,
     StaffDelete,
     StaffEdit,
     StaffReply,
-    classify,
-    delivery_of,
     sanitised,
 )
+from bot.metrics import Metrics
+from bot.outbox import ReplyStyle
+from bot.slack_events import Policy, classify, delivery_of
 from bot.staff import REPLY_REFUSED, Colleagues, Member, StaffGate, Standing, refusal
 from db import models as m
 from db.deliveries import AddReaction, RelayDelete, RelayEdit, StaffNotice, Typing, enqueue

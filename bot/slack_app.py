@@ -42,10 +42,11 @@ from bot.csat import (
 from bot.feedback import ACTION_FEEDBACK, Feedback, feedback_click_of
 from bot.home import Home
 from bot.inbox import Inbox
-from bot.slack_events import CaseAction, case_action_of, trigger_of
+from bot.incoming import ACK_WITHIN_S, CASE_ACTIONS, CaseAction
+from bot.slack_events import case_action_of, trigger_of
 from bot.staff import ACTION_REFUSED, Member, StaffGate, Standing, refusal
-from escalation.desk import Action, ActionResult, CaseDesk
-from escalation.views import ACTION_CLAIM, ACTION_HAND_BACK, ACTION_RESOLVE, Person
+from escalation.desk import ActionResult, CaseDesk
+from escalation.views import Person
 
 log = logging.getLogger(__name__)
 
@@ -157,10 +158,8 @@ def _name_of(profile: Mapping[str, Any]) -> str | None:
 
 _MEMBER_FLAGS = ("is_restricted", "is_ultra_restricted", "is_stranger", "is_admin", "is_owner", "is_primary_owner")
 USERGROUP_CACHE_S = 60.0
-ACK_WITHIN_S = 2.0
 DIRECT_EVENTS = frozenset({"app_home_opened"})
 """Events answered by a listener at once, not stored in the durable inbox: a view to refresh, nothing to lose."""
-CASE_ACTIONS: dict[str, Action] = {ACTION_CLAIM: "claim", ACTION_RESOLVE: "resolve", ACTION_HAND_BACK: "hand_back"}
 
 
 class SlackUnavailable(Exception):

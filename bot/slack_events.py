@@ -7,107 +7,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agents.address import DM, Address, Platform
+from agents.address import DM
 from agents.attachments import FileRef
-from agents.identity import Author
+from bot.incoming import (
+    CaseAction,
+    CustomerMessage,
+    Delivery,
+    Ignored,
+    Incoming,
+    StaffDelete,
+    StaffEdit,
+    StaffReply,
+)
 
 # A file share still carries the customer's words; a broadcast thread reply is a thread reply.
 _DELIVERED_SUBTYPES = frozenset({None, "file_share", "thread_broadcast"})
-
-
-@dataclass(frozen=True)
-class CustomerMessage:
-    team: str
-    channel: str
-    thread_ts: str
-    """The thread's root: the conversation is (team, channel, thread_ts), since a ts is unique per channel.
-    `DM` for direct messages, which are one conversation per DM channel."""
-    ts: str
-    user: str
-    text: str
-    is_dm: bool
-    user_team: str
-    """The writer's own workspace: another company's in a Slack Connect channel."""
-    platform: Platform = Platform.SLACK
-    name: str | None = None
-    """The writer's name where the delivery carries it (Teams does; Slack's edge asks `users.info`)."""
-    files: tuple[FileRef, ...] = ()
-    """What it carried; read before its turn (bot.files), so a message of files alone is answered too."""
-    shared: bool = False
-    """The channel is shared with another organisation (Slack Connect: the envelope's is_ext_shared_channel), where
-    our own colleagues write beside the customers."""
-
-    @property
-    def author(self) -> Author:
-        """Who wrote it, as far as the signed delivery says (the edge may add name and email)."""
-        return Author(self.platform, self.user_team, self.user, self.name)
-
-    @property
-    def address(self) -> Address:
-        return Address(self.platform, self.team, self.channel, None if self.thread_ts == DM else self.thread_ts)
-
-    @property
-    def conversation_key(self) -> str:
-        return self.address.key
-
-
-@dataclass(frozen=True)
-class StaffReply:
-    """A colleague writing in a case thread of the staff channel."""
-
-    channel: str
-    case_ts: str
-    ts: str
-    user: str
-    text: str
-    team: str
-    user_team: str | None = None
-    """The author's organisation where the message says (Slack Connect), to compare with ours."""
-    platform: Platform = Platform.SLACK
-    name: str | None = None
-    files: tuple[FileRef, ...] = ()
-    """Relayed to the customer with the words; a message of files alone is relayed too."""
-
-    @property
-    def author(self) -> Author:
-        return Author(self.platform, self.user_team or self.team, self.user, self.name)
-
-
-@dataclass(frozen=True)
-class StaffEdit:
-    channel: str
-    case_ts: str
-    ts: str
-    text: str
-
-
-@dataclass(frozen=True)
-class StaffDelete:
-    channel: str
-    case_ts: str
-    ts: str
-
-
-@dataclass(frozen=True)
-class Ignored:
-    reason: str
-
-
-Incoming = CustomerMessage | StaffReply | StaffEdit | StaffDelete | Ignored
-
-
-@dataclass(frozen=True)
-class CaseAction:
-    """A button pressed on a case message."""
-
-    action_id: str
-    escalation_id: int
-    user: str
-    channel: str | None
-    team: str | None = None
-    """Our workspace, where the button was pressed."""
-    user_team: str | None = None
-    """The presser's own workspace."""
 
 
 def case_action_of(body: Mapping[str, Any]) -> CaseAction | None:
@@ -139,15 +53,6 @@ class Policy:
     channels: frozenset[str] = frozenset()
     """Channels served; empty means every channel the bot is in, except the staff channel."""
     answer_bots: bool = False
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """What identifies one Events API delivery, whatever its event."""
-
-    event_id: str
-    event_type: str
-    team_id: str | None
 
 
 def trigger_of(body: Mapping[str, Any]) -> Delivery | None:
@@ -202,21 +107,6 @@ def _classify_staff(event: Mapping[str, Any], channel: str, team: str) -> Incomi
             )
             return reply if text or files else Ignored("no text")
     return Ignored(f"staff channel subtype {subtype}")
-
-
-def sanitised(value: Any) -> Any:
-    """The payload with every string made storable: Postgres text holds no NUL, and UTF-8 no lone surrogate (JSON
-    can spell both, and Slack passes through what clients send); each becomes U+FFFD, so the message is still
-    stored and answered."""
-    if isinstance(value, str):
-        if value.isascii() and "\x00" not in value:
-            return value
-        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace").replace("\x00", "\ufffd")
-    if isinstance(value, Mapping):
-        return {sanitised(k): sanitised(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [sanitised(v) for v in value]
-    return value
 
 
 def classify(envelope: Mapping[str, Any], policy: Policy) -> Incoming:

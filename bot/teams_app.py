@@ -35,9 +35,8 @@ from agents.address import is_teams_id
 from agents.identity import Author, vouched
 from bot.admin.command import AdminCommands, Invocation
 from bot.inbox import IDENTIFY_WITHIN_S, STAFF_CHECK_S, Inbox
+from bot.incoming import ACK_WITHIN_S, CASE_ACTIONS, CaseAction, CustomerMessage, StaffReply, sanitised
 from bot.messenger import Where
-from bot.slack_app import ACK_WITHIN_S, CASE_ACTIONS
-from bot.slack_events import CaseAction, CustomerMessage, StaffReply, sanitised
 from bot.staff import ACTION_REFUSED, Member, StaffGate, Standing, refusal
 from bot.teams_events import AdminMessage, Parsed, TeamsPolicy, parse
 from bot.teams_messenger import BOT_FRAMEWORK, ServiceUrls, TeamsMessenger

@@ -16,7 +16,7 @@ from typing import Any
 
 from agents.address import DM, Platform
 from bot.admin.parse import USAGE
-from bot.slack_events import (
+from bot.incoming import (
     CaseAction,
     CustomerMessage,
     Delivery,
