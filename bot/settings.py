@@ -1,6 +1,7 @@
 """Settings, read once at start-up from the environment or `.env`.
 
-Every variable is listed with a comment in `.env.example`; the README's configuration table mirrors it.
+Every variable is listed with a comment in `.env.example` and in docs/configuration.md's table (both checked by
+tests/test_settings.py).
 """
 
 from __future__ import annotations
@@ -378,9 +379,7 @@ class Settings(BaseSettings):
         }
         missing = [name for name, value in teams.items() if value is None]
         if missing and len(missing) < len(teams):
-            raise ValueError(
-                f"Teams is half configured: also set {', '.join(missing)} (README, Microsoft Teams set-up)"
-            )
+            raise ValueError(f"Teams is half configured: also set {', '.join(missing)} (docs/teams.md)")
         for name, value in (("TENANTID", self.teams_tenant_id), ("CLIENTID", self.teams_app_id)):
             if value is not None and not _GUID.fullmatch(value):
                 raise ValueError(f"CONNECTIONS__SERVICE_CONNECTION__SETTINGS__{name} must be a GUID, not {value!r}")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,25 @@ def test_env_example_lists_every_setting() -> None:
     example = (PROJECT_ROOT / ".env.example").read_text()
     for name in Settings.model_fields:
         assert f"\n{env_name(name)}=" in example or f"\n# {env_name(name)}=" in example, name
+
+
+def test_configuration_reference_lists_every_setting() -> None:
+    """docs/configuration.md's table names every setting under the variable it is documented by, and nothing else
+    but the variables read outside the settings."""
+    documented: set[str] = set()
+    for row in (PROJECT_ROOT / "docs" / "configuration.md").read_text().splitlines():
+        if not row.startswith("| `"):
+            continue
+        names = re.findall(r"`([^`]+)`", row.split(" | ")[0])
+        # `…__CLIENTSECRET` after `CONNECTIONS__SERVICE_CONNECTION__SETTINGS__CLIENTID`: the same prefix.
+        prefix = names[0].rpartition("__")[0]
+        documented |= {prefix + name.removeprefix("…") if name.startswith("…") else name for name in names}
+    settings = {env_name(name) for name in Settings.model_fields}
+    # Read elsewhere: any secret setting's file (`_SecretFiles`), and OpenTelemetry's own variables (bot.tracing).
+    elsewhere = {"NAME_FILE", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_*"}
+    missing, unknown = sorted(settings - documented), sorted(documented - settings - elsewhere)
+    assert not missing, f"docs/configuration.md does not document {missing}"
+    assert not unknown, f"docs/configuration.md documents {unknown}, which nothing reads"
 
 
 def test_admin_ids_and_provider(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
