@@ -41,13 +41,26 @@ test-packages:
 	  else echo "The tests need Debian's chromium and pgbouncer: sudo apt-get install chromium fonts-noto-color-emoji pgbouncer" >&2; \
 	  exit 1; fi; }
 
-test: $(DEV) test-packages
+test: $(DEV) test-packages docs
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
+
+# The tests that need no database, server or process (tests/conftest.py marks the others `services`), in seconds;
+# a test in this lane that opens a socket or starts a process fails.
+.PHONY: test-fast
+test-fast: $(DEV)
+	$(BIN)/python -m pytest -q -m "not services"
 
 bench: $(RUNTIME)
 	$(BIN)/python -m bench
+
+# The documentation site in site/ (mkdocs.yml; `$(BIN)/mkdocs serve` to read it while editing). Strict: a broken
+# link or anchor fails the build, and `make test` builds it. The variable quiets Material's notice about MkDocs 2.
+.PHONY: docs
+docs: $(DEV)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # constraints.txt again from the newest releases that pyproject.toml allows: a clean virtualenv, the project with
 # every extra, then pip freeze without the project itself. Run it to take upgrades, then `make test`; commit both.

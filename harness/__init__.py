@@ -6,7 +6,10 @@
 - `harness.slack`: messages sent to the bot as Slack's signed events (through the emulator, timed), and a
   watcher over the emulator's record of the bot's Web API calls;
 - `harness.teams`: Teams-shaped activities delivered to the bot with tokens the Teams emulator signs (or broken
-  ones), the bot's Teams settings, and a watcher of its Bot Connector posts.
+  ones), the bot's Teams settings, and a watcher of its Bot Connector posts;
+- `harness.scenarios`: Slack scenarios several test modules play (a case escalated and resolved, `/support`);
+- `harness.llm`: the model and loop configuration of the agents against the fake LLM;
+- `harness.slack_calls`: the Slack Web API calls the bot's code makes, read from its source.
 
 The fakes themselves (`fakes.openai_server`, `fakes.slack_api`, `fakes.teams_api`) ship with the bot, for the
 playground.

@@ -80,6 +80,26 @@ def clean_environ() -> dict[str, str]:
     return env | {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
+async def run_bot(
+    *args: str, env: dict[str, str], stdin: str = "", cwd: Path, wait_s: float = 60
+) -> tuple[int, str, str]:
+    """`python -m bot <args>` run to its end as a user runs it, `env` on top of `clean_environ()`: (exit code,
+    stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bot",
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**clean_environ(), **env},
+        cwd=cwd,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(stdin.encode()), timeout=wait_s)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
 def bot_env(database_url: str, llm: FakeOpenAI, slack: SlackEmulator, **overrides: Any) -> dict[str, str]:
     """The environment of a `python -m bot serve` process: `bot_config`'s values, on 127.0.0.1, warnings only."""
     values = bot_config(database_url, llm, slack, **({"host": "127.0.0.1", "log_level": "WARNING"} | overrides))

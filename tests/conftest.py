@@ -4,6 +4,8 @@ Slack emulator, and the real bot serving in-process (all from `harness`)."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -12,7 +14,6 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
-from agents.loop import LoopConfig
 from agents.model import OpenAIChatModel
 from bot.server import Bot
 from db.engine import make_engine, make_sessions
@@ -23,13 +24,53 @@ from fakes.teams_api import TeamsEmulator
 from harness import bot as harness
 from harness import teams as teams_harness
 from harness.database import postgres_server, throwaway_database
+from harness.llm import CONFIG, make_model
 from harness.sample import default_roster
+from harness.scenarios import serving_as_shipped
 
 TABLES = (
     "conversations, inbound, messages, handoffs, tool_runs, llm_calls, escalations, refunds, slack_events, outbox, "
     "kb_collections, kb_documents, kb_chunks, pauses, admin_actions, send_leases, rate_counters, "
     "teams_service_urls, answer_feedback, csat"
 )
+
+# --- Lanes: a test is `services` when it needs a database, a server or a process; `make test-fast` runs the rest ---
+
+SERVICE_FIXTURES = frozenset(
+    {"server_url", "database_url", "engine", "sessions"}  # Postgres
+    | {"fake_server", "fake_llm", "model", "service"}  # the fake LLM
+    | {"teams", "emulator", "slack_bot", "shipped_bot"}  # the emulators, the bot
+)
+"""The fixtures below that start Postgres, an HTTP fake or the bot: a test using one, directly or through another
+fixture, is marked `services` here, and so is one using a fixture its module names in a SERVICE_FIXTURES of its own.
+A test that starts them itself is marked in its module."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        starting = SERVICE_FIXTURES | getattr(getattr(item, "module", None), "SERVICE_FIXTURES", frozenset())
+        if starting.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.services)
+
+
+class ServiceUsed(RuntimeError):
+    """Not an OSError, so that no code's handling of network errors takes it for one."""
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A run without any `services` test (the fast lane) holds its tests to that: opening a connection, listening,
+    or starting a process fails the test that does it, a forgotten marker included."""
+    if session.items and not any(item.get_closest_marker("services") for item in session.items):
+        patch = pytest.MonkeyPatch()
+        session.config.add_cleanup(patch.undo)
+
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise ServiceUsed("a test in the fast lane opened a socket or started a process: mark it services")
+
+        for name in ("connect", "connect_ex", "bind"):
+            patch.setattr(socket.socket, name, refuse)
+        patch.setattr(subprocess.Popen, "__init__", refuse)
 
 
 @pytest.fixture(scope="session")
@@ -73,19 +114,11 @@ def fake_llm(fake_server: FakeOpenAI) -> FakeOpenAI:
     return fake_server
 
 
-def make_model(fake: FakeOpenAI, **kwargs: Any) -> OpenAIChatModel:
-    options: dict[str, Any] = {"timeout_s": 5.0, "max_retries": 0} | kwargs
-    return OpenAIChatModel(api_key="test-key", base_url=fake.base_url, **options)
-
-
 @pytest.fixture
 async def model(fake_llm: FakeOpenAI) -> AsyncIterator[OpenAIChatModel]:
     model = make_model(fake_llm)
     yield model
     await model.close()
-
-
-CONFIG = LoopConfig(default_model="fake-model")
 
 
 @pytest.fixture
@@ -116,4 +149,14 @@ async def slack_bot(
     database_url: str, sessions: async_sessionmaker[AsyncSession], fake_llm: FakeOpenAI, emulator: SlackEmulator
 ) -> AsyncIterator[Bot]:
     async with harness.serving(harness.bot_settings(database_url, fake_llm, emulator), emulator) as bot:
+        yield bot
+
+
+@pytest.fixture
+async def shipped_bot(
+    database_url: str, sessions: async_sessionmaker[AsyncSession], fake_llm: FakeOpenAI, emulator: SlackEmulator
+) -> AsyncIterator[Bot]:
+    """The bot with an admin, a staff allow-list and CSAT on. `sessions` first: its tables are emptied before the
+    bot starts using them (else the two can deadlock)."""
+    async with serving_as_shipped(database_url, fake_llm, emulator) as bot:
         yield bot

@@ -30,11 +30,10 @@ from fakes.openai_server import FakeOpenAI, cached, error, reply, slow, tool_cal
 from fakes.slack_api import SlackEmulator
 from harness.bot import bot_settings, serving
 from harness.database import settle
+from harness.scenarios import ADMIN, STAFF, SUPPORT, escalate, escalation_row, link, shown, support
 from harness.slack import replies_in
-from tests.test_escalation import STAFF, SUPPORT, escalate, escalation_row
 
 Sessions = async_sessionmaker[AsyncSession]
-ADMIN = "U_ADMIN"
 
 
 @pytest.fixture
@@ -45,29 +44,6 @@ async def admin_bot(database_url: str, sessions: Sessions, fake_llm: FakeOpenAI,
     settings = bot_settings(database_url, fake_llm, emulator, admin_user_ids=ADMIN)
     async with serving(settings, emulator) as bot:
         yield bot
-
-
-async def support(emulator: SlackEmulator, text: str, *, user: str = ADMIN, channel: str = STAFF) -> dict[str, Any]:
-    """Run `/support <text>`: the ack is empty and immediate; the answer arrives on the response_url."""
-    before = len(emulator.response_log)
-    ack = await emulator.slash_command("/support", text, user=user, channel=channel)
-    assert (ack.status, ack.body) == (200, "")
-    answers = await emulator.wait_for(lambda: emulator.response_log[before:])
-    assert len(answers) == 1 and (answers[0].user, answers[0].channel, answers[0].source) == (user, channel, "/support")
-    body = answers[0].body
-    assert body["response_type"] == "ephemeral" and body["blocks"][0]["type"] == "header"
-    return body
-
-
-def shown(body: dict[str, Any]) -> str:
-    """Everything the admin sees, as one string."""
-    return json.dumps(body["blocks"], ensure_ascii=False)
-
-
-def link(channel: str, ts: str, thread_ts: str | None = None) -> str:
-    url = f"https://driftwing.slack.com/archives/{channel}/p{ts.replace('.', '')}"
-    url += f"?thread_ts={thread_ts}&cid={channel}" if thread_ts else ""
-    return f"<{url}>"  # as Slack escapes it (should_escape: true)
 
 
 async def conversation(sessions: Sessions) -> m.Conversation:

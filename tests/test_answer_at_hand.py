@@ -22,8 +22,8 @@ from agents.model import OpenAIChatModel
 from bot.examples.driftwing.shop import ORDERS
 from escalation.machine import TAKEOVER
 from fakes.openai_server import EMBEDDING_DIM, FakeOpenAI, reply, tool_call, tools
+from harness.llm import CONFIG
 from harness.sample import SAMPLE_KNOWLEDGE, default_roster
-from tests.conftest import CONFIG
 
 Sessions = async_sessionmaker[AsyncSession]
 CITATION = "[1] Warranty and Driftwing Care › "

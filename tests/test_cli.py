@@ -11,33 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from db import models as m
 from fakes.openai_server import EMBEDDING_DIM, FakeOpenAI, reply, tool_call, tools
 from harness import documents
-from harness.bot import clean_environ
+from harness.bot import clean_environ, run_bot
 
 CLEAN = clean_environ()
-
-
-async def run_bot(
-    *args: str, env: dict[str, str], stdin: str = "", cwd: Path, wait_s: float = 60
-) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bot",
-        *args,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**CLEAN, **env},
-        cwd=cwd,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(stdin.encode()), timeout=wait_s)
-    return proc.returncode or 0, out.decode(), err.decode()
 
 
 async def test_chat_without_provider_answers_from_the_knowledge_base(
@@ -233,6 +216,7 @@ async def test_kb_ingest_of_an_unreadable_file_names_it_and_changes_nothing(
     assert [(text, dim) for text, dim in held] == [("Returns are accepted within 30 days.", EMBEDDING_DIM)]
 
 
+@pytest.mark.services
 async def test_version(tmp_path: Path) -> None:
     code, out, _ = await run_bot("--version", env={}, cwd=tmp_path)
     assert code == 0 and re.fullmatch(r"helpdesk-bot \S+\n", out)

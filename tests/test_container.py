@@ -174,6 +174,7 @@ def test_the_build_context_holds_every_package_and_nothing_private() -> None:
         assert not dockerignore_admits(private, patterns), private
 
 
+@pytest.mark.services
 def test_the_build_context_builds_a_wheel_with_the_model_and_the_migrations(tmp_path: Path) -> None:
     """The build stage's first step on just what .dockerignore lets in (pip wheel --no-deps); installing the wheel's
     dependencies from the index is test_install.py's (a minute), so this one reads the wheel instead."""
@@ -249,6 +250,7 @@ def test_every_variable_compose_names_is_a_setting_or_the_postgres_images() -> N
     assert shown and shown <= variables
 
 
+@pytest.mark.services
 def test_every_bot_command_named_is_a_real_subcommand() -> None:
     _, final = dockerfile_stages()
     entrypoint = exec_form(instruction(final, "ENTRYPOINT"))

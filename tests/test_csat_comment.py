@@ -10,11 +10,18 @@ from bot.server import Bot
 from db import models as m
 from fakes.openai_server import FakeOpenAI
 from fakes.slack_api import Modal, SlackEmulator
-from tests.test_admin import link, shown, support
-from tests.test_escalation import escalate
-from tests.test_feedback import SUPPORT, _rated, bot, csat_questions, csat_row, resolve, until
-
-__all__ = ["bot"]  # the fixture, shared with tests/test_feedback.py
+from harness.scenarios import (
+    SUPPORT,
+    csat_questions,
+    csat_row,
+    escalate,
+    link,
+    rated_csat,
+    resolve,
+    shown,
+    support,
+    until,
+)
 
 Sessions = async_sessionmaker[AsyncSession]
 COMMENT = "Sam was great <!channel> but *slow*; see <https://evil.example|my bank> & <@U_STAFF>"
@@ -28,7 +35,7 @@ async def rated(
     thread, case = await escalate(emulator, fake_llm, sessions)
     row = await resolve(emulator, sessions, case)
     await click(emulator, csat_questions(emulator, thread)[0].ts, row.id, rating)
-    await until(lambda: _rated(sessions, row.id))
+    await until(lambda: rated_csat(sessions, row.id))
     return thread, row
 
 
@@ -50,7 +57,7 @@ def written(text: str | None) -> dict[str, dict[str, str | None]]:
 
 
 async def test_a_rating_opens_the_comment_modal_and_the_comment_is_stored_and_shown_escaped(
-    bot: Bot, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+    shipped_bot: Bot, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
 ) -> None:
     thread, row = await rated(emulator, fake_llm, sessions)
     modal = await opened(emulator)
@@ -77,7 +84,7 @@ async def test_a_rating_opens_the_comment_modal_and_the_comment_is_stored_and_sh
 
 
 async def test_only_the_customer_who_rated_may_comment(
-    bot: Bot, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+    shipped_bot: Bot, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
 ) -> None:
     thread, row = await rated(emulator, fake_llm, sessions)
     modal = await opened(emulator)
@@ -94,7 +101,7 @@ async def test_only_the_customer_who_rated_may_comment(
 
 
 async def test_an_empty_submission_changes_nothing(
-    bot: Bot, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+    shipped_bot: Bot, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
 ) -> None:
     thread, row = await rated(emulator, fake_llm, sessions)
     first = await opened(emulator)
@@ -110,7 +117,7 @@ async def test_an_empty_submission_changes_nothing(
 
 
 async def test_a_modal_slack_will_not_open_keeps_the_rating_and_thanks_in_the_thread(
-    bot: Bot, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+    shipped_bot: Bot, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
 ) -> None:
     emulator.trigger_lifetime_s = 0  # every trigger_id has expired by the time the bot exchanges it
     _, row = await rated(emulator, fake_llm, sessions, rating=2)

@@ -284,6 +284,7 @@ async def test_an_mcp_server_down_at_start_is_reported_and_retried_while_the_bot
         await settle(sessions)
 
 
+@pytest.mark.services
 async def test_what_a_server_lists_is_checked_at_start(tmp_path: Path) -> None:
     """An agent offered two tools of one name, or an acting tool the server does not list (a misspelling that would
     leave the real one acting without the customer's yes), stops the start once the server answers."""

@@ -16,8 +16,8 @@ from db import deliveries as d
 from db import models as m
 from db.deliveries import KINDS, Delivery, Outcome, delivery_of, enqueue, row_of
 from fakes.slack_api import SlackEmulator
+from harness.slack_calls import calls
 from tests import ROOT
-from tests.test_manifests import calls
 
 Sessions = async_sessionmaker[AsyncSession]
 

@@ -24,8 +24,8 @@ from fakes.openai_server import FakeOpenAI, reply
 from fakes.slack_api import SlackEmulator
 from harness.bot import bot_settings, free_port, serving
 from harness.database import settle
+from harness.scenarios import STAFF, SUPPORT, escalate, escalation_row, relays_to_customer
 from harness.slack import replies_in
-from tests.test_escalation import STAFF, SUPPORT, escalate, escalation_row, relays_to_customer
 
 Sessions = async_sessionmaker[AsyncSession]
 TOKEN = "scrape-token"

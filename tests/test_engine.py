@@ -17,8 +17,8 @@ from bot.examples.driftwing.shop import ORDERS
 from db import models as m
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, RecordedRequest, cached, error, reply, slow, tool_call, tools
+from harness.llm import CONFIG, make_model
 from harness.sample import default_roster
-from tests.conftest import CONFIG, make_model
 
 Sessions = async_sessionmaker[AsyncSession]
 

@@ -19,29 +19,9 @@ from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
 from fakes.slack_api import BOT_ID, Msg, SlackEmulator
 from harness.bot import bot_settings, serving
 from harness.database import settle
+from harness.scenarios import STAFF, SUPPORT, escalate, escalation_row, relays_to_customer
 
 Sessions = async_sessionmaker[AsyncSession]
-STAFF, SUPPORT = "C_STAFF", "C_SUPPORT"
-
-
-async def escalation_row(sessions: Sessions) -> m.Escalation:
-    async with sessions() as s:
-        row = await s.scalar(select(m.Escalation).order_by(m.Escalation.id.desc()))
-    assert row is not None
-    return row
-
-
-async def escalate(emulator: SlackEmulator, fake: FakeOpenAI, sessions: Sessions) -> tuple[str, Msg]:
-    """A customer asks for a person in their own words; the agent escalates; the case appears for staff."""
-    fake.script(tools(tool_call("escalate_to_human", {"reason": "customer asked for a person"})))
-    said = await emulator.user_says(SUPPORT, "this is going nowhere, can I talk to an actual human being?")
-    case = await emulator.wait_for(lambda: [p for p in emulator.posts(STAFF) if not p.thread_ts])
-    await settle(sessions)
-    return said.ts, case[0]
-
-
-def relays_to_customer(emulator: SlackEmulator, thread: str) -> list[str]:
-    return [p.text for p in emulator.posts(SUPPORT, thread) if p.username]
 
 
 def case_thread(emulator: SlackEmulator, case: Msg) -> list[str]:

@@ -7,13 +7,14 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from db import models as m
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
+from harness.bot import run_bot
 from tests import ROOT
-from tests.test_cli import run_bot
 
 CASES = """\
 prices:
@@ -138,6 +139,7 @@ async def test_eval_exits_0_only_when_every_case_meets_its_expectations(
     assert code == 0 and "FAIL" not in out and "failed" not in err, err
 
 
+@pytest.mark.services
 async def test_a_bad_file_names_the_line_and_field_and_exits_2(tmp_path: Path) -> None:
     bad = CASES.replace("expect: {agent: support}", "expect: {agent: support, escalte: true}")
     (tmp_path / "bad.yaml").write_text(bad)

@@ -21,6 +21,8 @@ from fakes.openai_server import (
     tools,
 )
 
+pytestmark = pytest.mark.services  # every test serves the fake
+
 LOOKUP_TOOL: Any = {
     "type": "function",
     "function": {

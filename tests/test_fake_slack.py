@@ -19,6 +19,8 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from fakes.slack_api import BOT_ID, BOT_USER_ID, SLACK_RATE_LIMITS, Fault, SlackEmulator
 
+pytestmark = pytest.mark.services  # every test serves the emulator
+
 SECRET = "test-signing-secret"
 
 

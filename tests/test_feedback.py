@@ -3,13 +3,8 @@ Home tab), the fake LLM the agents, and the bot runs as it ships."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
-from typing import Any, TypeVar
 
-import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -17,45 +12,27 @@ from bot.csat import ACTION_PREFIX
 from bot.feedback import ACTION_FEEDBACK
 from bot.server import Bot
 from db import models as m
-from escalation.views import ACTION_RESOLVE
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
 from fakes.slack_api import Msg, SlackEmulator
-from harness.bot import bot_settings, serving
 from harness.database import settle
-from tests.test_admin import ADMIN, link, shown, support
-from tests.test_escalation import escalate, escalation_row
+from harness.scenarios import (
+    ADMIN,
+    STAFF,
+    SUPPORT,
+    csat_questions,
+    csat_row,
+    escalate,
+    escalation_row,
+    link,
+    rated_csat,
+    resolve,
+    serving_as_shipped,
+    shown,
+    support,
+    until,
+)
 
 Sessions = async_sessionmaker[AsyncSession]
-STAFF, SUPPORT = "C_STAFF", "C_SUPPORT"
-T = TypeVar("T")
-
-
-def running(
-    database_url: str, fake_llm: FakeOpenAI, emulator: SlackEmulator, **extra: Any
-) -> AbstractAsyncContextManager[Bot]:
-    """The bot with an admin, a staff allow-list and CSAT on (as it ships), and `extra` settings."""
-    emulator.add_user(ADMIN, "ada", "Ada Admin")
-    values = {"admin_user_ids": ADMIN, "staff_user_ids": "U_STAFF", "csat": True} | extra
-    settings = bot_settings(database_url, fake_llm, emulator, **values)
-    return serving(settings, emulator)
-
-
-@pytest.fixture
-async def bot(
-    database_url: str, sessions: Sessions, fake_llm: FakeOpenAI, emulator: SlackEmulator
-) -> AsyncIterator[Bot]:
-    """`sessions` first: its tables are emptied before the bot starts using them (else the two can deadlock)."""
-    async with running(database_url, fake_llm, emulator) as started:
-        yield started
-
-
-async def until(look: Callable[[], Awaitable[T | None]], timeout_s: float = 10.0) -> T:
-    """What `look` finds, once it finds something (the bot acts on a click after acknowledging it)."""
-    for _ in range(round(timeout_s / 0.05)):
-        if found := await look():
-            return found
-        await asyncio.sleep(0.05)
-    raise TimeoutError("never found")
 
 
 async def answered(emulator: SlackEmulator, fake: FakeOpenAI, sessions: Sessions, text: str) -> tuple[str, Msg]:
@@ -80,7 +57,7 @@ async def feedback_rows(sessions: Sessions) -> list[m.AnswerFeedback]:
 
 
 async def test_feedback_is_kept_per_person_last_click_winning_and_shown_to_admins(
-    bot: Bot, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+    shipped_bot: Bot, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
 ) -> None:
     thread, answer = await answered(emulator, fake_llm, sessions, "About 40 minutes per charge.")
     await rate(emulator, answer, "good", "U_CUSTOMER")
@@ -116,7 +93,7 @@ async def escalation_count(sessions: Sessions) -> int:
 async def test_a_thumbs_down_opens_a_case_when_configured(
     database_url: str, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
 ) -> None:
-    async with running(database_url, fake_llm, emulator, feedback_escalate_on_bad=True):
+    async with serving_as_shipped(database_url, fake_llm, emulator, feedback_escalate_on_bad=True):
         await thumbs_down_escalates(emulator, fake_llm, sessions)
 
 
@@ -148,31 +125,8 @@ async def _rated_bad_by(sessions: Sessions, user: str) -> bool:
     return any(r.user_id == user and r.rating == "bad" for r in await feedback_rows(sessions))
 
 
-def csat_questions(emulator: SlackEmulator, thread: str) -> list[Msg]:
-    return [p for p in emulator.posts(SUPPORT, thread) if p.blocks and "csat_" in json.dumps(p.blocks)]
-
-
-async def resolve(emulator: SlackEmulator, sessions: Sessions, case: Msg) -> m.Escalation:
-    row = await escalation_row(sessions)
-    assert (await emulator.click(ACTION_RESOLVE, str(row.id), message_ts=case.ts)).status == 200
-    await until(lambda: _status_is(sessions, row.id, "resolved"))
-    await settle(sessions)
-    return row
-
-
-async def _status_is(sessions: Sessions, escalation_id: int, status: str) -> bool:
-    async with sessions() as s:
-        row = await s.get(m.Escalation, escalation_id)
-        return row is not None and row.status == status
-
-
-async def csat_row(sessions: Sessions, escalation_id: int) -> m.Csat | None:
-    async with sessions() as s:
-        return await s.scalar(select(m.Csat).where(m.Csat.escalation_id == escalation_id))
-
-
 async def test_csat_is_asked_once_after_resolve_recorded_and_not_asked_again_within_the_cooldown(
-    bot: Bot, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+    shipped_bot: Bot, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
 ) -> None:
     thread, case = await escalate(emulator, fake_llm, sessions)
     row = await resolve(emulator, sessions, case)
@@ -188,7 +142,7 @@ async def test_csat_is_asked_once_after_resolve_recorded_and_not_asked_again_wit
     # Only the customer's rating counts; theirs is stored with the case's agent, trigger and who resolved it.
     await emulator.click(f"{ACTION_PREFIX}1", str(row.id), message_ts=question.ts, channel=SUPPORT, user="U_STAFF")
     await emulator.click(f"{ACTION_PREFIX}4", str(row.id), message_ts=question.ts, channel=SUPPORT, user="U_CUSTOMER")
-    rated = await until(lambda: _rated(sessions, row.id))
+    rated = await until(lambda: rated_csat(sessions, row.id))
     assert (rated.rating, rated.customer, rated.agent, rated.trigger, rated.resolved_by) == (
         4, "U_CUSTOMER", "triage", "agent", "U_STAFF"
     )  # fmt: skip
@@ -212,11 +166,6 @@ async def test_csat_is_asked_once_after_resolve_recorded_and_not_asked_again_wit
     assert "*CSAT by staff member*: <@U_STAFF> 4.0 (1)" in stats
 
 
-async def _rated(sessions: Sessions, escalation_id: int) -> m.Csat | None:
-    row = await csat_row(sessions, escalation_id)
-    return row if row is not None and row.rating is not None else None
-
-
 async def escalate_again(emulator: SlackEmulator, fake: FakeOpenAI, sessions: Sessions) -> tuple[str, Msg]:
     """`escalate`, in a new thread, with a case message of its own."""
     before = {p.ts for p in emulator.posts(STAFF) if not p.thread_ts}
@@ -230,14 +179,14 @@ async def escalate_again(emulator: SlackEmulator, fake: FakeOpenAI, sessions: Se
 async def test_csat_off_asks_nothing(
     database_url: str, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
 ) -> None:
-    async with running(database_url, fake_llm, emulator, csat=False):
+    async with serving_as_shipped(database_url, fake_llm, emulator, csat=False):
         thread, case = await escalate(emulator, fake_llm, sessions)
         row = await resolve(emulator, sessions, case)
     assert csat_questions(emulator, thread) == [] and await csat_row(sessions, row.id) is None
 
 
 async def test_app_home_shows_numbers_to_admins_and_staff_and_a_plain_home_to_others(
-    bot: Bot, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
+    shipped_bot: Bot, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
 ) -> None:
     _, answer = await answered(emulator, fake_llm, sessions, "About 40 minutes per charge.")
     await rate(emulator, answer, "bad", "U_CUSTOMER")

@@ -23,11 +23,10 @@ from escalation.machine import TAKEOVER, Mode
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
 from fakes.slack_api import SlackEmulator
 from harness.bot import bot_settings, serving
-from harness.database import settle
+from harness.database import Sessions, settle
+from harness.llm import CONFIG
 from harness.sample import default_roster
-from tests.conftest import CONFIG
-from tests.test_admin import ADMIN, shown, support
-from tests.test_escalation import STAFF, SUPPORT, Sessions
+from harness.scenarios import ADMIN, STAFF, SUPPORT, shown, support
 
 UNREACHABLE = "I'm sorry: I could not reach a colleague just now."
 DISK_FULL = text("DO $$ BEGIN RAISE EXCEPTION 'No space left on device' USING ERRCODE = 'disk_full'; END $$")

@@ -153,6 +153,7 @@ def readers_running() -> set[int]:
     return found
 
 
+@pytest.mark.services
 async def test_a_reader_is_killed_with_its_turn() -> None:
     """A read cancelled (a turn ended by shutdown or a lost lease) takes its reader process with it, rather than
     leaving it to run to its deadline."""
@@ -168,6 +169,7 @@ async def test_a_reader_is_killed_with_its_turn() -> None:
     assert readers_running() == set()
 
 
+@pytest.mark.services
 async def test_a_reader_sends_back_little_more_than_the_text_kept() -> None:
     """A document of one 2 MB paragraph: the reader stops one character past the text kept, so the rest never crosses
     the pipe to be decoded on the event loop; the agent is told the file was cut."""

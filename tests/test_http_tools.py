@@ -40,6 +40,7 @@ from agents.identity import Author, asker_claims
 from agents.tools import Tool, ToolArgumentsError, ToolContext, idempotency_key
 from agents.toolsets import ToolSource
 
+SERVICE_FIXTURES = frozenset({"server"})  # an HTTP server (tests/conftest.py)
 SECRET = "test-signing-secret-0123456789"
 LEAK = "SECRET-KEY-42"
 """An API key or token in a URL: it must not reach the model, the logs or /support status."""
@@ -414,6 +415,7 @@ async def test_a_slow_system_times_out(server: Server) -> None:
             await call(tools["orders"], {})
 
 
+@pytest.mark.services
 async def test_a_closed_port_is_unavailable() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

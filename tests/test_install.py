@@ -62,6 +62,7 @@ def python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return venv / "bin" / "python"
 
 
+@pytest.mark.services
 def test_the_install_holds_what_the_bot_needs_and_no_torch(python: Path) -> None:
     listed = subprocess.run([str(python), "-m", "pip", "list", "--format=json"], capture_output=True, text=True)
     names = {p["name"].lower() for p in json.loads(listed.stdout)}
@@ -74,6 +75,7 @@ def test_the_install_holds_what_the_bot_needs_and_no_torch(python: Path) -> None
     assert not re.findall(r"^\s*(?:harness|tests|bench)/", shipped.stdout, re.M)
 
 
+@pytest.mark.services
 async def test_pip_install_gives_a_bot_that_starts_and_answers(python: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"  # an empty folder: the package must carry its model, sample and migrations
     home.mkdir()
@@ -196,6 +198,7 @@ def _imported_by(*args: str) -> set[str]:
     return {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
 
 
+@pytest.mark.services
 def test_help_imports_none_of_what_the_commands_need() -> None:
     assert {m.split(".")[0] for m in _imported_by("--help")} & HEAVY == set()
     # A command's module, and what it needs, comes in with that command's own help.
@@ -217,6 +220,7 @@ def _make(folder: Path, target: str) -> str:
     return done.stdout
 
 
+@pytest.mark.services
 def test_make_run_installs_the_bot_alone_and_make_test_then_the_dev_tools(tmp_path: Path) -> None:
     for name in ("Makefile", "pyproject.toml", "constraints.txt"):
         shutil.copy(ROOT / name, tmp_path / name)

@@ -177,8 +177,8 @@ async def test_search_knowledge_tool_cites_sources_or_says_nothing_found(
 ) -> None:
     from agents.conversations import Conversations
     from fakes.openai_server import reply, tool_call, tools
+    from harness.llm import CONFIG
     from harness.sample import default_roster
-    from tests.conftest import CONFIG
 
     await kb.ingest([SAMPLE / "support"], collection="support", root=SAMPLE)
     roster = default_roster(kb, min_similarity=0.3)
@@ -274,8 +274,8 @@ async def test_offline_mode_answers_with_sources_and_escalates_when_nothing_matc
     from agents.knowledge.local import LocalEmbedder
     from agents.offline import OfflineModel, SimilarityRouter
     from bot.examples.driftwing.shop import DEMO_CUSTOMER
+    from harness.llm import CONFIG
     from harness.sample import KNOWLEDGE_OF, default_roster
-    from tests.conftest import CONFIG
 
     kb = KnowledgeBase(sessions=sessions, embedder=LocalEmbedder(minilm))  # type: ignore[arg-type]
     for collection in ("support", "catalogue"):

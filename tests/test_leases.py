@@ -21,8 +21,8 @@ from db import models as m
 from db.deliveries import AddReaction, Outcome, Post, RemoveReaction, enqueue
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply, slow
+from harness.llm import CONFIG
 from harness.sample import default_roster
-from tests.conftest import CONFIG
 
 Sessions = async_sessionmaker[AsyncSession]
 

@@ -28,10 +28,10 @@ from fakes.openai_server import FakeOpenAI, RecordedRequest, reply
 from fakes.slack_api import BOT_USER_ID, SlackEmulator
 from harness.bot import bot_settings, serving
 from harness.database import settle
+from harness.llm import CONFIG
 from harness.sample import default_roster
+from harness.scenarios import ADMIN, shown, support
 from harness.slack import replies_in
-from tests.conftest import CONFIG
-from tests.test_admin import ADMIN, shown, support
 
 Sessions = async_sessionmaker[AsyncSession]
 SUPPORT = "C_SUPPORT"

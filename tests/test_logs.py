@@ -17,8 +17,8 @@ from bot import logs
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, error
 from harness.bot import clean_environ
+from harness.llm import CONFIG, make_model
 from harness.sample import default_roster
-from tests.conftest import CONFIG, make_model
 
 
 async def test_a_turns_lines_name_its_conversation_and_message(

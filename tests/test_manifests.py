@@ -1,30 +1,28 @@
 """The Slack app manifests ask for what the code uses, and for nothing else.
 
-The Web API methods are read from the code (every `<client>.<method>(...)` named like one of slack_sdk's client
-methods, and every `api_call("x.y")`), the event types from the handlers; each needs the scopes the tables below
-give, taken from Slack's method and event reference. A new Slack call or event without its scope in both manifests
-fails here, and so does a scope that nothing needs.
+The Web API methods are read from the code (harness/slack_calls.py: every `<client>.<method>(...)` named like one
+of slack_sdk's client methods, and every `api_call("x.y")`), the event types from the handlers; each needs the
+scopes the tables below give, taken from Slack's method and event reference. A new Slack call or event without its
+scope in both manifests fails here, and so does a scope that nothing needs.
 """
 
 from __future__ import annotations
 
 import ast
-import inspect
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import pytest
 import yaml
-from slack_sdk.web import async_client
 
+from bot.incoming import Ignored
 from bot.settings import Settings
 from bot.slack_app import DIRECT_EVENTS
-from bot.slack_events import Ignored, Policy, classify
+from bot.slack_events import Policy, classify
+from harness.slack_calls import calls, scanned_modules, sdk_methods, slack_calls
 from tests import ROOT
 
-SCANNED = ("bot", "escalation", "agents")
 MANIFESTS = ("manifest.yml", "manifest.socket.yml")
 URL_KEYS = frozenset({"url", "request_url", "message_menu_options_url"})
 
@@ -69,11 +67,7 @@ ARGUMENT_SCOPES: dict[tuple[str, str], str] = {
     ("conversations.replies", "include_all_metadata"): "metadata.message:read",
 }
 
-# Methods called for the bot by its libraries, not by our code.
-LIBRARY_METHODS: dict[str, str] = {
-    # slack_bolt's single-workspace authorization, on the first request: the bot's user and bot ids.
-    "auth.test": "slack_bolt (authorization)",
-}
+# Methods called for the bot by its libraries, not by our code, are in harness/slack_calls.py LIBRARY_METHODS.
 # Not bot-token calls, so no bot scopes: Socket Mode's apps.connections.open uses the app-level token (its
 # connections:write scope is set on that token, see manifest.socket.yml), and `respond()` posts to a response_url.
 
@@ -120,78 +114,6 @@ KNOWN_CALLS = {
     "conversations.history",
     "conversations.replies",
 }
-
-
-@dataclass(frozen=True)
-class Call:
-    method: str
-    """The dotted Web API method, e.g. chat.postMessage; empty for a slack_sdk helper the scan cannot see into."""
-    arguments: frozenset[str]
-    where: str
-
-
-@cache
-def sdk_methods() -> dict[str, frozenset[str]]:
-    """slack_sdk's client methods (`chat_postMessage`) -> the Web API methods each calls (`chat.postMessage`),
-    read from AsyncWebClient's source: each calls `self.api_call("chat.postMessage", ...)`, and the few helpers
-    (files_upload_v2) call other client methods."""
-    tree = ast.parse(inspect.getsource(async_client))
-    client = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "AsyncWebClient")
-    direct: dict[str, set[str]] = {}
-    on_self: dict[str, set[str]] = {}
-    for function in client.body:
-        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef) or function.name.startswith("_"):
-            continue
-        direct[function.name], on_self[function.name] = set(), set()
-        for node in ast.walk(function):
-            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
-                continue
-            if node.func.attr == "api_call" and node.args and isinstance(node.args[0], ast.Constant):
-                direct[function.name].add(str(node.args[0].value))
-            elif isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
-                on_self[function.name].add(node.func.attr)
-    return {
-        name: frozenset(methods.union(*(direct[other] for other in on_self[name] if other in direct)))
-        for name, methods in direct.items()
-    }
-
-
-def _slack_call(node: ast.AST) -> str | None:
-    """The client method name of `<something>.<client method>(...)`, else None."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in sdk_methods():
-        return node.func.attr
-    return None
-
-
-def _called_name(node: ast.Call) -> str | None:
-    return node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
-
-
-def slack_calls(source: str, where: str) -> Iterator[Call]:
-    """The Web API calls in one module, with the keyword arguments each is given."""
-    tree = ast.parse(source)
-    methods = sdk_methods()
-    # Helpers that pass their **keywords on to a Slack call (`self._post(row, username=...)` ->
-    # `chat_postMessage(..., **fields)`): the keywords given to the helper are the call's too.
-    forwarders: dict[str, frozenset[str]] = {}
-    for function in ast.walk(tree):
-        if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
-            for node in ast.walk(function):
-                name = _slack_call(node)
-                if name and isinstance(node, ast.Call) and any(k.arg is None for k in node.keywords):
-                    forwarders[function.name] = forwarders.get(function.name, frozenset()) | methods[name]
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        arguments = frozenset(k.arg for k in node.keywords if k.arg is not None)
-        here = f"{where}:{node.lineno}"
-        name = _slack_call(node)
-        if name is not None:
-            yield from (Call(method, arguments, here) for method in sorted(methods[name] or {""}))
-        elif _called_name(node) == "api_call" and node.args and isinstance(node.args[0], ast.Constant):
-            yield Call(str(node.args[0].value), arguments, here)
-        elif _called_name(node) in forwarders:
-            yield from (Call(method, arguments, here) for method in sorted(forwarders[str(_called_name(node))]))
 
 
 def event_types(source: str) -> set[str]:
@@ -249,22 +171,9 @@ def event_types(source: str) -> set[str]:
     return found
 
 
-def _modules() -> Iterator[tuple[str, str]]:
-    for package in SCANNED:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            yield str(path.relative_to(ROOT)), path.read_text()
-
-
-@cache
-def calls() -> tuple[Call, ...]:
-    found = [call for where, source in _modules() for call in slack_calls(source, where)]
-    found += [Call(method, frozenset(), who) for method, who in LIBRARY_METHODS.items()]
-    return tuple(found)
-
-
 @cache
 def handled_events() -> frozenset[str]:
-    return frozenset(kind for _, source in _modules() for kind in event_types(source))
+    return frozenset(kind for _, source in scanned_modules() for kind in event_types(source))
 
 
 def load(name: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from fakes.waiting import poll
 from harness.bot import free_port
 from harness.mcp import start_http
 
+SERVICE_FIXTURES = frozenset({"tallyhouse", "processes"})  # servers, as processes (tests/conftest.py)
 ROOT = Path(__file__).resolve().parent.parent
 CASEY = Author("slack", "T1", "U1", "Casey", "casey@example.com")
 ADA = Author("slack", "T1", "U2", "Ada", "ada@example.com")
@@ -290,6 +291,7 @@ async def test_a_server_unreachable_at_start_does_not_hold_the_bot(
         await server.close()
 
 
+@pytest.mark.services
 async def test_a_server_that_never_answers_is_given_up_on_after_the_connect_timeout() -> None:
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.read()  # until the bot gives up and hangs up
@@ -307,6 +309,7 @@ async def test_a_server_that_never_answers_is_given_up_on_after_the_connect_time
         await listener.wait_closed()
 
 
+@pytest.mark.services
 async def test_a_command_that_cannot_start_is_reported() -> None:
     server = MCPServer(MCPServerConfig("ledger", command="/nonexistent/ledger-mcp"))
     try:

@@ -180,6 +180,7 @@ def test_the_supported_pythons_are_the_declared_ones() -> None:
     assert not declared.contains("3.10.0"), declared
 
 
+@pytest.mark.services
 @pytest.mark.parametrize("python", PYTHONS)
 def test_every_dependency_installs(python: str, resolutions: dict[str, Resolution]) -> None:
     resolution = resolutions[python]

@@ -14,7 +14,7 @@ from fakes.openai_server import FakeOpenAI
 from fakes.slack_api import SlackEmulator
 from harness import documents
 from harness.database import settle
-from tests.test_escalation import STAFF, SUPPORT, escalate, relays_to_customer
+from harness.scenarios import STAFF, SUPPORT, escalate, relays_to_customer
 
 Sessions = async_sessionmaker[AsyncSession]
 MANUAL = b"Kestrel Mini 2 manual: hold the power button for 3 seconds."

@@ -22,8 +22,8 @@ from bot.settings import Settings
 from db import models as m
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply
+from harness.llm import CONFIG
 from harness.sample import default_roster
-from tests.conftest import CONFIG
 
 Sessions = async_sessionmaker[AsyncSession]
 SALES_MESSAGE = "which drone should I buy for shooting landscape photos?"

@@ -15,5 +15,3 @@ def test_manifest_points_everything_at_the_one_endpoint() -> None:
     assert manifest["features"]["slash_commands"][0]["url"].endswith("/slack/events")
     assert {"message.channels", "message.im", "app_mention"} <= set(settings["event_subscriptions"]["bot_events"])
     assert {"chat:write", "reactions:write", "users:read"} <= set(manifest["oauth_config"]["scopes"]["bot"])
-
-

@@ -15,8 +15,8 @@ from db import models as m
 from db.engine import make_engine, make_sessions
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, FakeReply, RecordedRequest, error, reply, tool_call, tools
+from harness.llm import CONFIG, make_model
 from harness.sample import default_roster
-from tests.conftest import CONFIG, make_model
 
 Sessions = async_sessionmaker[AsyncSession]
 

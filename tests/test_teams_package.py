@@ -44,6 +44,7 @@ def read_zip(path: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
     return json.loads(files.pop("manifest.json")), files
 
 
+@pytest.mark.services
 def test_the_package_holds_a_manifest_for_this_bot_and_its_icons(tmp_path: Path) -> None:
     args = ["--app-id", APP_ID, "--host", "helpdesk.example.com", "--name", "Acme Help", "--version", "1.2.3"]
     done = run_package(*args, cwd=tmp_path)
@@ -89,6 +90,7 @@ def test_the_package_holds_a_manifest_for_this_bot_and_its_icons(tmp_path: Path)
     assert (width, height) == (32, 32) and colour_type == 6  # RGBA: white on transparent
 
 
+@pytest.mark.services
 def test_the_app_id_comes_from_the_sdk_variable_in_dotenv_or_the_environment(tmp_path: Path) -> None:
     (tmp_path / ".env").write_text(f"{SDK_APP_ID}={APP_ID.upper()}\n")
     done = run_package("--host", "https://helpdesk.example.com/", "--out", "app.zip", cwd=tmp_path)
@@ -103,6 +105,7 @@ def test_the_app_id_comes_from_the_sdk_variable_in_dotenv_or_the_environment(tmp
     assert read_zip(tmp_path / "teams-app.zip")[0]["id"] == other  # the environment wins over .env
 
 
+@pytest.mark.services
 @pytest.mark.parametrize(
     ("args", "reasons"),
     [

@@ -20,8 +20,8 @@ from db.url import libpq_dsn
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
 from harness.bot import clean_environ
+from harness.llm import CONFIG, make_model
 from harness.sample import default_roster
-from tests.conftest import CONFIG, make_model
 
 pytest.importorskip("opentelemetry.instrumentation.asyncpg", reason="the otel extra is not installed")
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the otel extra is not installed")
@@ -213,6 +213,7 @@ async def test_started_from_the_sdks_variables_it_exports_over_otlp(collector: C
     assert in_run.trace_id == run.trace_id
 
 
+@pytest.mark.services
 async def test_without_the_extra_or_the_variables_nothing_is_imported() -> None:
     check = (
         "import sys, logging\n"
