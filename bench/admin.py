@@ -19,8 +19,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from bench.setup import DATABASE_PREFIX, RESULTS, run_benchmark, section, summary, table
+from bot.playground.slack_emulator import SlackEmulator
 from fakes.openai_server import FakeOpenAI, reply
-from fakes.slack_api import SlackEmulator
 from harness.bot import bot_env, bot_process, emulator
 from harness.database import throwaway_database
 

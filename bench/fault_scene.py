@@ -14,8 +14,8 @@ from typing import Any
 from agents.loop import Texts
 from bench.live import CONNECTIONS, UNLIMITED
 from bench.setup import DATABASE_PREFIX
+from bot.playground.slack_emulator import SlackEmulator
 from fakes.openai_server import FakeOpenAI, FakeReply, RecordedRequest, error, reply, slow
-from fakes.slack_api import SlackEmulator
 from harness.bot import BotProcess, bot_env, bot_process, emulator
 from harness.database import throwaway_database
 from harness.slack import Sent, deliver, write

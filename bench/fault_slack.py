@@ -31,7 +31,7 @@ from typing import Any
 
 from bench.fault_scene import CHANNEL, HEADERS, LLM_LATENCY_S, QUIET_S, answer_to, last_post_at, replies, scene, until
 from bench.setup import RESULTS, run_benchmark, section, table
-from fakes.slack_api import SLACK_RATE_LIMITS, Fault
+from bot.playground.slack_emulator import SLACK_RATE_LIMITS, Fault
 from harness.slack import Sent, deliver, write
 
 STORM = (

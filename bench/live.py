@@ -28,10 +28,10 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from bench.setup import DATABASE_PREFIX, summary
+from bot.playground.slack_emulator import SlackEmulator
 from db import models as m
 from db.url import async_url
 from fakes.openai_server import FakeOpenAI, FakeReply, RecordedRequest
-from fakes.slack_api import SlackEmulator
 from fakes.teams_api import TeamsEmulator
 from harness import teams as th
 from harness.bot import BotProcess, bot_env, bot_process, emulator

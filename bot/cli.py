@@ -186,7 +186,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     from bot import eval as evaluation
     from bot import kb
     from bot.chat import chat
-    from bot.playground import playground
+    from bot.playground.app import playground
     from bot.server import serve
 
     no_slack = not (settings.slack_bot_token or settings.slack_signing_secret or settings.slack_app_token)

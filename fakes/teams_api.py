@@ -37,8 +37,8 @@ from typing import Any, TypeVar
 import aiohttp
 from aiohttp import web
 
+from bot.playground.waiting import poll
 from fakes.teams_identity import Certificates, LoginService, SignInHosts, TlsProxy, TokenKind
-from fakes.waiting import poll
 
 T = TypeVar("T")
 

@@ -11,6 +11,6 @@
 - `harness.llm`: the model and loop configuration of the agents against the fake LLM;
 - `harness.slack_calls`: the Slack Web API calls the bot's code makes, read from its source.
 
-The fakes themselves (`fakes.openai_server`, `fakes.slack_api`, `fakes.teams_api`) ship with the bot, for the
-playground.
+The emulators are not here: the OpenAI-compatible server and Teams are in `fakes/` (repository only), Slack is
+`bot.playground.slack_emulator` (shipped, since the playground runs it).
 """

@@ -19,10 +19,10 @@ from typing import Any
 
 import aiohttp
 
+from bot.playground.slack_emulator import SlackEmulator
 from bot.server import Bot, listening, running_bot
 from bot.settings import Settings
 from fakes.openai_server import FakeOpenAI
-from fakes.slack_api import SlackEmulator
 
 ROOT = Path(__file__).resolve().parent.parent
 """The checkout: a bot process imports its code from here, whatever is installed."""

@@ -12,11 +12,11 @@ from typing import Any, TypeVar
 
 from sqlalchemy import select
 
+from bot.playground.slack_emulator import Msg, SlackEmulator
 from bot.server import Bot
 from db import models as m
 from escalation.views import ACTION_RESOLVE
 from fakes.openai_server import FakeOpenAI, tool_call, tools
-from fakes.slack_api import Msg, SlackEmulator
 from harness.bot import bot_settings, serving
 from harness.database import Sessions, settle
 

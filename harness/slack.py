@@ -13,7 +13,7 @@ from typing import Any
 
 import aiohttp
 
-from fakes.slack_api import SlackEmulator
+from bot.playground.slack_emulator import SlackEmulator
 
 
 async def replies_in(emulator: SlackEmulator, channel: str, thread_ts: str, n: int, wait_s: float = 10) -> list[str]:

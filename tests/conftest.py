@@ -15,11 +15,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
 from agents.model import OpenAIChatModel
+from bot.playground.slack_emulator import SlackEmulator
 from bot.server import Bot
 from db.engine import make_engine, make_sessions
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI
-from fakes.slack_api import SlackEmulator
 from fakes.teams_api import TeamsEmulator
 from harness import bot as harness
 from harness import teams as teams_harness

@@ -25,9 +25,9 @@ from bot.admin.parse import (
     UsageError,
     parse,
 )
+from bot.playground.slack_emulator import SlackEmulator
 from db import models as m
 from fakes.openai_server import FakeOpenAI, cached, error, reply, slow, tool_call, tools
-from fakes.slack_api import SlackEmulator
 from harness.bot import bot_settings, serving
 from harness.database import settle
 from harness.scenarios import ADMIN, STAFF, SUPPORT, escalate, escalation_row, link, shown, support

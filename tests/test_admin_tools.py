@@ -26,12 +26,12 @@ from bot.admin.command import AdminCommands, Invocation, provider_probe
 from bot.admin.parse import USAGE, Tools, UsageError, parse
 from bot.admin.queries import AdminQueries
 from bot.metrics import Metrics
+from bot.playground.slack_emulator import SlackEmulator
 from bot.slack_app import SlackDirectory, slack_client
 from db import models as m
 from escalation.desk import CaseDesk
 from escalation.policy import EscalationPolicy
 from fakes.openai_server import FakeOpenAI
-from fakes.slack_api import SlackEmulator
 from harness.bot import STAFF_CHANNEL, bot_settings, serving
 from harness.sample import default_roster
 

@@ -14,10 +14,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.declaration.build import SAMPLE, with_declaration
 from bot.declaration.parse import load
+from bot.playground.slack_emulator import SlackEmulator
 from bot.settings import Settings
 from db import models as m
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
-from fakes.slack_api import SlackEmulator
 from harness.bot import bot_settings, serving
 from harness.database import settle
 

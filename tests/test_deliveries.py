@@ -11,11 +11,11 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from bot.outbox import OutboxSender
+from bot.playground.slack_emulator import SlackEmulator
 from bot.slack_app import slack_client
 from db import deliveries as d
 from db import models as m
 from db.deliveries import KINDS, Delivery, Outcome, delivery_of, enqueue, row_of
-from fakes.slack_api import SlackEmulator
 from harness.slack_calls import calls
 from tests import ROOT
 

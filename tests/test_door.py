@@ -16,12 +16,12 @@ from pydantic import ValidationError
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from bot.playground.slack_emulator import SlackEmulator
 from bot.preflight import RefusedToStart
 from bot.settings import Settings
 from db import models as m
 from escalation.views import ACTION_CLAIM
 from fakes.openai_server import FakeOpenAI, reply
-from fakes.slack_api import SlackEmulator
 from harness.bot import bot_settings, free_port, serving
 from harness.database import settle
 from harness.scenarios import STAFF, SUPPORT, escalate, escalation_row, relays_to_customer

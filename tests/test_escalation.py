@@ -12,11 +12,11 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.leases import Leases
+from bot.playground.slack_emulator import BOT_ID, Msg, SlackEmulator
 from db import models as m
 from escalation.policy import BusinessHours
 from escalation.views import ACTION_CLAIM, ACTION_HAND_BACK, ACTION_RESOLVE
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
-from fakes.slack_api import BOT_ID, Msg, SlackEmulator
 from harness.bot import bot_settings, serving
 from harness.database import settle
 from harness.scenarios import STAFF, SUPPORT, escalate, escalation_row, relays_to_customer

@@ -17,7 +17,7 @@ from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetry
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
-from fakes.slack_api import BOT_ID, BOT_USER_ID, SLACK_RATE_LIMITS, Fault, SlackEmulator
+from bot.playground.slack_emulator import BOT_ID, BOT_USER_ID, SLACK_RATE_LIMITS, Fault, SlackEmulator
 
 pytestmark = pytest.mark.services  # every test serves the emulator
 

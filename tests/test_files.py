@@ -11,9 +11,9 @@ from aiohttp import web
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from bot.playground.slack_emulator import SlackEmulator
 from db import models as m
 from fakes.openai_server import FakeOpenAI, reply
-from fakes.slack_api import SlackEmulator
 from harness import bot as harness
 from harness import documents
 from harness.slack import replies_in

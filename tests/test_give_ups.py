@@ -17,11 +17,11 @@ from sqlalchemy.exc import DBAPIError
 
 from agents.conversations import SET_ASIDE, Conversations, MessageResult, ResultKind, TurnCommit
 from agents.identity import Author
+from bot.playground.slack_emulator import SlackEmulator
 from db import models as m
 from db.deliveries import CasePost, Outcome
 from escalation.machine import TAKEOVER, Mode
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
-from fakes.slack_api import SlackEmulator
 from harness.bot import bot_settings, serving
 from harness.database import Sessions, settle
 from harness.llm import CONFIG

@@ -19,10 +19,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.knowledge.readers import ReaderLimits, docx_text
 from bot.files import clip
+from bot.playground.slack_emulator import SlackEmulator
 from bot.server import Bot
 from db import models as m
 from fakes.openai_server import FakeOpenAI, RecordedRequest, reply
-from fakes.slack_api import SlackEmulator
 from harness import bot as harness
 from harness import documents
 from harness.slack import replies_in

@@ -16,9 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from agents.conversations import Conversations
 from agents.identity import Author
 from bot.examples.driftwing.shop import ORDERS, REFUND_CONFIRMATION
+from bot.playground.slack_emulator import TEAM_ID, SlackEmulator
 from db import models as m
 from fakes.openai_server import FakeOpenAI, RecordedRequest, reply, tool_call, tools
-from fakes.slack_api import TEAM_ID, SlackEmulator
 from fakes.teams_api import TeamsEmulator
 from harness import teams as th
 from harness.bot import bot_settings, serving

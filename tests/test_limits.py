@@ -21,11 +21,11 @@ from agents.limits import Limit, Limits
 from agents.loop import Texts
 from agents.model import OpenAIChatModel
 from bot import runtime
+from bot.playground.slack_emulator import BOT_USER_ID, SlackEmulator
 from bot.settings import Settings
 from db import models as m
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, RecordedRequest, reply
-from fakes.slack_api import BOT_USER_ID, SlackEmulator
 from harness.bot import bot_settings, serving
 from harness.database import settle
 from harness.llm import CONFIG

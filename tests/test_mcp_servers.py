@@ -23,8 +23,8 @@ from agents.errors import ConfigError, ToolUnavailable
 from agents.identity import Author, asker_claims
 from agents.mcp_servers import ASKER_META, RESULT_CHARS, MCPServer, MCPServerConfig, parse_mcp_servers, result_text
 from agents.tools import ToolArgumentsError, ToolContext
+from bot.playground.waiting import poll
 from fakes.mcp_server import NO_SUCH_INVOICE
-from fakes.waiting import poll
 from harness.bot import free_port
 from harness.mcp import start_http
 

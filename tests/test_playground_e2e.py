@@ -19,7 +19,7 @@ import pytest
 from playwright.async_api import Page, async_playwright, expect
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.playground import Playground, running_playground
+from bot.playground.app import Playground, running_playground
 from bot.settings import Settings
 from fakes.openai_server import FakeOpenAI, reply
 from tests import ROOT as PROJECT_ROOT

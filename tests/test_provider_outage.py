@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from bot.playground.slack_emulator import SlackEmulator
 from fakes.openai_server import FakeOpenAI, error, reply
-from fakes.slack_api import SlackEmulator
 from harness.database import settle
 from harness.slack import replies_in
 

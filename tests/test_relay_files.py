@@ -9,9 +9,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from bot.playground.slack_emulator import SlackEmulator
 from db import models as m
 from fakes.openai_server import FakeOpenAI
-from fakes.slack_api import SlackEmulator
 from harness import documents
 from harness.database import settle
 from harness.scenarios import STAFF, SUPPORT, escalate, relays_to_customer

@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from bot.playground.slack_emulator import SlackEmulator
 from db import models as m
 from db.deliveries import Answer
 from fakes.openai_server import FakeOpenAI, reply, slow, tool_call, tools
-from fakes.slack_api import SlackEmulator
 from harness.bot import BotProcess, bot_env, bot_process
 from harness.database import settle
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from bot.playground.slack_emulator import BOT_USER_ID, Msg, SlackEmulator
 from fakes.openai_server import FakeOpenAI, reply, slow, tool_call, tools
-from fakes.slack_api import BOT_USER_ID, Msg, SlackEmulator
 from harness.bot import bot_settings, serving
 from harness.database import settle
 from harness.slack import replies_in

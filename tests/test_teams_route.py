@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from bot.playground.slack_emulator import SlackEmulator
 from bot.server import Bot
 from fakes.openai_server import FakeOpenAI
-from fakes.slack_api import SlackEmulator
 from fakes.teams_api import TeamsEmulator
 from fakes.teams_identity import TokenKind
 from harness import teams as th

@@ -33,7 +33,7 @@ import aiohttp
 from aiohttp import web
 from slack_sdk.signature import SignatureVerifier
 
-from fakes.waiting import poll
+from bot.playground.waiting import poll
 
 T = TypeVar("T")
 

@@ -1,10 +1,10 @@
 """`python -m bot playground`: the whole bot on this machine, with a small Slack-like workspace in a browser.
 
-Three local servers in one process: the Slack emulator (`fakes/slack_api.py`, the Web API the bot calls and
+Three local servers in one process: the Slack emulator (`slack_emulator.py`, the Web API the bot calls and
 the Events API that calls the bot), the real bot behind its `/slack/events` endpoint, and the page. The page
 never talks to the bot: what a person does on it becomes what Slack would send (a signed message event, a
 signed button click, a signed slash command), delivered by the emulator, and what the page shows is the
-emulator's workspace plus a read-only view of the audit trail (`bot/playground_state.py`).
+emulator's workspace plus a read-only view of the audit trail (`bot/playground/state.py`).
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from aiohttp.typedefs import Handler
 from pydantic import BaseModel, Field, SecretStr, ValidationError
 
 from bot.declaration.build import declared, test_customer
-from bot.playground_state import recent_conversations
+from bot.playground.slack_emulator import DeliveryResult, Msg, SlackEmulator
+from bot.playground.state import recent_conversations
 from bot.server import Bot, running_bot, until_signalled, web_app
 from bot.settings import Settings
-from fakes.slack_api import DeliveryResult, Msg, SlackEmulator
 
 log = logging.getLogger(__name__)
-STATIC = Path(__file__).resolve().parent / "playground_static"
+STATIC = Path(__file__).resolve().parent / "static"
 ADMIN_USER = "U_ADMIN"
 ROLES = {"customer": "U_CUSTOMER", "staff": "U_STAFF", "admin": ADMIN_USER}
 STAFF_CHANNEL = "C_STAFF"
