@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from db.notify import TURNS
+
 LEASE_S = 30.0
 
 
@@ -76,7 +78,7 @@ _RELEASE = text(
 
 
 _NOTIFY_IF_WAITING = text(
-    "SELECT pg_notify('helpdesk_turns', '') WHERE EXISTS "
+    f"SELECT pg_notify('{TURNS}', '') WHERE EXISTS "
     "(SELECT 1 FROM inbound WHERE conversation_id = :id AND processed_at IS NULL)"
 )
 

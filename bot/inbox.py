@@ -15,7 +15,8 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.address import Platform
-from agents.conversations import STORE_MESSAGE, Conversations, InboundKind
+from agents.conversation_sql import STORE_MESSAGE
+from agents.conversations import Conversations, InboundKind
 from agents.identity import Author, vouched
 from bot.incoming import (
     CustomerMessage,

@@ -57,8 +57,8 @@ from bot.preflight import RefusedToStart, staff_channel_problem, staff_channel_s
 from bot.settings import Settings
 from bot.slack_app import Authorisation, SlackDirectory, build_app, slack_client
 from bot.slack_events import Policy
+from bot.slack_status import SlackStatus
 from bot.staff import Colleagues, Member, Members, StaffGate, StaffList
-from bot.status import SlackStatus
 from bot.teams_app import EitherDirectory, TeamsAuth, TeamsDirectory, TeamsEdge, TeamsPeople
 from bot.teams_events import TeamsPolicy
 from bot.teams_messenger import ServiceUrls, TeamsMessenger

@@ -22,12 +22,12 @@ from agents.leases import Lease, LeaseLost
 from bot import tracing
 from bot.metrics import Metrics
 from bot.outbox import OutboxSender
-from bot.status import SlackStatus
+from bot.slack_status import SlackStatus
+from db.notify import SENDS, TURNS
 from db.url import libpq_dsn
 
 log = logging.getLogger(__name__)
 
-TURNS, SENDS = "helpdesk_turns", "helpdesk_sends"
 CLAIM_BATCH = 50
 
 
