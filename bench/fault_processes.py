@@ -39,7 +39,6 @@ import os
 import signal
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +59,7 @@ from bench.fault_scene import (
     mid_wave,
     replies,
     scene,
+    tally,
     until,
 )
 from bench.setup import RESULTS, run_benchmark, section, table
@@ -107,21 +107,6 @@ async def leases_held(conn: Any) -> dict[int, dict[str, int]]:
             if row["owner"]:
                 held.setdefault(owner_pid(row["owner"]), {"turns": 0, "sends": 0})[kind] = row["n"]
     return held
-
-
-def tally(s: Scene, said: Sequence[Sent]) -> dict[str, Any]:
-    """Replies per customer message: each should have exactly one, its own answer."""
-    threads = replies(s.slack, said)
-    counts = [len(r) for r in threads]
-    wrong = sum(any(t != f"answer: {m.text}" for t in r) for r, m in zip(threads, said, strict=True))
-    return {
-        "answered": sum(c >= 1 for c in counts),
-        "exactly_once": sum(c == 1 for c in counts),
-        "twice_or_more": sum(c > 1 for c in counts),
-        "unanswered": sum(c == 0 for c in counts),
-        "wrong_text": wrong,
-        "replies_per_thread": dict(Counter(counts)),
-    }
 
 
 def reactions(s: Scene, said: Sequence[Sent]) -> dict[str, int]:
@@ -247,7 +232,7 @@ async def stopped_process(server_url: str, logs: Path, customers: int) -> dict[s
         complete = await until(lambda: answered() == customers, 3 * LEASE_SECONDS + 30)
         settled = await until(lambda: reactions_settled(s, said), LEASE_SECONDS + 10)
         await asyncio.sleep(QUIET_S)
-        figures = tally(s, said)
+        figures = tally(s.slack, said)
         last = last_post_at(s.slack)
         for bot in bots:
             bot.check_alive()
@@ -472,7 +457,7 @@ async def worker_killed(server_url: str, logs: Path, customers: int) -> dict[str
         complete = await until(lambda: answered_by(s, everyone) == len(everyone), 3 * LEASE_SECONDS + 30)
         settled = await until(lambda: reactions_settled(s, everyone), LEASE_SECONDS + 10)
         await asyncio.sleep(QUIET_S)
-        figures = tally(s, everyone)
+        figures = tally(s.slack, everyone)
         last = last_post_at(s.slack)
         web.check_alive()
         second.check_alive()
@@ -535,7 +520,7 @@ async def web_killed(server_url: str, logs: Path, customers: int) -> dict[str, A
         complete = await until(lambda: answered_by(s, everyone) == len(everyone), 3 * LEASE_SECONDS + 30)
         settled = await until(lambda: reactions_settled(s, everyone), LEASE_SECONDS + 10)
         await asyncio.sleep(QUIET_S)
-        figures = tally(s, everyone)
+        figures = tally(s.slack, everyone)
         last = last_post_at(s.slack)
         worker_up = worker.proc.returncode is None
         worker.check_alive()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -73,6 +74,20 @@ def answer_to(request: RecordedRequest) -> FakeReply:
 
 def replies(slack: SlackEmulator, said: Sequence[Sent]) -> list[list[str]]:
     return [[p.text for p in slack.posts(CHANNEL, s.ts)] for s in said]
+
+
+def tally(slack: SlackEmulator, said: Sequence[Sent]) -> dict[str, Any]:
+    """Replies per customer message: each should have exactly one, its own answer (`answer_to`)."""
+    threads = replies(slack, said)
+    counts = [len(r) for r in threads]
+    return {
+        "answered": sum(c >= 1 for c in counts),
+        "exactly_once": sum(c == 1 for c in counts),
+        "twice_or_more": sum(c > 1 for c in counts),
+        "unanswered": sum(c == 0 for c in counts),
+        "wrong_text": sum(any(t != f"answer: {m.text}" for t in r) for r, m in zip(threads, said, strict=True)),
+        "replies_per_thread": dict(Counter(counts)),
+    }
 
 
 async def until(check: Any, timeout_s: float, poll_s: float = 0.05) -> bool:

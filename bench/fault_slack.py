@@ -29,7 +29,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bench.fault_scene import CHANNEL, HEADERS, LLM_LATENCY_S, QUIET_S, answer_to, last_post_at, replies, scene, until
+from bench.fault_scene import (
+    CHANNEL,
+    HEADERS,
+    LLM_LATENCY_S,
+    QUIET_S,
+    answer_to,
+    last_post_at,
+    replies,
+    scene,
+    tally,
+    until,
+)
 from bench.setup import RESULTS, run_benchmark, section, table
 from bot.playground.slack_emulator import SLACK_RATE_LIMITS, Fault
 from harness.slack import Sent, deliver, write
@@ -43,19 +54,6 @@ STORM = (
     Fault(429, retry_after=2),
 )
 """What each call answers during the storm, in turn."""
-
-
-def settled(slack: Any, said: list[Sent]) -> dict[str, Any]:
-    threads = replies(slack, said)
-    counts = [len(r) for r in threads]
-    return {
-        "answered": sum(c >= 1 for c in counts),
-        "exactly_once": sum(c == 1 for c in counts),
-        "twice_or_more": sum(c > 1 for c in counts),
-        "unanswered": sum(c == 0 for c in counts),
-        "wrong_text": sum(r != [f"answer: {m.text}"] for r, m in zip(threads, said, strict=True) if r),
-        "replies_per_thread": dict(Counter(counts)),
-    }
 
 
 async def storm(server_url: str, logs: Path, customers: int, storm_s: float) -> dict[str, Any]:
@@ -86,7 +84,7 @@ async def storm(server_url: str, logs: Path, customers: int, storm_s: float) -> 
         failed = Counter(c.error for c in s.slack.calls if c.failed and c.at < ends)
         last = last_post_at(s.slack)
         bot.check_alive()
-        figures = settled(s.slack, said)
+        figures = tally(s.slack, said)
     return {
         "customers": customers,
         "acked": sum(m.status == 200 for m in said),
@@ -116,7 +114,7 @@ async def rate_limited(server_url: str, logs: Path, customers: int) -> dict[str,
         limited = Counter(c.method for c in s.slack.calls if c.error == "ratelimited")
         last = last_post_at(s.slack)
         bot.check_alive()
-        figures = settled(s.slack, said)
+        figures = tally(s.slack, said)
     post_limit = SLACK_RATE_LIMITS["chat.postMessage"]
     least_s = LLM_LATENCY_S + max(0, customers - post_limit.burst) / post_limit.per_s
     return {

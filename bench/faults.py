@@ -55,6 +55,7 @@ from bench.fault_scene import (
     mid_wave,
     replies,
     scene,
+    tally,
     until,
 )
 from bench.setup import RESULTS, run_benchmark, section, table
@@ -77,8 +78,7 @@ async def killed_worker(server_url: str, logs: Path, customers: int) -> dict[str
         restarted = time.monotonic()
         complete = await until(lambda: answered() == customers, 3 * LEASE_SECONDS + 60)
         await asyncio.sleep(QUIET_S)
-        counts = [len(r) for r in replies(s.slack, said)]
-        wrong = sum(r != [f"answer: {m.text}"] for r, m in zip(replies(s.slack, said), said, strict=True))
+        figures = tally(s.slack, said)
         last = last_post_at(s.slack)
         second.check_alive()
     return {
@@ -88,16 +88,11 @@ async def killed_worker(server_url: str, logs: Path, customers: int) -> dict[str
         "llm_latency_s": LLM_LATENCY_S,
         "answered_before_kill": answered_at_kill,
         "llm_calls_before_kill": llm_calls_at_kill,
-        "answered": sum(c >= 1 for c in counts),
-        "exactly_once": sum(c == 1 for c in counts),
-        "twice_or_more": sum(c > 1 for c in counts),
-        "unanswered": sum(c == 0 for c in counts),
-        "wrong_text": wrong,
+        **figures,
         "all_answered_in_time": complete,
         "restart_s": round(restarted - killed, 2),
         "kill_to_last_answer_s": None if last is None else round(last - killed, 2),
         "first_event_to_last_answer_s": None if last is None else round(last - started, 2),
-        "replies_per_thread": dict(Counter(counts)),
     }
 
 
@@ -138,9 +133,7 @@ async def postgres_restart(logs: Path, customers: int) -> dict[str, Any]:
             answered_at_start = answered()
             complete = await until(lambda: answered() == customers, 3 * LEASE_SECONDS + 60)
             await asyncio.sleep(QUIET_S)
-            threads = replies(s.slack, said)
-            counts = [len(r) for r in threads]
-            wrong = sum(r != [f"answer: {m.text}"] for r, m in zip(threads, said, strict=True) if r)
+            figures = tally(s.slack, said)
             last = last_post_at(s.slack)
             bot.check_alive()
             same_uri = server.get_uri() == uri_before
@@ -153,17 +146,12 @@ async def postgres_restart(logs: Path, customers: int) -> dict[str, Any]:
         "same_address_after_restart": same_uri,
         "answered_before_stop": answered_at_stop,
         "answered_while_down": answered_at_start - answered_at_stop,
-        "answered": sum(c >= 1 for c in counts),
-        "exactly_once": sum(c == 1 for c in counts),
-        "twice_or_more": sum(c > 1 for c in counts),
-        "unanswered": sum(c == 0 for c in counts),
-        "wrong_text": wrong,
+        **figures,
         "all_answered_in_time": complete,
         "llm_calls": s.fake.calls,
         "stop_to_last_answer_s": None if last is None else round(last - stopped, 2),
         "restart_to_last_answer_s": None if last is None else round(last - ready, 2),
         "first_event_to_last_answer_s": None if last is None else round(last - started, 2),
-        "replies_per_thread": dict(Counter(counts)),
     }
 
 

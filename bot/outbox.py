@@ -88,6 +88,15 @@ FETCH_AHEAD = 20
 """Rows of one conversation read at once (in order; only this sender, holding the lease, sends them)."""
 HOLDING_SEND_LEASE = "EXISTS (SELECT FROM send_leases WHERE conversation_id = :k AND owner = :o AND until > now())"
 """A write by a sender (`:o`) that is valid only while it holds the conversation's (`:k`) send lease."""
+_CLAIM = text(
+    "UPDATE outbox SET result_ts = :ts WHERE id = :id AND (result_ts IS NULL OR result_ts = :ts) RETURNING id"
+)
+_CLAIM_AND_DONE = text(
+    "UPDATE outbox SET result_ts = :ts, done_at = coalesce(done_at, now()), "
+    f"outcome = coalesce(outcome, '{Outcome.SENT}') "
+    "WHERE id = :id AND (result_ts IS NULL OR result_ts = :ts) RETURNING id"
+)
+"""A post's id claimed for its row (`_claim_post`); the second also marks the row sent, unless it already ended."""
 _DUE_CONVERSATIONS = text(
     """
     SELECT head.conversation_id, conversations.key FROM (
@@ -522,26 +531,23 @@ class OutboxSender:
                 if exc.certain:  # the platform said it posted nothing: no post is in doubt, the next try need not look
                     await self._settled(row, key)
                 raise
-        if not await self._claim_post(row, where, ts, messenger):
+        if not isinstance(delivery, CasePost):
+            await self._claim_post(row, where, ts, messenger, done=True)  # claimed and done in one statement
             return Outcome.SENT
-        if isinstance(delivery, CasePost):
+        # A case's card is claimed first and the row done once the case knows where it is (a crash in between
+        # finds the claimed card where it would look).
+        if await self._claim_post(row, where, ts, messenger, done=False):
             await self._renderer().case_posted(delivery.escalation_id, channel=where.channel, ts=ts)
-        return await self._done(row, Outcome.SENT, result_ts=ts)
+            await self._done(row, Outcome.SENT, result_ts=ts)
+        return Outcome.SENT
 
-    async def _claim_post(self, row: Row[Any], where: Where, ts: str, messenger: Messenger) -> bool:
-        """Record `ts` as this row's post unless another post is recorded for it already; False then: this one is
-        a second (the gap the module's docstring admits: this sender was frozen past its lease after recording its
-        attempt, and the next one looked, found nothing and posted), and is deleted. Claimed before the case is
-        told where its card is and before the row is done, so that two senders never both go on, and a crash in
-        between finds the claimed post where it would look."""
+    async def _claim_post(self, row: Row[Any], where: Where, ts: str, messenger: Messenger, *, done: bool) -> bool:
+        """Record `ts` as this row's post (and, with `done`, the row as sent) unless another post is recorded for it
+        already; False then: this one is a second (the gap the module's docstring admits: this sender was frozen
+        past its lease after recording its attempt, and the next one looked, found nothing and posted), and is
+        deleted. One conditional statement, so that two senders never both go on."""
         async with self.engine.begin() as conn:
-            claimed = await conn.scalar(
-                text(
-                    "UPDATE outbox SET result_ts = :ts WHERE id = :id AND (result_ts IS NULL OR result_ts = :ts) "
-                    "RETURNING id"
-                ),
-                {"id": row.id, "ts": ts},
-            )
+            claimed = await conn.scalar(_CLAIM_AND_DONE if done else _CLAIM, {"id": row.id, "ts": ts})
             if claimed is not None:
                 return True
             first = await conn.scalar(select(m.Outbox.result_ts).where(m.Outbox.id == row.id))
