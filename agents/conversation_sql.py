@@ -7,8 +7,8 @@ from __future__ import annotations
 from sqlalchemy import text
 
 from agents import leases, limits
+from agents.db.notify import TURNS
 from agents.summary import UNSUMMARISED, VALID_SUMMARY
-from db.notify import TURNS
 
 STORE_MESSAGE = """
 found AS (SELECT id FROM conversations WHERE key = :key),

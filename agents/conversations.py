@@ -32,6 +32,8 @@ from agents import conversation_sql as sql
 from agents import limits
 from agents.agent import Roster
 from agents.attachments import Attachment, AttachmentReader, FileRef, with_attachments
+from agents.db import models as m
+from agents.db.engine import database_unavailable
 from agents.identity import Author
 from agents.leases import Lease, LeaseLost, Leases, process_owner
 from agents.limits import NO_LIMITS, Counts, Limit, Limits
@@ -51,8 +53,6 @@ from agents.messages import Message, message_from_json
 from agents.model import Model
 from agents.router import Router
 from agents.summary import Summaries, Summarising
-from db import models as m
-from db.engine import database_unavailable
 
 log = logging.getLogger(__name__)
 UNCOUNTED_TIMES = 20

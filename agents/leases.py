@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from db.notify import TURNS
+from agents.db.notify import TURNS
 
 LEASE_S = 30.0
 

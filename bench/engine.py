@@ -42,6 +42,8 @@ from sqlalchemy import event, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations, MessageResult
+from agents.db import models as m
+from agents.db.engine import make_engine, make_sessions
 from agents.identity import Author
 from agents.knowledge.local import LocalEmbedder
 from agents.knowledge.store import KnowledgeBase
@@ -53,9 +55,7 @@ from agents.summary import Summarising
 from bench.conversations import GROWTH_CUSTOMER, LOAD_CYCLE, SCRIPTS, growth_messages, policy, writer
 from bench.setup import DATABASE, DATABASE_PREFIX, RESULTS, quiet, section, summary, table, write_report
 from bench.setup import machine as base_machine
-from bot.runtime import ensure_sample_knowledge
-from db import models as m
-from db.engine import make_engine, make_sessions
+from bot.runtime.startup import ensure_sample_knowledge
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply
 from harness.database import admin, postgres_server, throwaway_database

@@ -46,6 +46,7 @@ from typing import Any
 
 import aiohttp
 
+from agents.db.embedded import start_embedded
 from bench.fault_scene import (
     APOLOGY,
     CHANNEL,
@@ -61,7 +62,6 @@ from bench.fault_scene import (
     until,
 )
 from bench.setup import RESULTS, run_benchmark, section, table
-from db.embedded import start_embedded
 from harness.bot import STAFF_CHANNEL, BotProcess
 from harness.database import admin
 from harness.slack import Sent, write
@@ -317,7 +317,7 @@ async def _disk_fault(
 
         complete = await until(lambda: settled() == customers, 3 * LEASE_SECONDS + 30)
         await asyncio.sleep(QUIET_S)
-        # /healthz stays unready a few seconds past the last refused write (db.engine.WriteHealth.window_s).
+        # /healthz stays unready a few seconds past the last refused write (agents.db.engine.WriteHealth.window_s).
         await until(lambda: bool(samples) and samples[-1][1] == 200, 20)
         stop_health.set()
         await health

@@ -13,7 +13,8 @@ fake LLM, loopback only, each scenario bounded in time.
                       fenced: its "lost the lease" warnings (turns it had in flight, committed by nobody), the model
                       calls the other made again, in-doubt posts looked for, rows tried twice, what it posted after
                       resuming. A duplicate is traced to its outbox row: the same row posted twice, the second after
-                      the resume, its attempt recorded and unsent at the freeze, is the gap `bot/outbox.py` admits.
+                      the resume, its attempt recorded and unsent at the freeze, is the gap `bot/delivery/outbox.py`
+                      admits.
     worker killed     PROCESS_ROLE=web and PROCESS_ROLE=worker as separate processes (as the Procfile runs them).
                       The worker is killed (SIGKILL) mid-wave; customers keep writing (one every STREAM_SPACING_S)
                       while the web process alone takes Slack's events, for GAP_S and a new worker's start. Every
@@ -47,6 +48,7 @@ from typing import Any
 import aiohttp
 import asyncpg  # type: ignore[import-untyped]
 
+from agents.db.url import libpq_dsn
 from bench.fault_scene import (
     CHANNEL,
     HEADERS,
@@ -63,7 +65,6 @@ from bench.fault_scene import (
     until,
 )
 from bench.setup import RESULTS, run_benchmark, section, table
-from db.url import libpq_dsn
 from harness.bot import BotProcess
 from harness.slack import Sent, deliver, write
 
@@ -78,7 +79,8 @@ GAP_S = 3.0
 STREAM_SPACING_S = 0.25
 """Customers writing on through a process's absence: one message every this often."""
 LEASE_LOST = "lost the lease of conversation"
-"""What `bot.workers` logs (WARNING) for a turn whose lease another process took: its result was not committed."""
+"""What `bot.runtime.workers` logs (WARNING) for a turn whose lease another process took: its result was not
+committed."""
 RETRY_REASON = "connection_failed"
 """Slack's X-Slack-Retry-Reason for an events URL it could not connect to."""
 
@@ -275,7 +277,8 @@ async def stopped_process(server_url: str, logs: Path, customers: int) -> dict[s
             c.method.startswith("reactions.") and c.at >= resumed for c in s.slack.calls
         ),
         "stale_turns_fenced": log_lines(victim, LEASE_LOST),
-        # Frozen mid-commit: the server ended its transaction (db.engine.IDLE_IN_TRANSACTION_S), nothing committed.
+        # Frozen mid-commit: the server ended its transaction (agents.db.engine.IDLE_IN_TRANSACTION_S), nothing
+        # committed.
         "stale_turns_failed": log_lines(victim, "turn failed"),
         "lease_lost_in_other": log_lines(survivor, LEASE_LOST),
         "errors_in_logs": sum(log_lines(b, "ERROR") + log_lines(b, "Traceback") for b in bots),
@@ -286,7 +289,7 @@ async def stopped_process(server_url: str, logs: Path, customers: int) -> dict[s
         "answer_rows_posted_twice": sum(len(posted.get(r["id"], ())) > 1 for r in answer_rows),
         "inbound_unprocessed": unprocessed,
         # Attempts it had recorded and not sent when it froze: each is posted by the other process, which finds
-        # nothing; the frozen one's request then goes out on SIGCONT (`bot/outbox.py`'s admitted gap).
+        # nothing; the frozen one's request then goes out on SIGCONT (`bot/delivery/outbox.py`'s admitted gap).
         "rows_frozen_between_attempt_and_request": len(exposed),
         "answers_first_posted_after_resume": sum(min(times) >= resumed for times in posted.values()),
         "database_while_stopped": blocked,
@@ -357,7 +360,7 @@ def traced_duplicates(
 ) -> list[dict[str, Any]]:
     """Each thread answered more than once, traced to its outbox rows: one row posted twice is a sender's
     duplicate (after the resume: the frozen process's request, sent after the other had looked and posted: the gap
-    `bot/outbox.py` admits); two rows are two committed turns (the turn fence failed)."""
+    `bot/delivery/outbox.py` admits); two rows are two committed turns (the turn fence failed)."""
     traced = []
     for m in said:
         answers = s.slack.posts(CHANNEL, m.ts)

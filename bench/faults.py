@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from agents.db.embedded import start_embedded
 from bench import fault_disk, fault_processes, fault_slack
 from bench.fault_scene import (
     APOLOGY,
@@ -59,7 +60,6 @@ from bench.fault_scene import (
     until,
 )
 from bench.setup import RESULTS, run_benchmark, section, table
-from db.embedded import start_embedded
 from fakes.openai_server import FakeReply, RecordedRequest
 from harness.bot import STAFF_CHANNEL
 from harness.slack import Sent, deliver, write

@@ -47,6 +47,7 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from agents.db.engine import make_engine, make_sessions
 from agents.knowledge.chunking import chunk_document
 from agents.knowledge.documents import find_documents, read_document
 from agents.knowledge.embedders import Embedder
@@ -55,7 +56,6 @@ from agents.knowledge.store import NEAREST_AT_WORST, TEXT_WEIGHT, Hit, Knowledge
 from agents.knowledge.tool import relevant, search_knowledge_tool
 from agents.offline import ASKS_FOR_PERSON, OfflineModel, SimilarityRouter
 from bench.setup import DATABASE_PREFIX, RESULTS, run_benchmark, section, summary, summary_rows, table
-from db.engine import make_engine, make_sessions
 from harness.database import admin, throwaway_database
 from harness.sample import KNOWLEDGE_OF, default_roster
 from harness.sample import SAMPLE_KNOWLEDGE as SAMPLE

@@ -27,10 +27,10 @@ from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
+from agents.db import models as m
+from agents.db.url import async_url
 from bench.setup import DATABASE_PREFIX, summary
 from bot.playground.slack_emulator import SlackEmulator
-from db import models as m
-from db.url import async_url
 from fakes.openai_server import FakeOpenAI, FakeReply, RecordedRequest
 from fakes.teams_api import TeamsEmulator
 from harness import teams as th

@@ -11,9 +11,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
+from agents.markup.limits import MESSAGE_TEXT, clip, fit
+from agents.markup.text import from_markdown, inert_markdown
 from escalation.views import Message
-from slacktext.limits import MESSAGE_TEXT, clip, fit
-from slacktext.text import from_markdown, inert_markdown
 
 FEEDBACK_ACTION = "answer_feedback"
 

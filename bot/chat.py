@@ -9,8 +9,8 @@ import uuid
 
 from agents.conversations import ResultKind
 from agents.loop import Escalate, Event, HandoffRecord, Reply, ToolRecord, ToolStarted, TurnStarted
-from bot import runtime
 from bot.declaration.build import helpdesk, test_customer
+from bot.runtime import startup as runtime
 from bot.settings import Settings
 
 OFFLINE = """Offline mode: no LLM provider is configured, so answers are the knowledge base's best passages.

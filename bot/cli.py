@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "eval": ("bot.eval", "add_command", "run YAML conversations through the agents and report how they did"),
     "teams-package": (
-        "bot.teams_package",
+        "bot.teams.package",
         "add_command",
         "write the Teams app package (manifest.json and icons, zipped)",
     ),
@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _migrate() -> int:
-    from bot import runtime
+    from bot.runtime import startup as runtime
     from bot.settings import get_settings
 
     # The release step migrates whatever MIGRATE_AT_START says about the processes.
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     if args.command == "teams-package":  # writes a file: no settings, database or logging needed
-        from bot import teams_package
+        from bot.teams import package as teams_package
 
         return teams_package.run(args)
     if args.command == "init":
@@ -158,8 +158,8 @@ def _main(args: argparse.Namespace) -> int:
         return scaffold.run(args)
     from pydantic import ValidationError
 
-    from bot.preflight import RefusedToStart
     from bot.settings import get_settings
+    from bot.slack.preflight import RefusedToStart
 
     try:
         settings = get_settings()

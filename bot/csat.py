@@ -20,8 +20,8 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.address import Address, Platform
-from db import models as m
-from db.deliveries import CsatAsk, enqueue
+from agents.db import models as m
+from agents.db.deliveries import CsatAsk, enqueue
 from escalation.views import Message
 
 log = logging.getLogger(__name__)

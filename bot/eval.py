@@ -32,12 +32,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sqlalchemy import delete
 
 from agents.conversations import Conversations, ResultKind
+from agents.db import models as m
 from agents.identity import Author
 from agents.loop import LLMCallRecord
-from bot import runtime
 from bot.declaration.build import helpdesk, test_customer
+from bot.runtime import startup as runtime
 from bot.settings import Settings
-from db import models as m
 
 
 class Price(BaseModel):

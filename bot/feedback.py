@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from db import models as m
+from agents.db import models as m
 from escalation.desk import CaseDesk
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from agents.knowledge.documents import SUFFIXES, find_documents
 from agents.knowledge.store import EmbedderMismatch, IngestFailed
-from bot import runtime
+from bot.runtime import startup as runtime
 from bot.settings import Settings
 
 

@@ -28,10 +28,10 @@ from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agents.conversations import SET_ASIDE
+from agents.db import models as m
+from agents.db.deliveries import GIVEN_UP
 from agents.loop import LLMCallRecord, ToolRecord
 from agents.toolsets import SourceStatus
-from db import models as m
-from db.deliveries import GIVEN_UP
 from escalation.machine import OPEN_CASE
 
 log = logging.getLogger(__name__)

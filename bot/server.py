@@ -34,36 +34,36 @@ from sqlalchemy import text
 
 from agents.address import Platform
 from agents.conversations import Conversations
+from agents.db.engine import make_engine, make_sessions, watch_writes
 from agents.identity import Author
 from agents.knowledge.store import KnowledgeBase
 from agents.leases import Leases, process_owner
 from agents.model import Model
 from agents.offline import FallbackModel, ProviderHealth
 from agents.toolsets import SourceStatus
-from bot import runtime
 from bot.admin.actions import AdminActions
 from bot.admin.command import AdminCommands, provider_probe
 from bot.admin.command import register as register_admin
 from bot.admin.queries import AdminQueries
+from bot.channels.intake import Inbox
 from bot.csat import Csat, CsatPolicy
 from bot.declaration.build import helpdesk as declared_helpdesk
+from bot.delivery.outbox import OutboxSender, ReplyStyle, turn_outbox
 from bot.feedback import Feedback
-from bot.files import SlackFiles, file_limits
-from bot.home import Home
-from bot.inbox import Inbox
 from bot.metrics import Metrics
-from bot.outbox import OutboxSender, ReplyStyle, turn_outbox
-from bot.preflight import RefusedToStart, staff_channel_problem, staff_channel_status
+from bot.runtime import startup as runtime
+from bot.runtime.workers import Workers
 from bot.settings import Settings
-from bot.slack_app import Authorisation, SlackDirectory, build_app, slack_client
-from bot.slack_events import Policy
-from bot.slack_status import SlackStatus
+from bot.slack.ai_status import SlackStatus
+from bot.slack.app import Authorisation, SlackDirectory, build_app, slack_client
+from bot.slack.events import Policy
+from bot.slack.files import SlackFiles, file_limits
+from bot.slack.home import Home
+from bot.slack.preflight import RefusedToStart, staff_channel_problem, staff_channel_status
 from bot.staff import Colleagues, Member, Members, StaffGate, StaffList
-from bot.teams_app import EitherDirectory, TeamsAuth, TeamsDirectory, TeamsEdge, TeamsPeople
-from bot.teams_events import TeamsPolicy
-from bot.teams_messenger import ServiceUrls, TeamsMessenger
-from bot.workers import Workers
-from db.engine import make_engine, make_sessions, watch_writes
+from bot.teams.app import EitherDirectory, TeamsAuth, TeamsDirectory, TeamsEdge, TeamsPeople
+from bot.teams.events import TeamsPolicy
+from bot.teams.messenger import ServiceUrls, TeamsMessenger
 from escalation.desk import CaseDesk
 from escalation.machine import TAKEOVER
 from escalation.policy import BusinessHours, EscalationPolicy
@@ -503,7 +503,7 @@ def _add_monitoring(application: web.Application, bot: Bot) -> None:
         except Exception as exc:
             database = f"error: {type(exc).__name__}"
         # A full disk leaves SELECT 1 working while no message can be stored (Slack's events are refused): not
-        # ready either, until no write has been refused for a few seconds (`db.engine.WriteHealth`).
+        # ready either, until no write has been refused for a few seconds (`agents.db.engine.WriteHealth`).
         writes = bot.db.writes.status()
         if database == "ok" and writes["status"] != "ok":
             database = f"refusing writes: {writes['last_error']}"

@@ -171,7 +171,7 @@ class Settings(BaseSettings):
     """0: this process stores events and sends replies, and runs no turns (others do)."""
     lease_seconds: float = Field(default=30.0, gt=0)
 
-    # Files customers attach (bot.files)
+    # Files customers attach (bot.slack.files)
     max_file_bytes: int = Field(default=5_000_000, ge=0)
     """Larger files are not downloaded: the agent hears the file's name and that it could not be read."""
     max_file_chars: int = Field(default=20_000, ge=0)

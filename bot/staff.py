@@ -67,7 +67,7 @@ class Member:
 
 
 class Members(Protocol):
-    """Slack's directory (`bot.slack_app.SlackDirectory`), briefly cached."""
+    """Slack's directory (`bot.slack.app.SlackDirectory`), briefly cached."""
 
     async def member(self, user: str) -> Member | None: ...
 

@@ -16,9 +16,9 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.address import Address
+from agents.db import models as m
+from agents.db.deliveries import CasePost, CaseUpdate, Post, Reminder, enqueue
 from agents.leases import LeaseLost, Leases, fenced, process_owner
-from db import models as m
-from db.deliveries import CasePost, CaseUpdate, Post, Reminder, enqueue
 from escalation.machine import OPEN_CASE, TAKEOVER, CaseStatus, Mode, Moved, Refused, StaffAction
 from escalation.policy import EscalationPolicy
 from escalation.views import reminder_text

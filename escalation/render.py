@@ -15,12 +15,12 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.address import Address, is_teams_id
 from agents.attachments import FileRef
-from db import models as m
-from db.deliveries import FileRelay, FilesToCustomer, FilesToStaff, RelayToCustomer, RelayToStaff, Reminder
+from agents.db import models as m
+from agents.db.deliveries import FileRelay, FilesToCustomer, FilesToStaff, RelayToCustomer, RelayToStaff, Reminder
+from agents.markup.limits import clip
+from agents.markup.text import escape, from_markdown, inert
 from escalation import views
 from escalation.views import CaseView, Message, Person
-from slacktext.limits import clip
-from slacktext.text import escape, from_markdown, inert
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 relays both ways and reminders. The outbox's sender posts the `Message`s returned here.
 
 Names, reasons and messages are other people's text (a customer's, a colleague's, a model's): each is escaped or made
-inert (`slacktext.text`) where it enters a message, and the blocks are clipped to what Slack accepts."""
+inert (`agents.markup.text`) where it enters a message, and the blocks are clipped to what Slack accepts."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.address import is_teams_id
+from agents.markup.limits import MESSAGE_TEXT, clip, fit
+from agents.markup.text import escape, inert
 from escalation.machine import OPEN_CASE, CaseStatus
-from slacktext.limits import MESSAGE_TEXT, clip, fit
-from slacktext.text import escape, inert
 
 ACTION_CLAIM = "case_claim"
 ACTION_RESOLVE = "case_resolve"

@@ -16,10 +16,10 @@ from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from db import migrate
-from db import models as m
-from db.embedded import start_embedded
-from db.url import async_url
+from agents.db import migrate
+from agents.db import models as m
+from agents.db.embedded import start_embedded
+from agents.db.url import async_url
 
 Sessions = async_sessionmaker[AsyncSession]
 

@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 
 from sqlalchemy import select
 
+from agents.db import models as m
 from bot.playground.slack_emulator import Msg, SlackEmulator
 from bot.server import Bot
-from db import models as m
 from escalation.views import ACTION_RESOLVE
 from fakes.openai_server import FakeOpenAI, tool_call, tools
 from harness.bot import bot_settings, serving

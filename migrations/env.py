@@ -1,4 +1,4 @@
-"""Alembic environment, async (asyncpg). The URL comes from db.migrate or, failing that, DATABASE_URL."""
+"""Alembic environment, async (asyncpg). The URL comes from agents.db.migrate or, failing that, DATABASE_URL."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from alembic import context
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from db.engine import make_engine
-from db.migrate import MIGRATION_LOCK, include_object
-from db.models import Base
-from db.url import async_url
+from agents.db.engine import make_engine
+from agents.db.migrate import MIGRATION_LOCK, include_object
+from agents.db.models import Base
+from agents.db.url import async_url
 
 config = context.config
 target_metadata = Base.metadata

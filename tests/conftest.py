@@ -14,10 +14,10 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
+from agents.db.engine import make_engine, make_sessions
 from agents.model import OpenAIChatModel
 from bot.playground.slack_emulator import SlackEmulator
 from bot.server import Bot
-from db.engine import make_engine, make_sessions
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI
 from fakes.teams_api import TeamsEmulator

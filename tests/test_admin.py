@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.db import models as m
 from bot.admin.parse import (
     CaseRef,
     ChangeConversation,
@@ -26,7 +27,6 @@ from bot.admin.parse import (
     parse,
 )
 from bot.playground.slack_emulator import SlackEmulator
-from db import models as m
 from fakes.openai_server import FakeOpenAI, cached, error, reply, slow, tool_call, tools
 from harness.bot import bot_settings, serving
 from harness.database import settle
@@ -428,13 +428,13 @@ async def test_long_answers_stay_within_block_kit_limits(
 async def test_status_still_answers_when_the_database_is_down(sessions: Sessions, emulator: SlackEmulator) -> None:
     """`status` against a database nobody listens on: it says so instead of failing (the record of the command
     goes to the working database, as the action log would)."""
+    from agents.db.engine import make_engine, make_sessions
     from agents.knowledge.embedders import OpenAIEmbedder
     from agents.knowledge.store import KnowledgeBase
     from bot.admin.actions import AdminActions
     from bot.admin.command import AdminCommands, Invocation, provider_probe
     from bot.admin.queries import AdminQueries
-    from bot.slack_app import SlackDirectory, slack_client
-    from db.engine import make_engine, make_sessions
+    from bot.slack.app import SlackDirectory, slack_client
     from escalation.desk import CaseDesk
     from escalation.policy import EscalationPolicy
     from harness.sample import default_roster

@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.agent import Agent, Roster
+from agents.db import models as m
 from agents.identity import Author
 from agents.knowledge.embedders import OpenAIEmbedder
 from agents.knowledge.store import KnowledgeBase
@@ -27,8 +28,7 @@ from bot.admin.parse import USAGE, Tools, UsageError, parse
 from bot.admin.queries import AdminQueries
 from bot.metrics import Metrics
 from bot.playground.slack_emulator import SlackEmulator
-from bot.slack_app import SlackDirectory, slack_client
-from db import models as m
+from bot.slack.app import SlackDirectory, slack_client
 from escalation.desk import CaseDesk
 from escalation.policy import EscalationPolicy
 from fakes.openai_server import FakeOpenAI

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from db import models as m
+from agents.db import models as m
 from fakes.openai_server import EMBEDDING_DIM, FakeOpenAI, reply, tool_call, tools
 from harness import documents
 from harness.bot import clean_environ, run_bot

@@ -12,11 +12,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.db import models as m
 from bot.declaration.build import SAMPLE, with_declaration
 from bot.declaration.parse import load
 from bot.playground.slack_emulator import SlackEmulator
 from bot.settings import Settings
-from db import models as m
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
 from harness.bot import bot_settings, serving
 from harness.database import settle

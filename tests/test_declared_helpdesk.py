@@ -20,14 +20,14 @@ from aiohttp import web
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.db import models as m
 from agents.http_tools import verify_request
 from agents.knowledge.embedders import OpenAIEmbedder
 from agents.knowledge.store import KnowledgeBase
 from bot.declaration.build import build
 from bot.declaration.parse import DeclarationError, load
 from bot.playground.slack_emulator import SlackEmulator
-from bot.runtime import ensure_knowledge, ensure_sample_knowledge
-from db import models as m
+from bot.runtime.startup import ensure_knowledge, ensure_sample_knowledge
 from fakes.openai_server import EMBEDDING_DIM, FakeOpenAI, reply, tool_call, tools
 from harness.bot import ROOT, bot_settings, free_port, serving
 from harness.database import settle

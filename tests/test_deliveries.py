@@ -10,12 +10,12 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from bot.outbox import OutboxSender
+from agents.db import deliveries as d
+from agents.db import models as m
+from agents.db.deliveries import KINDS, Delivery, Outcome, delivery_of, enqueue, row_of
+from bot.delivery.outbox import OutboxSender
 from bot.playground.slack_emulator import SlackEmulator
-from bot.slack_app import slack_client
-from db import deliveries as d
-from db import models as m
-from db.deliveries import KINDS, Delivery, Outcome, delivery_of, enqueue, row_of
+from bot.slack.app import slack_client
 from harness.slack_calls import calls
 from tests import ROOT
 
@@ -110,4 +110,4 @@ def test_only_the_sender_posts_edits_deletes_or_reacts() -> None:
     """Through its Slack messenger, which makes the calls the sender decides on (and nothing else makes them)."""
     changing = {"chat.postMessage", "chat.update", "chat.delete", "reactions.add", "reactions.remove"}
     callers = {call.where.split(":")[0] for call in calls() if call.method in changing}
-    assert callers == {"bot/slack_messenger.py"}
+    assert callers == {"bot/slack/messenger.py"}

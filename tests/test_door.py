@@ -16,10 +16,10 @@ from pydantic import ValidationError
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from agents.db import models as m
 from bot.playground.slack_emulator import SlackEmulator
-from bot.preflight import RefusedToStart
 from bot.settings import Settings
-from db import models as m
+from bot.slack.preflight import RefusedToStart
 from escalation.views import ACTION_CLAIM
 from fakes.openai_server import FakeOpenAI, reply
 from harness.bot import bot_settings, free_port, serving

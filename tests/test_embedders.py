@@ -18,15 +18,15 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.context_window import RESERVE
+from agents.db import models as m
 from agents.knowledge.embedders import OpenAIEmbedder, Precomputed, probe, text_key
 from agents.knowledge.local import LocalEmbedder
 from agents.knowledge.store import KnowledgeBase
 from agents.knowledge.tool import NOTHING_FOUND, search_knowledge_tool
 from agents.tools import ToolContext
-from bot import runtime
-from bot.runtime import ensure_sample_knowledge, fitted_budget, knowledge_base
+from bot.runtime import startup as runtime
+from bot.runtime.startup import ensure_sample_knowledge, fitted_budget, knowledge_base
 from bot.settings import Settings
-from db import models as m
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
 from harness.bot import bot_settings, serving
 from harness.sample import SAMPLE_KNOWLEDGE, SAMPLE_VECTORS
@@ -111,7 +111,7 @@ async def test_a_provider_without_embeddings_leaves_full_text_search(
     """Anthropic's compatibility endpoint has no embeddings: the knowledge base is stored without vectors and
     searched by full text, the log says what is wrong and how to fix it, and the agents' tool still finds."""
     fake_llm.embeddings_status = 404
-    with caplog.at_level(logging.WARNING, logger="bot.runtime"):
+    with caplog.at_level(logging.WARNING, logger="bot.runtime.startup"):
         kb = await knowledge_base(provider(fake_llm, embeddings="openai"), sessions)
     assert kb.unavailable is not None and not kb.unavailable.retry
     assert "has no embeddings endpoint" in caplog.text and "EMBEDDINGS=local" in caplog.text
@@ -136,7 +136,7 @@ async def test_auto_takes_the_local_model_when_the_provider_has_no_embeddings(
     """EMBEDDINGS=auto with a chat provider that serves no embeddings (Anthropic's, Groq's): the model shipped
     with the bot, said in the log, rather than full text."""
     fake_llm.embeddings_status = 404
-    with caplog.at_level(logging.WARNING, logger="bot.runtime"):
+    with caplog.at_level(logging.WARNING, logger="bot.runtime.startup"):
         kb = await knowledge_base(provider(fake_llm), sessions)
     assert kb.unavailable is None and kb.embedder.name == LocalEmbedder.name
     assert "Using the local model instead" in caplog.text
@@ -259,7 +259,7 @@ async def test_first_start_uses_the_shipped_vectors_and_shows_progress(
 ) -> None:
     counting = Counting(LocalEmbedder())
     kb = KnowledgeBase(sessions=sessions, embedder=counting)  # type: ignore[arg-type]
-    with caplog.at_level(logging.INFO, logger="bot.runtime"):
+    with caplog.at_level(logging.INFO, logger="bot.runtime.startup"):
         await ensure_sample_knowledge(kb)
     await kb.settle()
     assert counting.texts == 3  # the check against the model; the 121 passages came with the sample
@@ -315,7 +315,7 @@ async def test_the_engine_gets_the_fitted_budget(
 ) -> None:
     fake_llm.ollama = {"num_ctx": 4096}
     settings = provider(fake_llm, database_url=database_url, embeddings="openai", embeddings_model="fake-embed")
-    with caplog.at_level(logging.WARNING, logger="bot.runtime"):
+    with caplog.at_level(logging.WARNING, logger="bot.runtime.startup"):
         async with runtime.open_database(settings, run_migrations=False) as db:
             brain = await runtime.brain(settings, db)
             await brain.close()

@@ -11,10 +11,10 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
+from agents.db import models as m
 from agents.identity import Author
 from agents.tools import HandoffTo
 from bot.examples.driftwing.shop import ORDERS
-from db import models as m
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, RecordedRequest, cached, error, reply, slow, tool_call, tools
 from harness.llm import CONFIG, make_model
@@ -79,7 +79,7 @@ async def test_handoff_and_answer_in_same_turn(
 async def test_follow_up_continues_with_new_agent_after_restart(
     service: Conversations, fake_llm: FakeOpenAI, sessions: Sessions, database_url: str
 ) -> None:
-    from db.engine import make_engine, make_sessions
+    from agents.db.engine import make_engine, make_sessions
 
     fake_llm.script(tools(tool_call("transfer_to_support")), reply("Let me look at that order."))
     await service.handle("t:1", "my order is late")

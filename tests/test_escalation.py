@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.db import models as m
 from agents.leases import Leases
 from bot.playground.slack_emulator import BOT_ID, Msg, SlackEmulator
-from db import models as m
 from escalation.policy import BusinessHours
 from escalation.views import ACTION_CLAIM, ACTION_HAND_BACK, ACTION_RESOLVE
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from db import models as m
+from agents.db import models as m
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
 from harness.bot import run_bot
 from tests import ROOT

@@ -11,8 +11,8 @@ from aiohttp import web
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.db import models as m
 from bot.playground.slack_emulator import SlackEmulator
-from db import models as m
 from fakes.openai_server import FakeOpenAI, reply
 from harness import bot as harness
 from harness import documents

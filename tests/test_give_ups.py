@@ -16,10 +16,10 @@ from sqlalchemy import func, select, text, update
 from sqlalchemy.exc import DBAPIError
 
 from agents.conversations import SET_ASIDE, Conversations, MessageResult, ResultKind, TurnCommit
+from agents.db import models as m
+from agents.db.deliveries import CasePost, Outcome
 from agents.identity import Author
 from bot.playground.slack_emulator import SlackEmulator
-from db import models as m
-from db.deliveries import CasePost, Outcome
 from escalation.machine import TAKEOVER, Mode
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
 from harness.bot import bot_settings, serving
@@ -146,7 +146,7 @@ async def test_a_case_whose_layout_slack_refuses_is_posted_as_text(
 async def test_an_externally_shared_staff_channel_stops_the_bot(
     database_url: str, emulator: SlackEmulator, fake_llm: FakeOpenAI
 ) -> None:
-    from bot.preflight import RefusedToStart
+    from bot.slack.preflight import RefusedToStart
 
     emulator.add_channel(STAFF, "#staff", is_ext_shared=True)
     with pytest.raises(RefusedToStart, match="shared with another organisation"):

@@ -17,11 +17,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.db import models as m
 from agents.knowledge.readers import ReaderLimits, docx_text
-from bot.files import clip
 from bot.playground.slack_emulator import SlackEmulator
 from bot.server import Bot
-from db import models as m
+from bot.slack.files import clip
 from fakes.openai_server import FakeOpenAI, RecordedRequest, reply
 from harness import bot as harness
 from harness import documents

@@ -14,10 +14,10 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
+from agents.db import models as m
 from agents.identity import Author
 from bot.examples.driftwing.shop import ORDERS, REFUND_CONFIRMATION
 from bot.playground.slack_emulator import TEAM_ID, SlackEmulator
-from db import models as m
 from fakes.openai_server import FakeOpenAI, RecordedRequest, reply, tool_call, tools
 from fakes.teams_api import TeamsEmulator
 from harness import teams as th

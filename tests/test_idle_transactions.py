@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from db.engine import IDLE_IN_TRANSACTION_S, make_engine
+from agents.db.engine import IDLE_IN_TRANSACTION_S, make_engine
 
 LOCK_KEY = 260026
 

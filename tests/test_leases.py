@@ -13,12 +13,12 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
+from agents.db import models as m
+from agents.db.deliveries import AddReaction, Outcome, Post, RemoveReaction, enqueue
 from agents.leases import LeaseLost, Leases
 from agents.model import OpenAIChatModel
-from bot.outbox import OutboxSender
-from bot.slack_app import slack_client
-from db import models as m
-from db.deliveries import AddReaction, Outcome, Post, RemoveReaction, enqueue
+from bot.delivery.outbox import OutboxSender
+from bot.slack.app import slack_client
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply, slow
 from harness.llm import CONFIG

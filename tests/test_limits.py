@@ -16,14 +16,14 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
+from agents.db import models as m
 from agents.identity import Author
 from agents.limits import Limit, Limits
 from agents.loop import Texts
 from agents.model import OpenAIChatModel
-from bot import runtime
 from bot.playground.slack_emulator import BOT_USER_ID, SlackEmulator
+from bot.runtime import startup as runtime
 from bot.settings import Settings
-from db import models as m
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, RecordedRequest, reply
 from harness.bot import bot_settings, serving

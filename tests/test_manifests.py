@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
-from bot.incoming import Ignored
+from bot.channels.incoming import Ignored
 from bot.settings import Settings
-from bot.slack_app import DIRECT_EVENTS
-from bot.slack_events import Policy, classify
+from bot.slack.app import DIRECT_EVENTS
+from bot.slack.events import Policy, classify
 from harness.slack_calls import calls, scanned_modules, sdk_methods, slack_calls
 from tests import ROOT
 
@@ -50,7 +50,7 @@ METHOD_SCOPES: dict[str, tuple[frozenset[str], ...]] = {
     "conversations.replies": (HISTORY,),
     "views.publish": (),  # no scope (https://docs.slack.dev/reference/methods/views.publish)
     "views.open": (),  # no scope: the CSAT comment modal (https://docs.slack.dev/reference/methods/views.open)
-    # File relays (bot/slack_messenger.py): upload again, share, and look for a share after a lost answer.
+    # File relays (bot/slack/messenger.py): upload again, share, and look for a share after a lost answer.
     "files.getUploadURLExternal": (frozenset({"files:write"}),),
     "files.completeUploadExternal": (frozenset({"files:write"}),),
     "files.info": (frozenset({"files:read"}),),
@@ -94,11 +94,11 @@ EVENT_SCOPES: dict[str, str | None] = {
 # Scopes that no method, event or slash command needs but are kept anyway, with the reason. Keep it small.
 OTHERWISE_JUSTIFIED: dict[str, str] = {
     # No method of its own: it adds profile.email to users.info's answer (https://api.slack.com/scopes/users:read.email),
-    # which the inbox stores with each customer message (bot/slack_app.py SlackDirectory.identify) and tools match
+    # which the inbox stores with each customer message (bot/slack/app.py SlackDirectory.identify) and tools match
     # a shop's customer records on.
     "users:read.email": "the author's verified email, for tools that check identity",
     # No method either: downloading a file's url_private with the bot token needs it
-    # (https://docs.slack.dev/messaging/working-with-files), as bot/files.py SlackFiles does.
+    # (https://docs.slack.dev/messaging/working-with-files), as bot/slack/files.py SlackFiles does.
     "files:read": "downloading the files customers attach, to read them for the agents",
 }
 
@@ -288,7 +288,7 @@ def test_the_scan_finds_the_known_calls_and_events() -> None:
     found = {call.method for call in calls()}
     assert found >= KNOWN_CALLS, f"the scan missed {sorted(KNOWN_CALLS - found)}: is it still reading the code?"
     arguments = {(call.method, a) for call in calls() for a in call.arguments}
-    # The relay's custom author is passed to the sender's one post call (bot/outbox.py); the crash check reads
+    # The relay's custom author is passed to the sender's one post call (bot/delivery/outbox.py); the crash check reads
     # metadata back.
     assert ("chat.postMessage", "username") in arguments
     assert ("conversations.replies", "include_all_metadata") in arguments

@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 import pytest
 from sqlalchemy.engine import make_url
 
-from bot.preflight import RefusedToStart
-from bot.runtime import open_database
+from agents.db import migrate
+from bot.runtime.startup import open_database
 from bot.settings import Settings
-from db import migrate
+from bot.slack.preflight import RefusedToStart
 from harness.bot import ROOT, clean_environ
 from harness.database import admin
 

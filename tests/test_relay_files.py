@@ -9,8 +9,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.db import models as m
 from bot.playground.slack_emulator import SlackEmulator
-from db import models as m
 from fakes.openai_server import FakeOpenAI
 from harness import documents
 from harness.database import settle

@@ -13,13 +13,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.agent import Roster
 from agents.conversations import Conversations
+from agents.db import models as m
 from agents.knowledge.local import LocalEmbedder, MiniLM
 from agents.knowledge.store import KnowledgeBase
 from agents.model import OpenAIChatModel
 from agents.router import MIN_SCORE, Router, acts_on
-from bot.runtime import calibrated_router
+from bot.runtime.startup import calibrated_router
 from bot.settings import Settings
-from db import models as m
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply
 from harness.llm import CONFIG

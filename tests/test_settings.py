@@ -149,7 +149,7 @@ def test_a_provider_on_this_machine_or_network_is_local(url: str | None, local: 
 
 
 async def test_slow_local_models_get_long_timeouts_and_the_client_uses_what_is_set() -> None:
-    from bot.runtime import chat_model
+    from bot.runtime.startup import chat_model
 
     hosted = Settings(_env_file=None, openai_api_key="k")  # type: ignore[call-arg]
     local = Settings(_env_file=None, openai_base_url="http://127.0.0.1:11434/v1")  # type: ignore[call-arg]

@@ -12,9 +12,9 @@ import aiohttp
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.db import models as m
+from agents.db.deliveries import Answer
 from bot.playground.slack_emulator import BOT_USER_ID, SLACK_RATE_LIMITS, SlackEmulator
-from db import models as m
-from db.deliveries import Answer
 from fakes.openai_server import FakeOpenAI, RecordedRequest, reply, slow, tool_call, tools
 from harness.bot import bot_settings, serving
 from harness.database import count, settle

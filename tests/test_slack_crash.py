@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.db import models as m
+from agents.db.deliveries import Answer
 from bot.playground.slack_emulator import SlackEmulator
-from db import models as m
-from db.deliveries import Answer
 from fakes.openai_server import FakeOpenAI, reply, slow, tool_call, tools
 from harness.bot import BotProcess, bot_env, bot_process
 from harness.database import settle

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from agents.address import Address
-from bot.incoming import CustomerMessage, Ignored
-from bot.slack_events import Policy, classify
+from bot.channels.incoming import CustomerMessage, Ignored
+from bot.slack.events import Policy, classify
 
 POLICY = Policy(bot_user_id="UBOT", staff_channel="C_STAFF")
 

@@ -1,12 +1,12 @@
 """Untrusted text stays text: escaping, inert mrkdwn, the model's Markdown with its links shown, and clipping to
-Slack's limits (the pure functions of `slacktext`; the end-to-end cases are in test_escalation and test_slack)."""
+Slack's limits (the pure functions of `agents.markup`; the end-to-end cases are in test_escalation and test_slack)."""
 
 from __future__ import annotations
 
 import pytest
 
-from slacktext.limits import clip, fit, split_text
-from slacktext.text import escape, from_markdown, inert, inert_markdown
+from agents.markup.limits import clip, fit, split_text
+from agents.markup.text import escape, from_markdown, inert, inert_markdown
 
 SPECIALS = "<!here> <!channel> <!everyone> <!subteam^S0123|@team> <@U0ADMIN> <#C0STAFF|staff>"
 

@@ -10,9 +10,9 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from db import migrate
-from db.models import Base
-from db.url import async_url
+from agents.db import migrate
+from agents.db.models import Base
+from agents.db.url import async_url
 from harness.database import throwaway_database
 
 

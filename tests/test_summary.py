@@ -9,10 +9,10 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
+from agents.db import models as m
+from agents.db.engine import make_engine, make_sessions
 from agents.summary import AGENT, PROMPT, Summarising
 from agents.window import EARLIER
-from db import models as m
-from db.engine import make_engine, make_sessions
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, FakeReply, RecordedRequest, error, reply, tool_call, tools
 from harness.llm import CONFIG, make_model

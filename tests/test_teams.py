@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.db import models as m
 from bot.playground.slack_emulator import SlackEmulator
 from bot.server import Bot
-from db import models as m
 from escalation.views import ACTION_CLAIM, ACTION_HAND_BACK
 from fakes.openai_server import FakeOpenAI, reply, slow, tool_call, tools
 from fakes.teams_api import Message, Op, TeamsEmulator

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from bot.admin.parse import USAGE
-from bot.teams_package import TEMPLATE_DIR, PackageError, app_details, package
+from bot.teams.package import TEMPLATE_DIR, PackageError, app_details, package
 from harness.bot import clean_environ
 from tests import ROOT
 
@@ -151,9 +151,9 @@ def test_an_edited_template_is_checked_before_anything_is_written(tmp_path: Path
 def test_the_template_is_shipped_in_the_wheel() -> None:
     """A `pip install .` user runs the command without a checkout: the template and icons travel with `bot`."""
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert "bot.teams_manifest" in setuptools["packages"]
-    assert (ROOT / setuptools["package-dir"]["bot.teams_manifest"]).resolve() == TEMPLATE_DIR
-    shipped = setuptools["package-data"]["bot.teams_manifest"]
+    assert "bot.teams.manifest" in setuptools["packages"]
+    assert (ROOT / setuptools["package-dir"]["bot.teams.manifest"]).resolve() == TEMPLATE_DIR
+    shipped = setuptools["package-data"]["bot.teams.manifest"]
     icons = json.loads((TEMPLATE_DIR / "manifest.json").read_text())["icons"].values()
     for name in ["manifest.json", *icons]:
         assert any(Path(name).match(pattern) for pattern in shipped), name

@@ -1,5 +1,5 @@
 """Untrusted text stays text in Teams: escaping, a model's Markdown, our Slack texts carried over, Adaptive Cards made
-of our Block Kit, what Teams delivers read back, and long answers split (the pure functions of `teamstext`)."""
+of our Block Kit, what Teams delivers read back, and long answers split (the pure functions of `bot.teams`)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 
 from agents.knowledge.store import Hit
+from agents.markup.text import escape as slack_escape
+from agents.markup.text import inert
 from bot.admin.views import help_reply, kb_hits_reply
+from bot.teams.cards import CONTENT_TYPE, adaptive_card
+from bot.teams.html import incoming_text
+from bot.teams.limits import CARD_BYTES, clip, split_text, utf16_bytes
+from bot.teams.text import escape, from_markdown, from_mrkdwn
 from escalation.machine import CaseStatus
 from escalation.views import ACTION_CLAIM, ACTION_HAND_BACK, ACTION_RESOLVE, CaseView, case_message
-from slacktext.text import escape as slack_escape
-from slacktext.text import inert
-from teamstext.cards import CONTENT_TYPE, adaptive_card
-from teamstext.incoming import incoming_text
-from teamstext.limits import CARD_BYTES, clip, split_text, utf16_bytes
-from teamstext.text import escape, from_markdown, from_mrkdwn
 
 HOSTILE = (
     "<at>Sam Admin</at> <b>bold</b> <a href='https://evil.example'>driftwing.com</a> <img src=x onerror=alert(1)> "

@@ -14,9 +14,9 @@ from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
+from agents.db.url import libpq_dsn
 from agents.model import OpenAIChatModel
 from bot.tracing import Tracing
-from db.url import libpq_dsn
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
 from harness.bot import clean_environ
@@ -61,7 +61,7 @@ async def test_a_turn_is_a_span_with_its_model_calls_tools_and_queries_in_it(
     submitted = await service.submit("t:traced", "I want a drone for photos")
 
     async def worker() -> Any:
-        # As bot.workers runs a conversation: a task of its own, the run's span around it.
+        # As bot.runtime.workers runs a conversation: a task of its own, the run's span around it.
         with tracing.conversation_run(submitted.conversation_id, None) as on_event:
             return await service.process_next(submitted.conversation_id, on_event=on_event)
 

@@ -1,4 +1,4 @@
-"""Text out of PDF and DOCX files: one reader for the files customers attach (`bot.files`, within its limits) and
+"""Text out of PDF and DOCX files: one reader for the files customers attach (`bot.slack.files`, within its limits) and
 for the operator's own manuals (`kb ingest`, every page).
 
     pdf_pages()         a PDF's pages; pdf_text() an attachment's text, within the attachments' limits

@@ -29,13 +29,13 @@ from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.db import models as m
 from agents.errors import AgentsError, ProviderError
 from agents.knowledge.chunking import Chunk, chunk_document
 from agents.knowledge.documents import SUFFIXES, Document, find_documents
 from agents.knowledge.embedders import Embedder, Unavailable
 from agents.knowledge.identifiers import in_document, in_question
 from agents.knowledge.readers import Unreadable, read_file
-from db import models as m
 
 log = logging.getLogger(__name__)
 
@@ -363,7 +363,7 @@ class KnowledgeBase:
         seen: set[str] = set()
         async with self.sessions() as s, s.begin():
             # The one transaction that waits on us for long (reading files, the embedder): exempt from the bound
-            # the engine puts on a transaction left idle (`db.engine.IDLE_IN_TRANSACTION_S`).
+            # the engine puts on a transaction left idle (`agents.db.engine.IDLE_IN_TRANSACTION_S`).
             await s.execute(text("SET LOCAL idle_in_transaction_session_timeout = 0"))
             await self._ensure(s, collection, claim=works)
             for index, path in enumerate(files):

@@ -9,9 +9,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.address import Address
+from agents.db import models as m
 from bot.admin.parse import Change, Ref
 from bot.admin.queries import AdminQueries
-from db import models as m
 from escalation.desk import ActionResult, CaseDesk
 
 EVERYWHERE = "%"

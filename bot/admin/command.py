@@ -92,7 +92,7 @@ class AdminCommands:
         self.members = members
         """Slack's directory, briefly cached: who is a workspace admin, and of which workspace."""
         self.staff_channel = staff_channel
-        """What is wrong with the staff channel (`bot.preflight`), checked again on each status, so that inviting
+        """What is wrong with the staff channel (`bot.slack.preflight`), checked again on each status, so that inviting
         the bot shows as fixed at once."""
         self.tool_sources = tool_sources
         """How the operator's tool sources (MCP servers, HTTP endpoints) are doing now, asked on each status: a

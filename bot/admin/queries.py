@@ -14,12 +14,12 @@ from sqlalchemy.orm import InstrumentedAttribute
 
 from agents.address import DM, Address
 from agents.conversations import SET_ASIDE, ResultKind
+from agents.db import models as m
+from agents.db.deliveries import GIVEN_UP
 from agents.identity import Author
 from agents.limits import Scope
 from agents.offline import OFFLINE
 from bot.admin.parse import CaseRef, Listing, Ref, ThreadRef
-from db import models as m
-from db.deliveries import GIVEN_UP
 from escalation.machine import OPEN_CASE, WITH_HUMANS, Mode
 
 LIST_LIMIT = 15

@@ -14,6 +14,8 @@ from agents.address import Address
 from agents.agent import Roster
 from agents.identity import Author
 from agents.knowledge.store import Hit, KnowledgeStatus
+from agents.markup.limits import HEADER_TEXT, clip
+from agents.markup.text import escape, inert
 from agents.toolsets import SourceStatus
 from bot.admin.parse import USAGE, UsageError
 from bot.admin.queries import (
@@ -30,8 +32,6 @@ from bot.admin.queries import (
 )
 from escalation.desk import ActionResult
 from escalation.machine import Mode
-from slacktext.limits import HEADER_TEXT, clip
-from slacktext.text import escape, inert
 
 MAX_TEXT = 2900  # a section's text may hold 3,000 characters
 MAX_FIELD = 1900  # a section field 2,000

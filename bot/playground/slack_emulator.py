@@ -272,7 +272,7 @@ def block_kit_problem(blocks: Any) -> str | None:
     (docs.slack.dev, Block Kit reference) of the block types the bot sends: header, section, context, actions with
     buttons, divider, markdown (12,000 characters across a message's markdown blocks) and context_actions (feedback
     buttons); any other type is refused, so that a new one gets its limits here before the bot uses it.
-    Written out here rather than imported from `slacktext.limits`: the emulator plays Slack, so a wrong limit in the
+    Written out here rather than imported from `agents.markup.limits`: the emulator plays Slack, so a wrong limit in the
     bot must fail against it, not be copied into it."""
     if blocks is None:
         return None

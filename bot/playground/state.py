@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.address import Address
-from db import models as m
+from agents.db import models as m
 
 
 @dataclass(frozen=True)

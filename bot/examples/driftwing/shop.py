@@ -22,8 +22,8 @@ from pydantic import Field
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 
+from agents.db.models import Refund
 from agents.tools import ToolContext, function_tool
-from db.models import Refund
 
 REFUND_CONFIRMATION = timedelta(minutes=30)
 """A refund question not answered with a yes within this is asked again: a "yes" much later may be an answer to

@@ -34,12 +34,12 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from agents.address import is_teams_id
 from agents.identity import Author, vouched
 from bot.admin.command import AdminCommands, Invocation
-from bot.inbox import IDENTIFY_WITHIN_S, STAFF_CHECK_S, Inbox
-from bot.incoming import ACK_WITHIN_S, CASE_ACTIONS, CaseAction, CustomerMessage, StaffReply, sanitised
-from bot.messenger import Where
+from bot.channels.incoming import ACK_WITHIN_S, CASE_ACTIONS, CaseAction, CustomerMessage, StaffReply, sanitised
+from bot.channels.intake import IDENTIFY_WITHIN_S, STAFF_CHECK_S, Inbox
+from bot.channels.messenger import Where
 from bot.staff import ACTION_REFUSED, Member, StaffGate, Standing, refusal
-from bot.teams_events import AdminMessage, Parsed, TeamsPolicy, parse
-from bot.teams_messenger import BOT_FRAMEWORK, ServiceUrls, TeamsMessenger
+from bot.teams.events import AdminMessage, Parsed, TeamsPolicy, parse
+from bot.teams.messenger import BOT_FRAMEWORK, ServiceUrls, TeamsMessenger
 from escalation.desk import CaseDesk
 from escalation.views import Message, Person
 

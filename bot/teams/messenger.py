@@ -1,9 +1,9 @@
-"""The outbox's calls in Microsoft Teams (`bot.messenger.Messenger`), through the Bot Connector API with the
+"""The outbox's calls in Microsoft Teams (`bot.channels.messenger.Messenger`), through the Bot Connector API with the
 Microsoft 365 Agents SDK's client (`ConnectorClient`) and its client credentials (`MsalAuth`).
 
 What Teams allows, and so what this promises: a post is answered with its id, or refused (429, 4xx), or its
 outcome is unknown (5xx other than 503, a lost answer). The Bot Connector API reads no messages back, so an unknown
-outcome cannot be looked up (`can_look` is False): the sender never posts it again (see `bot.outbox`).
+outcome cannot be looked up (`can_look` is False): the sender never posts it again (see `bot.delivery.outbox`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agents.address import Platform
-from bot.messenger import Refused, Where
-from db import models as m
+from agents.db import models as m
+from bot.channels.messenger import Refused, Where
+from bot.teams.cards import adaptive_card
+from bot.teams.text import from_mrkdwn
 from escalation.views import Message
-from teamstext.cards import adaptive_card
-from teamstext.text import from_mrkdwn
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,8 @@ _REFUSED = {
     404: "channel_not_found",
     413: "msg_too_long",
 }
-"""Bot Connector answers that say the call was not done, in the sender's vocabulary (`bot.messenger.Refused`)."""
+"""Bot Connector answers that say the call was not done, in the sender's vocabulary
+(`bot.channels.messenger.Refused`)."""
 
 
 async def _refusing(call: Any, *, has_card: bool = False, missing: str = "channel_not_found") -> Any:

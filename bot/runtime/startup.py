@@ -19,6 +19,9 @@ from yarl import URL
 from agents.agent import Roster
 from agents.context_window import context_window, history_budget
 from agents.conversations import Conversations
+from agents.db import migrate
+from agents.db.embedded import start_embedded
+from agents.db.engine import WriteHealth, make_engine, make_sessions, watch_writes
 from agents.knowledge.documents import find_documents
 from agents.knowledge.embedders import OpenAIEmbedder, Precomputed, Unavailable, probe
 from agents.knowledge.local import MODEL as LOCAL_MODEL
@@ -33,11 +36,8 @@ from agents.summary import Summarising
 from bot import tracing
 from bot.declaration.build import SAMPLE, Collection, Helpdesk, build, find
 from bot.declaration.parse import load
-from bot.preflight import RefusedToStart
 from bot.settings import Settings
-from db import migrate
-from db.embedded import start_embedded
-from db.engine import WriteHealth, make_engine, make_sessions, watch_writes
+from bot.slack.preflight import RefusedToStart
 from escalation.machine import TAKEOVER
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ The block kinds our views send (escalation/views.py, bot/admin/views.py) map as 
 bold `TextBlock`; a section's text a `TextBlock` and its fields a `ColumnSet` two to a row, as Slack lays them out; a
 context a small subtle `TextBlock`; a divider a separator above what follows; the buttons of every actions block the
 card's `Action.Submit`s, whose `data` the click brings back (`helpdesk_action`, `value`). Texts are Slack mrkdwn
-carried over by `teamstext.text.from_mrkdwn`, with `wrap` so that none is cut at one line.
+carried over by `bot.teams.text.from_mrkdwn`, with `wrap` so that none is cut at one line.
 
 A TextBlock renders only bold, italic, lists and links, and breaks a line only at a blank line outside a list
 ("Text formatting in cards", learn.microsoft.com/microsoftteams/platform/task-modules-and-cards/cards/cards-format),
@@ -19,9 +19,9 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from teamstext.emoji import emojize
-from teamstext.limits import CARD_BYTES, ELLIPSIS, clip, utf16_bytes
-from teamstext.text import escape, from_mrkdwn, unslack
+from bot.teams.emoji import emojize
+from bot.teams.limits import CARD_BYTES, ELLIPSIS, clip, utf16_bytes
+from bot.teams.text import escape, from_mrkdwn, unslack
 
 CONTENT_TYPE = "application/vnd.microsoft.card.adaptive"
 VERSION = "1.5"

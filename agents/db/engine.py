@@ -12,7 +12,7 @@ from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
-from db.url import async_url
+from agents.db.url import async_url
 
 Sessions = async_sessionmaker[AsyncSession]
 

@@ -28,6 +28,8 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agents.identity import Author
+from bot.channels.incoming import ACK_WITHIN_S, CASE_ACTIONS, CaseAction
+from bot.channels.intake import Inbox
 from bot.csat import ACTION_PREFIX as CSAT_PREFIX
 from bot.csat import (
     COMMENT_BLOCK,
@@ -40,10 +42,8 @@ from bot.csat import (
     csat_comment_of,
 )
 from bot.feedback import ACTION_FEEDBACK, Feedback, feedback_click_of
-from bot.home import Home
-from bot.inbox import Inbox
-from bot.incoming import ACK_WITHIN_S, CASE_ACTIONS, CaseAction
-from bot.slack_events import case_action_of, trigger_of
+from bot.slack.events import case_action_of, trigger_of
+from bot.slack.home import Home
 from bot.staff import ACTION_REFUSED, Member, StaffGate, Standing, refusal
 from escalation.desk import ActionResult, CaseDesk
 from escalation.views import Person
@@ -73,7 +73,8 @@ def slack_client(*, token: str, base_url: str, timeout_s: int = 30, idempotent_o
 
 class SlackDirectory:
     """People, user groups and links as Slack has them: for what escalation renders (`escalation.render.Directory`),
-    the authors the inbox stores (`bot.inbox.People`) and who counts as staff or admin (`bot.staff.Members`). Reads
+    the authors the inbox stores (`bot.channels.intake.People`) and who counts as staff or admin
+    (`bot.staff.Members`). Reads
     only, so the client may retry. Answers are
     cached briefly: a guest made a full member, or someone removed from the staff group, counts as such within
     `cache_s`."""

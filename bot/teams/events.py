@@ -16,7 +16,7 @@ from typing import Any
 
 from agents.address import DM, Platform
 from bot.admin.parse import USAGE
-from bot.incoming import (
+from bot.channels.incoming import (
     CaseAction,
     CustomerMessage,
     Delivery,
@@ -26,11 +26,11 @@ from bot.incoming import (
     StaffEdit,
     StaffReply,
 )
-from bot.teams_messenger import CHAIN, is_channel
-from teamstext.incoming import incoming_text
+from bot.teams.html import incoming_text
+from bot.teams.messenger import CHAIN, is_channel
 
 ACTION_KEY = "helpdesk_action"
-"""Where a card button's data names its action (`teamstext.adaptive_card` puts it there)."""
+"""Where a card button's data names its action (`bot.teams.adaptive_card` puts it there)."""
 ADMIN_PREFIXES = ("/support",)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from agents.address import DM
 from agents.attachments import FileRef
-from bot.incoming import (
+from bot.channels.incoming import (
     CaseAction,
     CustomerMessage,
     Delivery,

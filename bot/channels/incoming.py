@@ -1,4 +1,4 @@
-"""What arrives from either channel, as typed values: each edge (`bot.slack_events`, `bot.teams_events`) makes
+"""What arrives from either channel, as typed values: each edge (`bot.slack.events`, `bot.teams.events`) makes
 these, and the inbox and the case desk take them without knowing the platform."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class CustomerMessage:
     name: str | None = None
     """The writer's name where the delivery carries it (Teams does; Slack's edge asks `users.info`)."""
     files: tuple[FileRef, ...] = ()
-    """What it carried; read before its turn (bot.files), so a message of files alone is answered too."""
+    """What it carried; read before its turn (bot.slack.files), so a message of files alone is answered too."""
     shared: bool = False
     """The channel is shared with another organisation (Slack Connect: the envelope's is_ext_shared_channel), where
     our own colleagues write beside the customers."""

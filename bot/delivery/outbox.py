@@ -1,7 +1,9 @@
-"""The outbox: what the chat platforms are owed (typed deliveries, `db.deliveries`), written in the transaction that
+"""The outbox: what the chat platforms are owed (typed deliveries, `agents.db.deliveries`), written in the transaction
+that
 caused it, and the one sender that sends it. This is the only code that posts, edits, deletes or reacts, in Slack or
 in Teams, for the bot's conversations and cases; escalation renders what its messages show and posts nothing itself.
-The platforms' calls are a `bot.messenger.Messenger` each: a customer's rows go to the conversation's platform, a
+The platforms' calls are a `bot.channels.messenger.Messenger` each: a customer's rows go to the conversation's
+platform, a
 case's rows to the staff channel's, so one conversation can be answered in Slack and handled by staff in Teams.
 
 Per conversation, rows go out in id order under a send lease (`send_leases`: owner and expiry, claimed and
@@ -42,14 +44,8 @@ from agents.address import Address, Platform
 from agents.agent import Roster
 from agents.attachments import FileRef
 from agents.conversations import ResultKind, TurnCommit
-from agents.leases import keep_renewed, process_owner
-from bot.answers import answer_message
-from bot.csat import csat_question
-from bot.files import SlackFiles, Unreadable
-from bot.messenger import FileSharing, Messenger, Refused, Where
-from bot.slack_messenger import SlackMessenger
-from db import models as m
-from db.deliveries import (
+from agents.db import models as m
+from agents.db.deliveries import (
     AddReaction,
     Answer,
     CasePost,
@@ -74,13 +70,19 @@ from db.deliveries import (
     delivery_of,
     enqueue,
 )
+from agents.leases import keep_renewed, process_owner
+from agents.markup.limits import MESSAGE_TEXT, clip, split_text
+from agents.markup.text import escape, from_markdown
+from bot.answers import answer_message
+from bot.channels.messenger import FileSharing, Messenger, Refused, Where
+from bot.csat import csat_question
+from bot.slack.files import SlackFiles, Unreadable
+from bot.slack.messenger import SlackMessenger
+from bot.teams.limits import split_text as teams_split
+from bot.teams.text import from_markdown as teams_markdown
 from escalation.policy import EscalationPolicy
 from escalation.render import CaseRenderer
 from escalation.views import Message, case_given_up, case_problem, files_not_shared, relay_text
-from slacktext.limits import MESSAGE_TEXT, clip, split_text
-from slacktext.text import escape, from_markdown
-from teamstext.limits import split_text as teams_split
-from teamstext.text import from_markdown as teams_markdown
 
 log = logging.getLogger(__name__)
 

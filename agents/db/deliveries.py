@@ -1,9 +1,10 @@
 """What the outbox owes the chat platform: a closed set of typed deliveries, and their rows in `outbox`.
 
 A delivery says what is owed (post this text in this conversation's thread, add this reaction, post the case of
-escalation N for staff, relay this staff message to the customer, ...), not how a platform does it: the platform's
-sender (`bot.outbox.OutboxSender` for Slack) makes the API calls, and `escalation.render` renders what the staff
-side's messages show. Each delivery is written in the transaction that caused it (`enqueue`) and read back by the
+escalation N for staff, relay this staff message to the customer, ...), not how a platform does it: the sender
+(`bot.delivery.outbox.OutboxSender`) makes the calls through each channel's messenger, and `escalation.render` renders
+what the staff side's messages show. Each delivery is written in the transaction that caused it (`enqueue`) and read
+back by the
 sender (`delivery_of`). A row's `kind` is its delivery's `kind`, spelled here and nowhere else.
 
 `NewMessage` deliveries post a message: they carry the exactly-once mark and are looked for after an unknown
@@ -20,7 +21,7 @@ from typing import Any, ClassVar
 from sqlalchemy import insert, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from db import models as m
+from agents.db import models as m
 
 
 class Outcome(StrEnum):

@@ -1,7 +1,7 @@
 """`python -m bot teams-package`: the Teams app package, a zip of manifest.json, color.png and outline.png that an
 admin uploads to Teams.
 
-The template is `teams/manifest.json` in a checkout (`bot/teams_manifest/` once installed, pyproject's package-dir). Its
+The template is `teams/manifest.json` in a checkout (`bot/teams/manifest/` once installed, pyproject's package-dir). Its
 placeholders ({{APP_ID}}, {{APP_NAME}}, {{HOST}}, {{DEVELOPER_NAME}}, {{WEBSITE_URL}}, {{PRIVACY_URL}}, {{TERMS_URL}})
 are filled in string values, never in the JSON text, so a name with quotes stays a name. The admin commands are not
 in the template: they are added from `bot.admin.parse.USAGE`, so that Teams suggests what `/support` answers.
@@ -74,8 +74,9 @@ _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # the same inputs give the same bytes
 
 
 def _template_dir() -> Path:
-    installed = Path(__file__).resolve().parent / "teams_manifest"
-    return installed if installed.is_dir() else Path(__file__).resolve().parent.parent / "teams"
+    here = Path(__file__).resolve().parent
+    installed = here / "manifest"
+    return installed if installed.is_dir() else here.parent.parent / "teams"
 
 
 TEMPLATE_DIR = _template_dir()

@@ -115,7 +115,8 @@ class SlackFiles:
         return tuple(read)
 
     async def fetch(self, ref: FileRef) -> bytes | None:
-        """A file's bytes, to relay it (`bot.outbox`); None when it is larger than the limit. Raises when Slack does
+        """A file's bytes, to relay it (`bot.delivery.outbox`); None when it is larger than the limit. Raises when
+        Slack does
         not give it (`Unreadable`) or the download fails, so the relay is tried again later."""
         if self.too_big(ref):
             return None

@@ -17,8 +17,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from agents.address import Platform
 from agents.conversation_sql import STORE_MESSAGE
 from agents.conversations import Conversations, InboundKind
+from agents.db import models as m
+from agents.db.deliveries import AddReaction, RelayDelete, RelayEdit, StaffNotice, Typing, enqueue
 from agents.identity import Author, vouched
-from bot.incoming import (
+from bot.channels.incoming import (
     CustomerMessage,
     Delivery,
     Ignored,
@@ -28,12 +30,10 @@ from bot.incoming import (
     StaffReply,
     sanitised,
 )
+from bot.delivery.outbox import ReplyStyle
 from bot.metrics import Metrics
-from bot.outbox import ReplyStyle
-from bot.slack_events import Policy, classify, delivery_of
+from bot.slack.events import Policy, classify, delivery_of
 from bot.staff import REPLY_REFUSED, Colleagues, Member, StaffGate, Standing, refusal
-from db import models as m
-from db.deliveries import AddReaction, RelayDelete, RelayEdit, StaffNotice, Typing, enqueue
 from escalation.machine import OPEN_CASE
 from escalation.policy import EscalationPolicy
 

@@ -13,7 +13,7 @@ we never send such an entity, so no text of ours can notify anyone. What text ca
   punctuation be escaped), `&`, `<` and `>` become entities, so no tag, `<at>` or link can start.
 - `from_markdown` keeps a model's formatting, shows each link's real target, and makes its HTML text.
 - `from_mrkdwn` carries our Slack texts over (they are Slack mrkdwn, their untrusted parts made inert for Slack by
-  `slacktext.text`): Slack's own formatting and links become Teams Markdown, and everything Teams would read as
+  `agents.markup.text`): Slack's own formatting and links become Teams Markdown, and everything Teams would read as
   syntax but Slack did not (a typed `[x](y)`, `#`, `|`, a backslash) is escaped.
 
 Code is shown as written: CommonMark renders a code span or fence literally (no tags, no links, no entities), so its
@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 
-from teamstext.emoji import emojize
+from bot.teams.emoji import emojize
 
 _HOLD, _END = "\ue000", "\ue001"
 _HELD = re.compile(f"{_HOLD}(\\d+){_END}")

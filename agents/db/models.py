@@ -234,7 +234,7 @@ class Outbox(Base):
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     conversation_id: Mapped[int | None] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))
     kind: Mapped[str] = mapped_column(Text)
-    """The delivery it holds (`db.deliveries`: post, reaction, case, relay, reminder, ...)."""
+    """The delivery it holds (`agents.db.deliveries`: post, reaction, case, relay, reminder, ...)."""
     channel: Mapped[str] = mapped_column(Text)
     thread_ts: Mapped[str | None] = mapped_column(Text)
     target_ts: Mapped[str | None] = mapped_column(Text)
@@ -253,11 +253,11 @@ class Outbox(Base):
     done_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     """When the row stopped being owed: see `outcome`."""
     outcome: Mapped[str | None] = mapped_column(Text)
-    """sent, skipped or given_up (`db.deliveries.Outcome`); None while owed."""
+    """sent, skipped or given_up (`agents.db.deliveries.Outcome`); None while owed."""
     result_ts: Mapped[str | None] = mapped_column(Text)
     uploaded: Mapped[list[str] | None] = mapped_column(JSONB)
-    """A file relay's uploaded file ids, recorded before they are shared (`bot.outbox`): looked for, not uploaded
-    again, after an unknown outcome."""
+    """A file relay's uploaded file ids, recorded before they are shared (`bot.delivery.outbox`): looked for, not
+    uploaded again, after an unknown outcome."""
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
 

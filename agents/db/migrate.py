@@ -9,11 +9,11 @@ from alembic.config import Config
 
 
 def _migrations() -> Path:
-    # Installed from a wheel, the folder is `db/migrations` (pyproject's package-dir); in a checkout, the
+    # Installed from a wheel, the folder is `agents/db/migrations` (pyproject's package-dir); in a checkout, the
     # repository's top-level `migrations/`.
     here = Path(__file__).resolve().parent
     installed = here / "migrations"
-    return installed if installed.is_dir() else here.parent / "migrations"
+    return installed if installed.is_dir() else here.parent.parent / "migrations"
 
 
 MIGRATIONS = _migrations()
@@ -47,7 +47,7 @@ async def behind(url: str, *, transaction_pooler: bool = False) -> tuple[str | N
     from alembic.script import ScriptDirectory
     from sqlalchemy.engine import Connection
 
-    from db.engine import make_engine
+    from agents.db.engine import make_engine
 
     head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
     assert head is not None

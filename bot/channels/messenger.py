@@ -1,7 +1,8 @@
 """What the outbox's sender needs of a chat platform: a few calls, and one way of saying "refused".
 
-The sender (`bot.outbox.OutboxSender`) owns the policy (order, leases, attempts, backoff, give-ups, exactly-once);
-a `Messenger` only makes a platform's API calls: `bot.slack_messenger` for Slack's Web API, `bot.teams_messenger`
+The sender (`bot.delivery.outbox.OutboxSender`) owns the policy (order, leases, attempts, backoff, give-ups,
+exactly-once);
+a `Messenger` only makes a platform's API calls: `bot.slack.messenger` for Slack's Web API, `bot.teams.messenger`
 for the Bot Connector. A messenger raises `Refused` when the platform answered that it did not do the call (so
 trying again can post nothing twice); any other exception means the outcome is unknown.
 """

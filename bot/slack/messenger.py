@@ -1,4 +1,4 @@
-"""The outbox's calls in Slack's Web API (`bot.messenger.Messenger`).
+"""The outbox's calls in Slack's Web API (`bot.channels.messenger.Messenger`).
 
 Every post carries its outbox id in Slack's message metadata, which is how `find` tells, after an unknown outcome,
 whether the post is already in its thread.
@@ -16,9 +16,9 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from agents.address import Platform
-from bot.messenger import Refused, Where
+from agents.markup.limits import MESSAGE_TEXT, clip
+from bot.channels.messenger import Refused, Where
 from escalation.views import Message
-from slacktext.limits import MESSAGE_TEXT, clip
 
 METADATA_TYPE = "helpdesk_outbox"
 MAYBE_DONE = frozenset({"internal_error", "fatal_error", "request_timeout", "service_unavailable"})

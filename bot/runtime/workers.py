@@ -18,13 +18,13 @@ from collections.abc import Awaitable, Callable
 import asyncpg  # type: ignore[import-untyped]
 
 from agents.conversations import Conversations, MessageResult
+from agents.db.notify import SENDS, TURNS
+from agents.db.url import libpq_dsn
 from agents.leases import Lease, LeaseLost
 from bot import tracing
+from bot.delivery.outbox import OutboxSender
 from bot.metrics import Metrics
-from bot.outbox import OutboxSender
-from bot.slack_status import SlackStatus
-from db.notify import SENDS, TURNS
-from db.url import libpq_dsn
+from bot.slack.ai_status import SlackStatus
 
 log = logging.getLogger(__name__)
 

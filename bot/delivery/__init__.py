@@ -1,0 +1,1 @@
+"""Delivery: the outbox, and the one sender that posts, edits and deletes for every channel."""
