@@ -16,7 +16,7 @@ DM = "dm"
 
 
 class Platform(StrEnum):
-    """Where people write: each value has an edge (bot/slack_*, bot/teams_*) and a sender."""
+    """Where people write: each value is a channel, a folder of its own (bot/slack/, bot/teams/)."""
 
     SLACK = "slack"
     TEAMS = "teams"

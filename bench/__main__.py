@@ -7,10 +7,24 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import admin, engine, faults, first_start, inflight, install, knowledge, relay, routing, slack, teams, tools
+from bench import (
+    admin,
+    engine,
+    faults,
+    first_start,
+    inflight,
+    install,
+    knowledge,
+    relay,
+    routing,
+    shape,
+    slack,
+    teams,
+    tools,
+)
 from bench.setup import RESULTS
 
-MODULES = (engine, slack, teams, relay, knowledge, routing, admin, first_start, install, inflight, tools, faults)
+MODULES = (engine, slack, teams, relay, knowledge, routing, admin, first_start, install, inflight, tools, faults, shape)
 BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {m.__name__.removeprefix("bench."): m.main for m in MODULES}
 
 

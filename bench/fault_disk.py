@@ -50,7 +50,6 @@ from agents.db.embedded import start_embedded
 from bench.fault_scene import (
     APOLOGY,
     CHANNEL,
-    HEADERS,
     LEASE_SECONDS,
     LLM_LATENCY_S,
     QUIET_S,
@@ -62,6 +61,7 @@ from bench.fault_scene import (
     until,
 )
 from bench.setup import RESULTS, run_benchmark, section, table
+from bench.tables import FAULT_HEADERS, disk_faults
 from harness.bot import STAFF_CHANNEL, BotProcess
 from harness.database import admin
 from harness.slack import Sent, write
@@ -382,26 +382,6 @@ async def force_wal_panic(server_url: str) -> str | None:
     return None
 
 
-def rows(result: dict[str, Any]) -> list[list[Any]]:
-    """Summary rows (columns as in `bench.faults`): one a scenario."""
-    out = []
-    for key, label in (("disk_nearly_full", f"disk nearly full ({FREE_KB} KB left)"), ("disk_full", "disk full")):
-        r = result.get(key)
-        if r is None:
-            continue
-        if "not_run" in r:
-            out.append([f"{label}: not run: {r['not_run']}", r["customers"], None, None, None, None, None, None])
-            continue
-        if key == "disk_full":
-            label += ", Postgres PANIC" + (" and restart" if r["postmaster_exited"] else "")
-        label += f" ({r['customers']} over {SPREAD_S:.0f} s, {r['refused_until_disk_freed']} redelivered)"
-        out.append([
-            label, r["customers"], r["answered"], r["handed_to_a_person"], r["exactly_once"], r["twice_or_more"],
-            r["lost"], r["freed_to_last_answer_s"],
-        ])  # fmt: skip
-    return out
-
-
 async def run(logs: Path, quick: bool) -> dict[str, Any]:
     customers = 12 if quick else CUSTOMERS
     section(f"the database's disk nearly full ({FREE_KB} KB left on its own {TMPFS_MB} MB tmpfs)")
@@ -412,7 +392,7 @@ async def run(logs: Path, quick: bool) -> dict[str, Any]:
     print(json.dumps(full, indent=1), flush=True)
     result = {"disk_nearly_full": nearly, "disk_full": full}
     section("summary")
-    print(table(HEADERS, rows(result)))
+    print(table(FAULT_HEADERS, disk_faults(result)))
     return result
 
 

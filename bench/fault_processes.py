@@ -13,7 +13,7 @@ fake LLM, loopback only, each scenario bounded in time.
                       fenced: its "lost the lease" warnings (turns it had in flight, committed by nobody), the model
                       calls the other made again, in-doubt posts looked for, rows tried twice, what it posted after
                       resuming. A duplicate is traced to its outbox row: the same row posted twice, the second after
-                      the resume, its attempt recorded and unsent at the freeze, is the gap `bot/delivery/outbox.py`
+                      the resume, its attempt recorded and unsent at the freeze, is the gap `bot/delivery/sender.py`
                       admits.
     worker killed     PROCESS_ROLE=web and PROCESS_ROLE=worker as separate processes (as the Procfile runs them).
                       The worker is killed (SIGKILL) mid-wave; customers keep writing (one every STREAM_SPACING_S)
@@ -51,7 +51,6 @@ import asyncpg  # type: ignore[import-untyped]
 from agents.db.url import libpq_dsn
 from bench.fault_scene import (
     CHANNEL,
-    HEADERS,
     LEASE_SECONDS,
     LLM_LATENCY_S,
     QUIET_S,
@@ -65,6 +64,7 @@ from bench.fault_scene import (
     until,
 )
 from bench.setup import RESULTS, run_benchmark, section, table
+from bench.tables import FAULT_HEADERS, process_faults
 from harness.bot import BotProcess
 from harness.slack import Sent, deliver, write
 
@@ -289,7 +289,7 @@ async def stopped_process(server_url: str, logs: Path, customers: int) -> dict[s
         "answer_rows_posted_twice": sum(len(posted.get(r["id"], ())) > 1 for r in answer_rows),
         "inbound_unprocessed": unprocessed,
         # Attempts it had recorded and not sent when it froze: each is posted by the other process, which finds
-        # nothing; the frozen one's request then goes out on SIGCONT (`bot/delivery/outbox.py`'s admitted gap).
+        # nothing; the frozen one's request then goes out on SIGCONT (`bot/delivery/sender.py`'s admitted gap).
         "rows_frozen_between_attempt_and_request": len(exposed),
         "answers_first_posted_after_resume": sum(min(times) >= resumed for times in posted.values()),
         "database_while_stopped": blocked,
@@ -360,7 +360,7 @@ def traced_duplicates(
 ) -> list[dict[str, Any]]:
     """Each thread answered more than once, traced to its outbox rows: one row posted twice is a sender's
     duplicate (after the resume: the frozen process's request, sent after the other had looked and posted: the gap
-    `bot/delivery/outbox.py` admits); two rows are two committed turns (the turn fence failed)."""
+    `bot/delivery/sender.py` admits); two rows are two committed turns (the turn fence failed)."""
     traced = []
     for m in said:
         answers = s.slack.posts(CHANNEL, m.ts)
@@ -560,32 +560,6 @@ async def web_killed(server_url: str, logs: Path, customers: int) -> dict[str, A
     }
 
 
-def rows(result: dict[str, Any]) -> list[list[Any]]:
-    """The summary rows (columns `HEADERS`) of `run`'s result."""
-    frozen, worker, web = result["stopped_process"], result["worker_killed"], result["web_killed"]
-
-    def row(label: str, r: dict[str, Any], recovered: Any) -> list[Any]:
-        once, twice, lost = r["exactly_once"], r["twice_or_more"], r["unanswered"]
-        return [label, r["customers"], r["answered"], 0, once, twice, lost, recovered]
-
-    return [
-        row(
-            f"process SIGSTOPped {frozen['stopped_s']:.0f} s ({frozen['customers']} at once, lease "
-            f"{frozen['lease_seconds']:.0f} s)",
-            frozen, frozen["stop_to_last_answer_s"],
-        ),
-        row(
-            f"worker killed, web up ({worker['at_once']} at once + {worker['written_while_no_worker']} meanwhile)",
-            worker, worker["kill_to_last_answer_s"],
-        ),
-        row(
-            f"web killed, worker up ({web['at_once']} at once + {web['written_around_the_kill']} around it, "
-            f"{web['refused_first']} refused)",
-            web, web["restart_to_last_answer_s"],
-        ),
-    ]  # fmt: skip
-
-
 async def run(server_url: str, quick: bool, logs: Path) -> dict[str, Any]:
     section("a process frozen (SIGSTOP) past its leases, then resumed; another process on the same database")
     frozen = await stopped_process(server_url, logs / "stopped", 20 if quick else 40)
@@ -598,7 +572,7 @@ async def run(server_url: str, quick: bool, logs: Path) -> dict[str, Any]:
     print(web, flush=True)
     result = {"stopped_process": frozen, "worker_killed": worker, "web_killed": web}
     section("summary")
-    print(table(HEADERS, rows(result)))
+    print(table(FAULT_HEADERS, process_faults(result)))
     return result
 
 

@@ -33,8 +33,6 @@ TIMEOUT_S = 2.0
 """The bot's OPENAI_TIMEOUT_S in the timeout scenario (60 s by default for a hosted provider)."""
 TOO_LATE = slow(3 * TIMEOUT_S, reply("too late"))
 """A reply the bot has stopped waiting for: the provider hangs rather than failing."""
-HEADERS = ["scenario", "messages", "answered", "to a person", "once", "twice+", "lost", "recovered -> last s"]
-"""The summary table's columns, for every scenario's rows."""
 DOWN_S = 3.0
 """How long the database server stays stopped in the restart scenario."""
 

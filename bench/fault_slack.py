@@ -31,7 +31,6 @@ from typing import Any
 
 from bench.fault_scene import (
     CHANNEL,
-    HEADERS,
     LLM_LATENCY_S,
     QUIET_S,
     answer_to,
@@ -42,6 +41,7 @@ from bench.fault_scene import (
     until,
 )
 from bench.setup import RESULTS, run_benchmark, section, table
+from bench.tables import FAULT_HEADERS, slack_faults
 from bot.playground.slack_emulator import SLACK_RATE_LIMITS, Fault
 from harness.slack import Sent, deliver, write
 
@@ -129,30 +129,6 @@ async def rate_limited(server_url: str, logs: Path, customers: int) -> dict[str,
     }
 
 
-def rows(result: dict[str, Any]) -> list[list[Any]]:
-    """Summary rows (columns as in `bench.faults`): one a scenario."""
-    stormy, limits = result["slack_storm"], result["slack_rate_limits"]
-
-    def row(label: str, r: dict[str, Any], last_s: Any) -> list[Any]:
-        return [
-            label, r["customers"], r["answered"], 0, r["exactly_once"], r["twice_or_more"], r["unanswered"], last_s,
-        ]  # fmt: skip
-
-    return [
-        row(
-            f"Slack 5xx/429 storm for {stormy['storm_s']:.0f} s ({stormy['sent_during_storm']} sent in it)",
-            stormy,
-            stormy["recovery_to_last_answer_s"],
-        ),
-        row(
-            f"Slack's rate limits, {limits['customers']} at once in one channel "
-            f"({limits['post_calls']} post calls; least {limits['least_s_the_limit_allows']:.0f} s)",
-            limits,
-            limits["first_event_to_last_answer_s"],
-        ),
-    ]
-
-
 async def run(server_url: str, quick: bool, logs: Path) -> dict[str, Any]:
     section("Slack failing every call in turns of 5xx, lost answers and 429s for a while")
     storm_figures = await storm(server_url, logs / "storm", 10 if quick else 30, 10.0 if quick else 30.0)
@@ -161,7 +137,7 @@ async def run(server_url: str, quick: bool, logs: Path) -> dict[str, Any]:
     limits = await rate_limited(server_url, logs / "limits", 10 if quick else 30)
     print(limits, flush=True)
     result = {"slack_storm": storm_figures, "slack_rate_limits": limits}
-    print(table(HEADERS, rows(result)))
+    print(table(FAULT_HEADERS, slack_faults(result)))
     return result
 
 

@@ -44,7 +44,6 @@ from bench.fault_scene import (
     APOLOGY,
     CHANNEL,
     DOWN_S,
-    HEADERS,
     LEASE_SECONDS,
     LLM_LATENCY_S,
     OVERLOADED,
@@ -60,6 +59,7 @@ from bench.fault_scene import (
     until,
 )
 from bench.setup import RESULTS, run_benchmark, section, table
+from bench.tables import faults
 from fakes.openai_server import FakeReply, RecordedRequest
 from harness.bot import STAFF_CHANNEL
 from harness.slack import Sent, deliver, write
@@ -215,34 +215,6 @@ async def provider_outage(
     }
 
 
-def report_rows(
-    kill: dict[str, Any], restart: dict[str, Any], outage: dict[str, Any], timeout: dict[str, Any]
-) -> list[list[Any]]:
-    def provider(label: str, r: dict[str, Any]) -> list[Any]:
-        return [
-            f"{label} for {r['outage_s']:.0f} s ({r['sent_during_outage']} sent in it)",
-            r["customers"], r["answered"], r["handed_to_a_person"],
-            r["customers"] - r["lost"] - r["twice_or_more"], r["twice_or_more"], r["lost"],
-            r["recovery_to_last_reply_s"],
-        ]  # fmt: skip
-
-    rows = [
-        [
-            f"killed worker ({kill['customers']} at once, lease {kill['lease_seconds']:.0f} s)",
-            kill["customers"], kill["answered"], 0, kill["exactly_once"], kill["twice_or_more"], kill["unanswered"],
-            kill["kill_to_last_answer_s"],
-        ],
-        [
-            f"Postgres restarted ({restart['customers']} at once, down {restart['down_s']:.0f} s)",
-            restart["customers"], restart["answered"], 0, restart["exactly_once"], restart["twice_or_more"],
-            restart["unanswered"], restart["restart_to_last_answer_s"],
-        ],
-        provider("provider 503s", outage),
-        provider(f"provider past the {timeout['openai_timeout_s']:.0f} s timeout", timeout),
-    ]  # fmt: skip
-    return rows
-
-
 async def run(server_url: str, quick: bool, logs: Path) -> dict[str, Any]:
     section("a worker killed (SIGKILL) while holding many leases")
     kill = await killed_worker(server_url, logs / "killed", 20 if quick else 50)
@@ -263,14 +235,14 @@ async def run(server_url: str, quick: bool, logs: Path) -> dict[str, Any]:
     slack = await fault_slack.run(server_url, quick, logs / "slack")
     processes = await fault_processes.run(server_url, quick, logs / "processes")
     disk = await fault_disk.run(logs / "disk", quick)
+    own = {"killed_worker": kill, "postgres_restart": restart, "provider_outage": outage, "provider_timeout": timeout}
+    result = own | slack | processes | disk
     section("summary")
-    rows = report_rows(kill, restart, outage, timeout)
-    rows += fault_slack.rows(slack) + fault_processes.rows(processes) + fault_disk.rows(disk)
-    print(table(HEADERS, rows))
+    summary = faults(result)
+    print(table(summary.headers, summary.rows))
     for label, r in (("503s", outage), ("timeouts", timeout)):
         print(f"({label}: {r['cases']} cases in the staff channel for {r['handed_to_a_person']} hand-overs)")
-    own = {"killed_worker": kill, "postgres_restart": restart, "provider_outage": outage, "provider_timeout": timeout}
-    return own | slack | processes | disk
+    return result
 
 
 def main(*, quick: bool = False, results: Path = RESULTS) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import tables
 from bench.setup import RESULTS, machine, section, summary, table, write_report
 
 READY = "Playground: open"
@@ -63,8 +64,6 @@ def main(
         with tempfile.TemporaryDirectory(prefix="helpdesk-first-start-") as tmp:
             first.append(start_until_ready(python, where, Path(tmp) / "data"))
             second.append(start_until_ready(python, where, Path(tmp) / "data"))
-    rows = [("first (empty DATA_DIR)", summary(first)), ("second (same DATA_DIR)", summary(second))]
-    print(table(["start", "p50 s", "max s"], [[label, s["p50"], s["max"]] for label, s in rows]))
     report = {
         "benchmark": "first_start",
         "python": python,
@@ -75,6 +74,8 @@ def main(
         "machine": machine("embedded", None),
         "total_s": round(sum(first) + sum(second), 1),
     }
+    starts = tables.first_start(report)
+    print(table(starts.headers, starts.rows))
     name = "first_start.json" if python == sys.executable else "first_start-other.json"
     return write_report(report, results / name)
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import tables
 from bench.setup import RESULTS, ROOT, machine, section, table, write_report
 
 HEAVY = ("openai", "sqlalchemy", "slack_bolt", "slack_sdk", "numpy", "microsoft_agents", "mcp", "pydantic")
@@ -155,18 +156,9 @@ def main(quick: bool = False, results: Path = RESULTS, source: Path = ROOT, runs
             home = Path(tmp) / "home"
             home.mkdir()
             report["commands"] = commands(python, home, runs)
-    timing = report["commands"]
-    print(
-        table(
-            ["command", "median s", "max s"],
-            [
-                ["--help", timing["help_median_s"], max(timing["help_s"])],
-                ["--version", timing["version_median_s"], max(timing["version_s"])],
-            ],
-        )
-    )
-    heavy = ", ".join(timing["help_heavy_imports"]) or "none"
-    print(f"--help imports {timing['help_modules']} modules; of the heavy ones: {heavy}")
+    section("summary")
+    summary = tables.install(report)
+    print(table(summary.headers, summary.rows))
     report["machine"] = machine("none", None)
     report["total_s"] = round(time.perf_counter() - started, 1)
     name = "install.json" if source == ROOT.resolve() else "install-other.json"

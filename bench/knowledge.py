@@ -807,7 +807,7 @@ async def run(server_url: str, params: Params) -> dict[str, Any]:
             print_quality(eval_set.name, quality_figures[eval_set.questions])
         routing_figures = await routing(bench)
         print_routing(routing_figures)
-        # As the bot does once started (bot/server.py): what set-up made lives on, kept out of full collections,
+        # As the bot does once started (bot/compose.py): what set-up made lives on, kept out of full collections,
         # which otherwise stall this process for about 80 ms now and then, in the middle of a search.
         gc.collect()
         gc.freeze()

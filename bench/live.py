@@ -342,7 +342,7 @@ async def database_state(database_url: str) -> dict[str, Any]:
         async with engine.connect() as conn:
             where = text(f"SELECT {', '.join(STAT_COLUMNS)} FROM pg_stat_database WHERE datname = current_database()")
             stats = (await conn.execute(where)).one()
-            by = select(m.SlackEvent.disposition, func.count()).group_by(m.SlackEvent.disposition)
+            by = select(m.Received.disposition, func.count()).group_by(m.Received.disposition)
             dispositions = dict((await conn.execute(by)).tuples().all())
             counts = [
                 *(
@@ -366,7 +366,7 @@ async def database_state(database_url: str) -> dict[str, Any]:
     figures: dict[str, Any] = dict(zip(names, (int(c) for c in counts), strict=True))
     per = figures["inbound"] or None
     return figures | {
-        "slack_events": {str(k): int(v) for k, v in dispositions.items()},
+        "received": {str(k): int(v) for k, v in dispositions.items()},
         "postgres_per_message": {
             column: round(int(value) / per, 1) if per else None
             for column, value in zip(STAT_COLUMNS, stats, strict=True)
@@ -384,7 +384,7 @@ def bot_log_summary(logs: list[Path]) -> dict[str, Any]:
 def print_afterwards(afterwards: dict[str, Any]) -> None:
     db, bot, log = (afterwards[k] for k in ("database", "bot_metrics", "bot_log"))
     print(
-        f"database: slack_events {db['slack_events']}; inbound {db['inbound']} "
+        f"database: received {db['received']}; inbound {db['inbound']} "
         f"({db['inbound_unprocessed']} unprocessed, {db['inbound_claimed_more_than_once']} claimed more than once); "
         f"outbox {db['outbox']} ({db['outbox_unsent']} unsent, {db['outbox_given_up']} given up, "
         f"{db['outbox_rows_sent_more_than_once']} tried more than once)"

@@ -44,6 +44,7 @@ from agents.mcp_servers import MCPServer, MCPServerConfig
 from agents.tools import Tool, ToolContext, function_tool
 from bench.live import process_cpu_s
 from bench.setup import RESULTS, machine, percentile, quiet, section, source_version, table, write_report
+from bench.tables import tools
 from bot.examples.tallyhouse.server import ACCOUNTS, INVOICES, NO_SUCH_INVOICE
 from harness.bot import ROOT, free_port
 from harness.mcp import http_server, listening, stdio_command
@@ -346,14 +347,10 @@ async def run(params: Params) -> dict[str, Any]:
             print(label, f, flush=True)
 
     section(f"per call, sequential ({params.calls} calls; ms; x = against the Python tool)")
-    rows: list[tuple[object, ...]] = [
-        (label, f"{f['latency_ms']['p50']:.3f}", f"{f['latency_ms']['p99']:.3f}", f["p50_vs_python"],
-         f"{f['bot_cpu_ms_per_call']:.3f}", f["bot_cpu_vs_python"], f["server_cpu_ms_per_call"] or "-")
-        for label, f in figures.items()
-    ]  # fmt: skip
-    print(table(("tool", "p50 ms", "p99 ms", "p50 x", "bot CPU ms/call", "CPU x", "server CPU ms/call"), rows))
+    one_by_one = tools({"sequential": figures})
+    print(table(one_by_one.headers, one_by_one.rows))
     section(f"{sum(n for _, n in params.mix)} conversations at once (median of {params.rounds}; s)")
-    rows = [
+    rows: list[tuple[object, ...]] = [
         (label, f["calls"], f["max_concurrency"] or "-", f["floor_s"], f["alone_wall_s"], f["mixed_wall_s"],
          f["mixed_vs_alone"], f["mixed_vs_floor"])
         for label, f in waves["sources"].items()

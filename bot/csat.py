@@ -3,8 +3,8 @@ outbox in the transaction that resolves the case, so it is posted exactly once, 
 customer's click is stored with the case's agent, trigger and the colleague who resolved it, and a modal (opened
 with the click's trigger_id) asks for an optional comment, stored on the same row when the customer submits it.
 
-Asked only of Slack customers (the buttons are Slack's), in a sample of cases (`sample_rate`), and at most once
-per customer per `cooldown`."""
+Asked only where the customer's channel can survey (`Capabilities.surveys`: buttons whose clicks come back as the
+customer's), in a sample of cases (`sample_rate`), and at most once per customer per `cooldown`."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from agents.address import Address, Platform
+from agents.address import Address
 from agents.db import models as m
 from agents.db.deliveries import CsatAsk, enqueue
+from bot.channels.capabilities import Channels
 from escalation.views import Message
 
 log = logging.getLogger(__name__)
@@ -145,10 +146,12 @@ class Csat:
         *,
         sessions: async_sessionmaker[AsyncSession],
         policy: CsatPolicy,
+        channels: Channels,
         draw: Callable[[], float] = random.random,
     ) -> None:
         self.sessions = sessions
         self.policy = policy
+        self.channels = channels
         self.draw = draw
         """A number in [0, 1) per resolved case, compared with the sample rate (tests pass their own)."""
 
@@ -156,7 +159,7 @@ class Csat:
         """The case desk's hook (`escalation.desk.ResolveHook`): ask, in the resolving transaction, when due."""
         address = Address.parse(conversation.key)
         policy = self.policy
-        if not policy.enabled or address is None or address.platform != Platform.SLACK or case.customer is None:
+        if not policy.enabled or address is None or not self._surveys(address.platform) or case.customer is None:
             return
         if self.draw() >= policy.sample_rate:
             return
@@ -181,6 +184,10 @@ class Csat:
         )
         if asked is not None:
             await enqueue(s, [CsatAsk(conversation.id, case.id, address.channel, address.thread, policy.question)])
+
+    def _surveys(self, platform: str) -> bool:
+        """Whether `platform` (a key's: the terminal chat's is none) is a channel that can ask."""
+        return any(channel.platform == platform and channel.capabilities.surveys for channel in self.channels)
 
     async def rate(self, click: CsatClick) -> bool:
         """Store the customer's rating (the last click kept); False when the clicker is not the case's customer."""

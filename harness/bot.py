@@ -19,8 +19,9 @@ from typing import Any
 
 import aiohttp
 
+from bot.compose import Bot, running_bot
 from bot.playground.slack_emulator import SlackEmulator
-from bot.server import Bot, listening, running_bot
+from bot.server import listening
 from bot.settings import Settings
 from fakes.openai_server import FakeOpenAI
 

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 from sqlalchemy import select
 
 from agents.db import models as m
+from bot.compose import Bot
 from bot.playground.slack_emulator import Msg, SlackEmulator
-from bot.server import Bot
 from escalation.views import ACTION_RESOLVE
 from fakes.openai_server import FakeOpenAI, tool_call, tools
 from harness.bot import bot_settings, serving

@@ -16,8 +16,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from agents.conversations import Conversations
 from agents.db.engine import make_engine, make_sessions
 from agents.model import OpenAIChatModel
+from bot.compose import Bot
 from bot.playground.slack_emulator import SlackEmulator
-from bot.server import Bot
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI
 from fakes.teams_api import TeamsEmulator
@@ -29,7 +29,7 @@ from harness.sample import default_roster
 from harness.scenarios import serving_as_shipped
 
 TABLES = (
-    "conversations, inbound, messages, handoffs, tool_runs, llm_calls, escalations, refunds, slack_events, outbox, "
+    "conversations, inbound, messages, handoffs, tool_runs, llm_calls, escalations, refunds, received, outbox, "
     "kb_collections, kb_documents, kb_chunks, pauses, admin_actions, send_leases, rate_counters, "
     "teams_service_urls, answer_feedback, csat"
 )

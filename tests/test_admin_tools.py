@@ -180,7 +180,7 @@ SOURCES = [
 
 
 def commands(sessions: Sessions, emulator: SlackEmulator, tool_sources: Any) -> AdminCommands:
-    """The command class as bot/server.py wires it, with the tool sources given (the way the wiring will)."""
+    """The command class as bot/compose.py wires it, with the tool sources given (the way the wiring will)."""
     queries = AdminQueries(sessions=sessions)
     desk = CaseDesk(sessions=sessions, policy=EscalationPolicy(staff_channel=STAFF_CHANNEL))
     return AdminCommands(

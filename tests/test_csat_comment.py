@@ -6,9 +6,9 @@ from __future__ import annotations
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.db import models as m
+from bot.compose import Bot
 from bot.csat import ACTION_PREFIX, COMMENT_BLOCK, COMMENT_INPUT, COMMENT_NOT_YOURS
 from bot.playground.slack_emulator import Modal, SlackEmulator
-from bot.server import Bot
 from fakes.openai_server import FakeOpenAI
 from harness.scenarios import (
     SUPPORT,

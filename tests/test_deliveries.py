@@ -13,9 +13,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from agents.db import deliveries as d
 from agents.db import models as m
 from agents.db.deliveries import KINDS, Delivery, Outcome, delivery_of, enqueue, row_of
-from bot.delivery.outbox import OutboxSender
+from bot.channels.capabilities import Channels
+from bot.delivery.sender import OutboxSender
 from bot.playground.slack_emulator import SlackEmulator
 from bot.slack.app import slack_client
+from bot.slack.channel import SLACK
+from bot.slack.messenger import SlackMessenger
 from harness.slack_calls import calls
 from tests import ROOT
 
@@ -83,7 +86,12 @@ async def test_a_row_of_an_unknown_kind_is_given_up_not_retried(
         s.add(m.Outbox(conversation_id=conversation.id, kind="carrier_pigeon", channel="C_SUPPORT"))
         await enqueue(s, [d.Post(conversation.id, "C_SUPPORT", None, "after the pigeon")])
     client = slack_client(token="xoxb-test", base_url=emulator.api_url, idempotent_only=True)
-    assert await OutboxSender(engine=engine, client=client).send_pending() == 1  # the pigeon is given up, not sent
+    assert (
+        await OutboxSender(
+            engine=engine, channels=Channels([SLACK]), messengers=[SlackMessenger(client)]
+        ).send_pending()
+        == 1
+    )  # the pigeon is given up, not sent
     async with sessions() as s:
         pigeon, post = (await s.scalars(select(m.Outbox).order_by(m.Outbox.id))).all()
     assert pigeon.outcome == Outcome.GIVEN_UP and pigeon.last_error == "unknown outbox kind 'carrier_pigeon'"

@@ -231,7 +231,7 @@ async def test_a_public_staff_channel_without_an_allow_list_is_warned_about(
 ) -> None:
     emulator.add_channel(STAFF, "#staff", is_private=False)
     warned = lambda: [r for r in caplog.records if "IS PUBLIC" in r.getMessage()]  # noqa: E731
-    with caplog.at_level(logging.WARNING, logger="bot.server"):
+    with caplog.at_level(logging.WARNING, logger="bot.slack.wiring"):
         async with serving(bot_settings(database_url, fake_llm, emulator), emulator):
             await emulator.wait_for(warned)
         assert "THE STAFF CHANNEL #staff IS PUBLIC" in warned()[0].getMessage()

@@ -210,7 +210,7 @@ async def test_messages_outside_case_threads_and_bots_are_ignored(
     await settle(sessions)
     assert relays_to_customer(emulator, thread) == []
     async with sessions() as s:
-        dispositions = set((await s.scalars(select(m.SlackEvent.disposition))).all())
+        dispositions = set((await s.scalars(select(m.Received.disposition))).all())
     assert "ignored: not a case thread" in dispositions and "ignored: bot message in the staff channel" in dispositions
     # Our own relays into the case thread are echoed back by Slack and never relayed again (no loops).
     assert all(p.bot_id == BOT_ID for p in emulator.posts(STAFF))

@@ -9,10 +9,10 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.db import models as m
+from bot.compose import Bot
 from bot.csat import ACTION_PREFIX
 from bot.feedback import ACTION_FEEDBACK
 from bot.playground.slack_emulator import Msg, SlackEmulator
-from bot.server import Bot
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
 from harness.database import settle
 from harness.scenarios import (

@@ -19,8 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.db import models as m
 from agents.knowledge.readers import ReaderLimits, docx_text
+from bot.compose import Bot
 from bot.playground.slack_emulator import SlackEmulator
-from bot.server import Bot
 from bot.slack.files import clip
 from fakes.openai_server import FakeOpenAI, RecordedRequest, reply
 from harness import bot as harness

@@ -17,8 +17,11 @@ from agents.db import models as m
 from agents.db.deliveries import AddReaction, Outcome, Post, RemoveReaction, enqueue
 from agents.leases import LeaseLost, Leases
 from agents.model import OpenAIChatModel
-from bot.delivery.outbox import OutboxSender
+from bot.channels.capabilities import Channels
+from bot.delivery.sender import OutboxSender
 from bot.slack.app import slack_client
+from bot.slack.channel import SLACK
+from bot.slack.messenger import SlackMessenger
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply, slow
 from harness.llm import CONFIG
@@ -159,7 +162,9 @@ async def _one_post_queued(
 
 def _sender(engine: Any, emulator: Any, owner: str) -> OutboxSender:
     client = slack_client(token="xoxb-test", base_url=emulator.api_url, idempotent_only=True)
-    return OutboxSender(engine=engine, client=client, owner=owner, lease_s=1.0)
+    return OutboxSender(
+        engine=engine, channels=Channels([SLACK]), messengers=[SlackMessenger(client)], owner=owner, lease_s=1.0
+    )
 
 
 async def test_a_slow_send_keeps_its_lease_and_posts_once(sessions: Sessions, engine: Any, emulator: Any) -> None:

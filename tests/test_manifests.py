@@ -94,7 +94,7 @@ EVENT_SCOPES: dict[str, str | None] = {
 # Scopes that no method, event or slash command needs but are kept anyway, with the reason. Keep it small.
 OTHERWISE_JUSTIFIED: dict[str, str] = {
     # No method of its own: it adds profile.email to users.info's answer (https://api.slack.com/scopes/users:read.email),
-    # which the inbox stores with each customer message (bot/slack/app.py SlackDirectory.identify) and tools match
+    # which intake stores with each customer message (bot/slack/app.py SlackDirectory.writer) and tools match
     # a shop's customer records on.
     "users:read.email": "the author's verified email, for tools that check identity",
     # No method either: downloading a file's url_private with the bot token needs it
@@ -288,7 +288,7 @@ def test_the_scan_finds_the_known_calls_and_events() -> None:
     found = {call.method for call in calls()}
     assert found >= KNOWN_CALLS, f"the scan missed {sorted(KNOWN_CALLS - found)}: is it still reading the code?"
     arguments = {(call.method, a) for call in calls() for a in call.arguments}
-    # The relay's custom author is passed to the sender's one post call (bot/delivery/outbox.py); the crash check reads
+    # The relay's custom author is passed to the sender's one post call (bot/delivery/sender.py); the crash check reads
     # metadata back.
     assert ("chat.postMessage", "username") in arguments
     assert ("conversations.replies", "include_all_metadata") in arguments

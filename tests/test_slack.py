@@ -105,7 +105,7 @@ async def test_retries_and_duplicates_give_one_reply(
     assert [p.text for p in emulator.posts("C_SUPPORT", ts)] == ["answer to where is my order?"]
     assert fake_llm.calls == 1
     async with sessions() as s:
-        dispositions = (await s.scalars(select(m.SlackEvent.disposition).order_by(m.SlackEvent.received_at))).all()
+        dispositions = (await s.scalars(select(m.Received.disposition).order_by(m.Received.received_at))).all()
     assert sorted(dispositions) == ["duplicate", "stored"]
     assert slack_bot.metrics.events.labels("duplicate")._value.get() == 3
 
@@ -123,7 +123,7 @@ async def test_forged_stale_and_malformed_requests_are_refused(
         unsigned_status = unsigned.status
     assert (forged.status, stale.status, unsigned_status) == (401, 401, 401)
     assert malformed.status == 400
-    assert await count(sessions, m.SlackEvent) == 0 and await count(sessions, m.Inbound) == 0
+    assert await count(sessions, m.Received) == 0 and await count(sessions, m.Inbound) == 0
 
 
 async def test_odd_unicode_is_stored_and_answered(
@@ -149,7 +149,7 @@ async def test_nested_or_unsigned_bodies_are_refused_before_they_are_parsed(
     unsigned = await emulator.deliver({}, raw_body=nested, signature="v0=" + "0" * 64)
     not_utf8 = await emulator.deliver({}, raw_body=b'{"type": "\xff"}', signature="v0=" + "0" * 64)
     assert (signed.status, unsigned.status, not_utf8.status) == (400, 401, 400)
-    assert await count(sessions, m.SlackEvent) == 0
+    assert await count(sessions, m.Received) == 0
 
 
 async def test_bot_and_subtype_events_are_ignored(
@@ -170,7 +170,7 @@ async def test_bot_and_subtype_events_are_ignored(
     await asyncio.sleep(0.3)
     assert await count(sessions, m.Inbound) == 0
     assert fake_llm.calls == 0 and emulator.calls_to("chat.postMessage") == []
-    assert await count(sessions, m.SlackEvent, m.SlackEvent.disposition.startswith("ignored")) == len(events)
+    assert await count(sessions, m.Received, m.Received.disposition.startswith("ignored")) == len(events)
 
 
 async def test_file_share_and_direct_message(slack_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI) -> None:
@@ -236,12 +236,12 @@ async def test_database_refusing_the_event_answers_an_error_then_the_retry_is_st
         {"type": "message", "channel": "C_SUPPORT", "user": "U_CUSTOMER", "ts": ts, "text": "are you up?"}
     )
     async with sessions() as s, s.begin():
-        await s.execute(text("ALTER TABLE slack_events RENAME TO slack_events_away"))
+        await s.execute(text("ALTER TABLE received RENAME TO slack_events_away"))
     try:
         refused = await emulator.deliver(envelope)
     finally:
         async with sessions() as s, s.begin():
-            await s.execute(text("ALTER TABLE slack_events_away RENAME TO slack_events"))
+            await s.execute(text("ALTER TABLE slack_events_away RENAME TO received"))
     assert refused.status == 503
     assert await count(sessions, m.Inbound) == 0
     retried = await emulator.deliver(envelope, retry_num=1, retry_reason="http_error")
@@ -300,14 +300,14 @@ async def test_old_event_ids_are_pruned(slack_bot: Any, sessions: Sessions) -> N
     async with sessions() as s, s.begin():
         await s.execute(
             text(
-                "INSERT INTO slack_events (event_id, event_type, disposition, received_at) VALUES "
+                "INSERT INTO received (event_id, event_type, disposition, received_at) VALUES "
                 "('EvOld', 'message', 'stored', now() - interval '4 days'), ('EvNew', 'message', 'stored', now())"
             )
         )
     prune, _ = slack_bot.workers.housekeeping[0]
     await prune()  # the loop may have run it already; either way, once is enough
     async with sessions() as s:
-        assert (await s.scalars(select(m.SlackEvent.event_id))).all() == ["EvNew"]
+        assert (await s.scalars(select(m.Received.event_id))).all() == ["EvNew"]
 
 
 async def test_a_post_in_doubt_stays_in_doubt_when_the_look_is_refused(

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from agents.address import Address
+from agents.address import Address, Platform
 from bot.channels.incoming import CustomerMessage, Ignored
 from bot.slack.events import Policy, classify
 
@@ -20,7 +20,9 @@ def envelope(**event: Any) -> dict[str, Any]:
 
 def test_top_level_message_starts_a_conversation_keyed_on_team_channel_ts() -> None:
     message = classify(envelope(), POLICY)
-    assert message == CustomerMessage("T1", "C1", "100.000001", "100.000001", "U1", "hello", False, "T1")
+    assert message == CustomerMessage(
+        "T1", "C1", "100.000001", "100.000001", "U1", "hello", False, "T1", Platform.SLACK
+    )
     assert Address.parse(message.conversation_key) == Address("slack", "T1", "C1", "100.000001") == message.address
 
 

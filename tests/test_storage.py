@@ -63,3 +63,21 @@ async def test_migrations_match_models_and_downgrade_cleanly(server_url: str) ->
         assert tables == 0
         await asyncio.to_thread(migrate.upgrade, url)
         await engine.dispose()
+
+
+async def test_the_release_before_still_records_deliveries_during_a_deploy(server_url: str) -> None:
+    """Migration 0025 renamed `slack_events` to `received`: a process of the release before, still running while the
+    new one starts, records its deliveries as it always did, and they count for the new one too."""
+    async with throwaway_database(server_url, "helpdesk_rename") as url:
+        engine = create_async_engine(async_url(url))
+        old = (
+            "INSERT INTO slack_events (event_id, team_id, event_type, disposition)"
+            " VALUES (:id, 'T1', 'message', 'received') ON CONFLICT DO NOTHING RETURNING event_id"
+        )
+        async with engine.begin() as conn:
+            assert await conn.scalar(text(old), {"id": "Ev1"}) == "Ev1"
+            assert await conn.scalar(text(old), {"id": "Ev1"}) is None  # a retry is recognised
+            assert await conn.scalar(text("SELECT count(*) FROM received WHERE event_id = 'Ev1'")) == 1
+            await conn.execute(text("DELETE FROM slack_events WHERE event_id = 'Ev1'"))  # its pruning
+            assert await conn.scalar(text("SELECT count(*) FROM received")) == 0
+        await engine.dispose()

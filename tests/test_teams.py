@@ -16,8 +16,8 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.db import models as m
+from bot.compose import Bot
 from bot.playground.slack_emulator import SlackEmulator
-from bot.server import Bot
 from escalation.views import ACTION_CLAIM, ACTION_HAND_BACK
 from fakes.openai_server import FakeOpenAI, reply, slow, tool_call, tools
 from fakes.teams_api import Message, Op, TeamsEmulator
@@ -134,7 +134,7 @@ async def test_activities_without_a_valid_token_are_refused_and_change_nothing(
     sent = await th.personal(teams, "let me in", token=token)
     assert sent.status == 401
     await settle(sessions)
-    assert await count(sessions, m.Inbound) == 0 and await count(sessions, m.SlackEvent) == 0
+    assert await count(sessions, m.Inbound) == 0 and await count(sessions, m.Received) == 0
     assert not fake_llm.requests and not teams.posts(sent.conversation_id)
 
 

@@ -22,8 +22,8 @@ from microsoft_agents.authentication.msal import MsalAuth
 from microsoft_agents.hosting.core.authorization import AuthTypes
 
 from bot.cli import main
-from bot.server import teams_credentials
 from bot.settings import Settings, env_name, get_settings
+from bot.teams.wiring import teams_credentials
 from fakes.teams_api import TeamsEmulator
 from fakes.teams_identity import CONNECTOR_SCOPE, ENTRA_HOST
 from harness import teams as h

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from bot.compose import Bot
 from bot.playground.slack_emulator import SlackEmulator
-from bot.server import Bot
 from fakes.openai_server import FakeOpenAI
 from fakes.teams_api import TeamsEmulator
 from fakes.teams_identity import TokenKind

@@ -2,7 +2,7 @@
 
 A delivery says what is owed (post this text in this conversation's thread, add this reaction, post the case of
 escalation N for staff, relay this staff message to the customer, ...), not how a platform does it: the sender
-(`bot.delivery.outbox.OutboxSender`) makes the calls through each channel's messenger, and `escalation.render` renders
+(`bot.delivery.sender.OutboxSender`) makes the calls through each channel's messenger, and `escalation.render` renders
 what the staff side's messages show. Each delivery is written in the transaction that caused it (`enqueue`) and read
 back by the
 sender (`delivery_of`). A row's `kind` is its delivery's `kind`, spelled here and nowhere else.

@@ -205,10 +205,11 @@ class Refund(Base):
     created_at: Mapped[datetime] = _now()
 
 
-class SlackEvent(Base):
-    """Every Events API delivery accepted, by event_id: Slack's retries and duplicates are recognised here."""
+class Received(Base):
+    """Every delivery a channel made and the bot accepted, by its id (Slack's event_id, a slash command's or click's
+    trigger, a Teams activity's id): retries, replays and duplicates are recognised here."""
 
-    __tablename__ = "slack_events"
+    __tablename__ = "received"
 
     event_id: Mapped[str] = mapped_column(Text, primary_key=True)
     team_id: Mapped[str | None] = mapped_column(Text)
@@ -256,7 +257,7 @@ class Outbox(Base):
     """sent, skipped or given_up (`agents.db.deliveries.Outcome`); None while owed."""
     result_ts: Mapped[str | None] = mapped_column(Text)
     uploaded: Mapped[list[str] | None] = mapped_column(JSONB)
-    """A file relay's uploaded file ids, recorded before they are shared (`bot.delivery.outbox`): looked for, not
+    """A file relay's uploaded file ids, recorded before they are shared (`bot.delivery.shares`): looked for, not
     uploaded again, after an unknown outcome."""
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()

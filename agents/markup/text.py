@@ -15,7 +15,7 @@ shows `&`, which is the price).
 
 The words `@channel`, `@here` and `@everyone` typed as plain text notify nobody in a message posted through the Web
 API: Slack makes mentions of them only when the call sets `link_names` (or `parse=full`), and no call of ours does
-(chat.postMessage and chat.update in bot/delivery/outbox.py, the /support answers through response_url), so they are
+(chat.postMessage and chat.update in bot/delivery/sender.py, the /support answers through response_url), so they are
 left as
 written.
 

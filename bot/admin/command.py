@@ -1,5 +1,6 @@
-"""The `/support` listener: ack at once, check the caller is an admin, run the subcommand, answer ephemerally
-through the response_url, and record the attempt, refused ones included."""
+"""The `/support` commands, whichever channel brings them: check the caller is an admin, run the subcommand, and
+record the attempt, refused ones included. Each channel delivers and answers them its own way (`bot.slack.support`,
+`bot.teams.app`)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 import openai
-from slack_bolt.app.async_app import AsyncApp
-from slack_bolt.context.ack.async_ack import AsyncAck
-from slack_bolt.context.respond.async_respond import AsyncRespond
 
 from agents.agent import Roster
 from agents.knowledge.store import KnowledgeBase, KnowledgeStatus
@@ -39,16 +36,6 @@ class Invocation:
     team_domain: str | None
     """The workspace's subdomain, for links to messages."""
     text: str
-
-    @classmethod
-    def of(cls, command: dict[str, Any]) -> Invocation:
-        return cls(
-            str(command.get("user_id", "")),
-            command.get("channel_id"),
-            command.get("team_id"),
-            command.get("team_domain"),
-            str(command.get("text") or ""),
-        )
 
 
 def provider_probe(
@@ -224,15 +211,3 @@ class AdminCommands:
         except Exception as exc:
             log.warning("status: the database check failed", exc_info=True)
             return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-
-
-def register(app: AsyncApp, commands: AdminCommands, *, name: str = "/support") -> None:
-    @app.command(name)
-    async def support(ack: AsyncAck, command: dict[str, Any], respond: AsyncRespond) -> None:
-        # Ack first, empty: Slack's 3 seconds are for the ack; the answer follows on the response_url.
-        await ack()
-        reply = await commands.run(Invocation.of(command))
-        sent = await respond(text=reply.text, blocks=reply.blocks, response_type="ephemeral", replace_original=False)
-        if sent.status_code != 200:  # Slack refused the blocks: the answer still gets through, as plain text
-            log.warning("response_url refused the blocks (%s %s); sending text", sent.status_code, sent.body)
-            await respond(text=reply.text[:3000], response_type="ephemeral", replace_original=False)

@@ -227,7 +227,7 @@ def status_reply(
         f"*Database*\nok, {health.database_ms:.0f} ms",
         f"*LLM provider*\n{llm}\n{llm_recent}",
         knowledge_field(knowledge),
-        f"*Inbox*\n{backlog}; {health.unsent_outbox} Slack call(s) unsent",
+        f"*Inbox*\n{backlog}; {health.unsent_outbox} outbox call(s) unsent",
         f"*Escalations*\n{health.open_cases} open, {health.unclaimed_cases} unclaimed; staff channel "
         + (f"⚠️ {escape(staff_channel)}" if staff_channel else "ok"),
         f"*Paused*\n{pauses}",

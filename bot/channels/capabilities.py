@@ -35,6 +35,16 @@ class Capabilities:
     """Answers can be shown while the model writes them."""
 
 
+@dataclass(frozen=True)
+class ReplyStyle:
+    """How the bot shows its work where a channel lets it (the operator's choice of notice and reactions)."""
+
+    handoff_notice: str = "_Connecting you with {agent}…_"
+    """Shown to the customer on each handoff; `{agent}` is the agent's title. Empty: no notice."""
+    working_reaction: str = "eyes"
+    done_reaction: str = "white_check_mark"
+
+
 class Format(Protocol):
     def posts(self, body: str) -> list[str]:
         """Markdown (an agent's answer, a notice) as this channel shows it, nothing in it a mention or a disguised
@@ -57,17 +67,24 @@ class Channels:
     (tests', the playground's) belongs to the first channel given."""
 
     def __init__(self, channels: Iterable[Channel]) -> None:
-        self._by_platform = {channel.platform: channel for channel in channels}
+        # Platform is a StrEnum: a key's platform, read as a string, finds its channel.
+        self._by_platform: dict[str, Channel] = {channel.platform: channel for channel in channels}
         if not self._by_platform:
             raise ValueError("at least one channel")
         self.default = next(iter(self._by_platform.values()))
 
     def of(self, platform: Platform | str) -> Channel:
-        return self._by_platform.get(Platform(platform), self.default)
+        """The channel of a platform. One not registered here is shown as the default channel would show it (its
+        capabilities, its format); the sender has no messenger for it, and gives its rows up."""
+        return self._by_platform.get(platform, self.default)
+
+    def platform_of_key(self, key: str | None) -> str:
+        """The platform a conversation's key names (the default channel's for a key that names none)."""
+        address = Address.parse(key) if key else None
+        return address.platform if address is not None else self.default.platform
 
     def of_key(self, key: str | None) -> Channel:
-        address = Address.parse(key) if key else None
-        return self.of(address.platform) if address is not None else self.default
+        return self.of(self.platform_of_key(key))
 
     def __iter__(self) -> Iterator[Channel]:
         return iter(self._by_platform.values())

@@ -1,5 +1,5 @@
 """What arrives from either channel, as typed values: each edge (`bot.slack.events`, `bot.teams.events`) makes
-these, and the inbox and the case desk take them without knowing the platform."""
+these, and intake and the case desk take them without knowing the platform."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class CustomerMessage:
     is_dm: bool
     user_team: str
     """The writer's own workspace: another company's in a Slack Connect channel."""
-    platform: Platform = Platform.SLACK
+    platform: Platform
     name: str | None = None
     """The writer's name where the delivery carries it (Teams does; Slack's edge asks `users.info`)."""
     files: tuple[FileRef, ...] = ()
@@ -66,9 +66,9 @@ class StaffReply:
     user: str
     text: str
     team: str
+    platform: Platform
     user_team: str | None = None
     """The author's organisation where the message says (Slack Connect), to compare with ours."""
-    platform: Platform = Platform.SLACK
     name: str | None = None
     files: tuple[FileRef, ...] = ()
     """Relayed to the customer with the words; a message of files alone is relayed too."""

@@ -1,10 +1,9 @@
 """What the outbox's sender needs of a chat platform: a few calls, and one way of saying "refused".
 
-The sender (`bot.delivery.outbox.OutboxSender`) owns the policy (order, leases, attempts, backoff, give-ups,
-exactly-once);
-a `Messenger` only makes a platform's API calls: `bot.slack.messenger` for Slack's Web API, `bot.teams.messenger`
-for the Bot Connector. A messenger raises `Refused` when the platform answered that it did not do the call (so
-trying again can post nothing twice); any other exception means the outcome is unknown.
+The sender (`bot.delivery.sender.OutboxSender`) owns the policy (order, leases, attempts, backoff, give-ups,
+exactly-once); a `Messenger` only makes a platform's API calls: `bot.slack.messenger` for Slack's Web API,
+`bot.teams.messenger` for the Bot Connector. A messenger raises `Refused` when the platform answered that it did not
+do the call (so trying again can post nothing twice); any other exception means the outcome is unknown.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from datetime import datetime
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from agents.address import Platform
+from agents.attachments import FileRef
 from escalation.views import Message
 
 
@@ -38,16 +38,14 @@ class Refused(Exception):
 
 class Messenger(Protocol):
     platform: Platform
-    can_look: bool
-    """Whether `find` can tell if a post went out: Slack can (message metadata); Teams cannot (the Bot Connector
-    API reads no messages back), so a Teams post whose outcome is unknown is never posted again."""
 
     async def post(self, where: Where, message: Message, *, outbox_id: int) -> str:
         """Post; returns the new message's id."""
         ...
 
     async def find(self, where: Where, *, outbox_id: int, since: datetime) -> str | None:
-        """The id of the post carrying `outbox_id`, if the platform has it (only called where `can_look`)."""
+        """The id of the post carrying `outbox_id`, if the platform has it (only called where the channel
+        `finds_posts`)."""
         ...
 
     async def update(self, where: Where, message_id: str, message: Message) -> None:
@@ -86,4 +84,22 @@ class FileSharing(Protocol):
 
     async def find_share(self, where: Where, file_ids: list[str]) -> str | None:
         """The message that shares these files in `where`, if there is one (after an unknown outcome)."""
+        ...
+
+
+class FileFetcher(Protocol):
+    """Reads a channel's files again (Slack's), so that a file relay can share them in another message."""
+
+    @property
+    def max_bytes(self) -> int:
+        """Larger files are not fetched."""
+        ...
+
+    def too_big(self, ref: FileRef) -> bool:
+        """Larger than `max_bytes`, as the platform declared it."""
+        ...
+
+    async def fetch(self, ref: FileRef) -> bytes | None:
+        """The file's bytes; None when it turns out larger than `max_bytes`. Raises `Unreadable`
+        (`agents.knowledge.readers`) when the platform does not give it, anything else when the download fails."""
         ...

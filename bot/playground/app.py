@@ -24,10 +24,11 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from pydantic import BaseModel, Field, SecretStr, ValidationError
 
+from bot.compose import Bot, running_bot
 from bot.declaration.build import declared, test_customer
 from bot.playground.slack_emulator import DeliveryResult, Msg, SlackEmulator
 from bot.playground.state import recent_conversations
-from bot.server import Bot, running_bot, until_signalled, web_app
+from bot.server import until_signalled, web_app
 from bot.settings import Settings
 
 log = logging.getLogger(__name__)

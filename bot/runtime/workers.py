@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 import asyncpg  # type: ignore[import-untyped]
 
@@ -21,10 +22,10 @@ from agents.conversations import Conversations, MessageResult
 from agents.db.notify import SENDS, TURNS
 from agents.db.url import libpq_dsn
 from agents.leases import Lease, LeaseLost
+from agents.loop import Event
 from bot import tracing
-from bot.delivery.outbox import OutboxSender
+from bot.delivery.sender import OutboxSender
 from bot.metrics import Metrics
-from bot.slack.ai_status import SlackStatus
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,47 @@ class Wakeups:
                     await conn.close()
 
 
+class TurnProgress(Protocol):
+    """One leased run of a conversation's turns, shown while it works."""
+
+    async def on_event(self, event: Event) -> None: ...
+
+    def finish(self, results: Sequence[MessageResult]) -> None:
+        """After the run: clear what no reply will."""
+        ...
+
+
+class Progress(Protocol):
+    """What shows a turn's progress where the channel can (Slack's AI status, `bot.slack.ai_status`)."""
+
+    def turn(self) -> TurnProgress: ...
+
+    async def drain(self) -> None:
+        """Let the last updates go out before the process stops."""
+        ...
+
+
+class Doorbell:
+    """What wakes this process's workers: rung by what queues work here (intake storing a message, the case desk
+    changing a case) and, through NOTIFY, by the other processes. It exists before the workers, so everything that
+    rings it can be built first."""
+
+    def __init__(self) -> None:
+        self.turns = asyncio.Event()
+        self.sends = asyncio.Event()
+
+    def ring_turns(self) -> None:
+        # Left set until the dispatcher looks for work, so a ring while it is busy is not lost.
+        self.turns.set()
+
+    def ring_sender(self) -> None:
+        self.sends.set()
+
+    def ring_all(self) -> None:
+        self.ring_turns()
+        self.ring_sender()
+
+
 class Workers:
     def __init__(
         self,
@@ -141,7 +183,8 @@ class Workers:
         listen_url: str | None = None,
         housekeeping: list[tuple[Callable[[], Awaitable[object]], float]] | None = None,
         enabled: bool = True,
-        status: SlackStatus | None = None,
+        status: Progress | None = None,
+        doorbell: Doorbell | None = None,
     ) -> None:
         self.conversations = conversations
         self.sender = sender
@@ -150,8 +193,8 @@ class Workers:
         """Conversations this process runs at once; independent of the connection pool, since no turn holds a
         connection while its model answers."""
         self.poll_s = poll_s
-        self._turns = asyncio.Event()
-        self._sends = asyncio.Event()
+        self.doorbell = doorbell or Doorbell()
+        self._turns, self._sends = self.doorbell.turns, self.doorbell.sends
         self.wakeups = Wakeups(listen_url, {TURNS: self.wake_turns, SENDS: self.wake_sender})
         self.housekeeping = housekeeping or []
         """Periodic jobs and their period in seconds (event-id pruning, case reminders)."""
@@ -164,22 +207,20 @@ class Workers:
         are woken by the database (NOTIFY)."""
         self.ready = False
         self.status = status
-        """Shows Slack's AI status while a turn works; None: only the reactions do."""
+        """Shows a turn's progress while it works (Slack's AI status); None: the reactions or typing alone do."""
 
     @property
     def in_flight(self) -> int:
         return len(self._running)
 
     def wake_turns(self) -> None:
-        # Left set until the dispatcher looks for work, so a wake-up while it is busy is not lost.
-        self._turns.set()
+        self.doorbell.ring_turns()
 
     def wake_all(self) -> None:
-        self.wake_turns()
-        self.wake_sender()
+        self.doorbell.ring_all()
 
     def wake_sender(self) -> None:
-        self._sends.set()
+        self.doorbell.ring_sender()
 
     async def start(self) -> None:
         if not self.enabled:

@@ -1,9 +1,9 @@
 """The Bolt app: Bolt verifies signatures (5-minute window), answers url_verification and drops the bot's
-own events; one middleware then stores each event in the durable inbox and acknowledges it."""
+own events; one middleware then classifies each event (`bot.slack.events`), hands it to intake
+(`bot.channels.intake`), which stores it, and acknowledges it."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
@@ -27,9 +27,8 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agents.identity import Author
-from bot.channels.incoming import ACK_WITHIN_S, CASE_ACTIONS, CaseAction
-from bot.channels.intake import Inbox
+from bot.channels.incoming import CustomerMessage, sanitised
+from bot.channels.intake import Intake, Writer
 from bot.csat import ACTION_PREFIX as CSAT_PREFIX
 from bot.csat import (
     COMMENT_BLOCK,
@@ -42,10 +41,9 @@ from bot.csat import (
     csat_comment_of,
 )
 from bot.feedback import ACTION_FEEDBACK, Feedback, feedback_click_of
-from bot.slack.events import case_action_of, trigger_of
+from bot.slack.events import Policy, case_action_of, classify, delivery_of, trigger_of
 from bot.slack.home import Home
-from bot.staff import ACTION_REFUSED, Member, StaffGate, Standing, refusal
-from escalation.desk import ActionResult, CaseDesk
+from bot.staff import Member, Standing
 from escalation.views import Person
 
 log = logging.getLogger(__name__)
@@ -72,12 +70,10 @@ def slack_client(*, token: str, base_url: str, timeout_s: int = 30, idempotent_o
 
 
 class SlackDirectory:
-    """People, user groups and links as Slack has them: for what escalation renders (`escalation.render.Directory`),
-    the authors the inbox stores (`bot.channels.intake.People`) and who counts as staff or admin
-    (`bot.staff.Members`). Reads
-    only, so the client may retry. Answers are
-    cached briefly: a guest made a full member, or someone removed from the staff group, counts as such within
-    `cache_s`."""
+    """People, user groups and links as Slack has them: for what escalation renders (`escalation.render.Directory`,
+    through `bot.channels.directories`), who wrote a customer's message (`bot.channels.intake.Writers`) and who
+    counts as staff or admin (`bot.staff.Members`). Reads only, so the client may retry. Answers are cached briefly:
+    a guest made a full member, or someone removed from the staff group, counts as such within `cache_s`."""
 
     def __init__(self, client: AsyncWebClient, *, cache_s: float = 300.0) -> None:
         self.client = client
@@ -105,30 +101,24 @@ class SlackDirectory:
         details = profile.get("profile") or {}
         return Person(_name_of(profile) or user, details.get("image_192") or details.get("image_72"))
 
-    async def identify(self, author: Author) -> Author:
-        try:
-            profile = await self._user(author.user)
-        except Exception:  # Slack unreachable: stored with the signed ids alone
-            return author
-        if profile is None:
-            return author
-        # The email is in the profile only with the users:read.email scope, and not for every external user; it
-        # counts once Slack says its owner confirmed it (whose organisation vouches for it is the inbox's call).
-        email = (profile.get("profile") or {}).get("email") if profile.get("is_email_confirmed") else None
-        return replace(author, name=_name_of(profile), email=str(email) if email else None)
+    async def writer(self, message: CustomerMessage) -> Writer | None:
+        """The profile's email counts only when Slack says its owner confirmed it (`is_email_confirmed`, which the
+        writer's own workspace sets); it is in the profile only with the users:read.email scope, and not for every
+        external user. The organisation that vouches for it is the writer's as staff detection decides it: our
+        workspace unless Slack shows them as external, since a Slack Connect user's profile is their
+        organisation's to write."""
+        found = await self._user(message.user)
+        if found is None:
+            return None
+        member = _member_of(message.user, found)
+        email = (found.get("profile") or {}).get("email") if found.get("is_email_confirmed") else None
+        author = replace(message.author, name=_name_of(found), email=str(email) if email else None)
+        organisation = member.team if member.outsider(message.team) == Standing.EXTERNAL else message.team
+        return Writer(author, organisation=organisation, ours=message.team, member=member)
 
     async def member(self, user: str) -> Member | None:
         found = await self._user(user)
-        if found is None:
-            return None
-        flag = {key: bool(found.get(key)) for key in _MEMBER_FLAGS}
-        return Member(
-            user,
-            found.get("team_id"),
-            guest=flag["is_restricted"] or flag["is_ultra_restricted"],
-            stranger=flag["is_stranger"],
-            admin=flag["is_admin"] or flag["is_owner"] or flag["is_primary_owner"],
-        )
+        return None if found is None else _member_of(user, found)
 
     async def usergroup(self, group: str) -> frozenset[str]:
         """The group's members; empty when Slack refuses (a wrong id, a missing scope), so nobody passes."""
@@ -143,6 +133,10 @@ class SlackDirectory:
         self._groups[group] = (time.monotonic(), members)
         return members
 
+    def owns(self, value: str) -> bool:
+        """Slack's ids (`U…`, `C…`, `T…`) never hold a colon."""
+        return ":" not in value
+
     async def permalink(self, channel: str, message: str) -> str | None:
         try:
             found = await self.client.chat_getPermalink(channel=channel, message_ts=message)
@@ -155,6 +149,17 @@ def _name_of(profile: Mapping[str, Any]) -> str | None:
     details = profile.get("profile") or {}
     name = details.get("real_name") or profile.get("real_name") or details.get("display_name")
     return str(name) if name else None
+
+
+def _member_of(user: str, found: Mapping[str, Any]) -> Member:
+    flag = {key: bool(found.get(key)) for key in _MEMBER_FLAGS}
+    return Member(
+        user,
+        found.get("team_id"),
+        guest=flag["is_restricted"] or flag["is_ultra_restricted"],
+        stranger=flag["is_stranger"],
+        admin=flag["is_admin"] or flag["is_owner"] or flag["is_primary_owner"],
+    )
 
 
 _MEMBER_FLAGS = ("is_restricted", "is_ultra_restricted", "is_stranger", "is_admin", "is_owner", "is_primary_owner")
@@ -197,18 +202,37 @@ class Authorisation:
         return self._result
 
 
+class SlackPresser:
+    """The colleague who pressed a case button, as Slack answers them: the ack, then words for them alone
+    (ephemeral, through the response_url)."""
+
+    HELD = "The bot is finishing a reply in that conversation; your action follows as soon as it is done."
+
+    def __init__(self, ack: AsyncAck, respond: AsyncRespond) -> None:
+        self.ack, self.respond = ack, respond
+
+    async def answer(self, *, held: bool) -> None:
+        await self.ack()
+        if held:
+            await self.tell(self.HELD)
+
+    async def tell(self, words: str) -> None:
+        await self.respond(text=words, response_type="ephemeral", replace_original=False)
+
+
 def build_app(
     *,
     client: AsyncWebClient,
     authorisation: Authorisation,
     signing_secret: str,
-    inbox: Inbox,
-    desk: CaseDesk,
-    staff: StaffGate,
+    intake: Intake,
+    policy: Policy,
+    directory: SlackDirectory,
     feedback: Feedback | None = None,
     csat: Csat | None = None,
     home: Home | None = None,
 ) -> AsyncApp:
+    """The Bolt app: intake's two middlewares, then a listener per feature the bot was given."""
 
     async def authorize() -> AuthorizeResult:  # bolt passes the arguments a function names: none here
         return await authorisation.result()
@@ -218,49 +242,27 @@ def build_app(
         base_url=client.base_url, timeout=client.timeout, retry_handlers=list(client.retry_handlers)
     )
     app = AsyncApp(client=bolt_client, signing_secret=signing_secret, authorize=authorize)
+    # Every listener is there even for a feature not given: its clicks and events are acknowledged, never left to
+    # Bolt's "unhandled request" (an error icon on an old button).
+    listen_for_cases(app, intake)
+    listen_for_feedback(app, feedback)
+    listen_for_csat(app, csat)
+    listen_for_home(app, home)
+    store_first(app, intake, policy, directory)
+    return app
 
-    async def act(action: CaseAction) -> ActionResult:
-        try:
-            standing = await staff.standing(action.user, team=action.team, user_team=action.user_team)
-        except Exception:
-            log.warning("could not check whether %s is staff", action.user, exc_info=True)
-            return ActionResult(False, "Slack did not say whether you are on the support team; please try again.")
-        if standing != Standing.STAFF:
-            log.warning("case action %s by %s refused: %s", action.action_id, action.user, standing)
-            return ActionResult(False, refusal(standing, doing=ACTION_REFUSED))
-        return await desk.act(
-            escalation_id=action.escalation_id,
-            action=CASE_ACTIONS[action.action_id],
-            user=action.user,
-            channel=action.channel,
-        )
 
+def listen_for_cases(app: AsyncApp, intake: Intake) -> None:
     @app.action(re.compile("^case_"))
     async def case_button(ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond) -> None:
         action = case_action_of(body)
-        if action is None or action.action_id not in CASE_ACTIONS:
+        if action is None:
             await ack()
             return
-        # Usually the change is made before the ack, and Slack shows the button as handled. It waits for a running
-        # turn of the conversation (its lease), which may take longer than Slack's 3 s: then the ack goes first
-        # and the case message is updated through the outbox once the change is made.
-        change = asyncio.create_task(act(action))
-        done, _ = await asyncio.wait({change}, timeout=ACK_WITHIN_S)
-        await ack()
-        if not done:
-            await respond(
-                text="The bot is finishing a reply in that conversation; your action follows as soon as it is done.",
-                response_type="ephemeral",
-                replace_original=False,
-            )
-        try:
-            result = await change
-        except Exception:
-            log.exception("case action failed")
-            result = ActionResult(False, "That did not work (the conversation stayed busy); please try again.")
-        if not result.ok:
-            await respond(text=result.message, response_type="ephemeral", replace_original=False)
+        await intake.act(action, ours=action.team, presser=SlackPresser(ack, respond))
 
+
+def listen_for_feedback(app: AsyncApp, feedback: Feedback | None) -> None:
     @app.action(ACTION_FEEDBACK)
     async def answer_feedback(ack: AsyncAck, body: dict[str, Any]) -> None:
         await ack()  # Slack marks the button pressed itself: nothing to answer
@@ -272,6 +274,8 @@ def build_app(
         except Exception:
             log.exception("could not record feedback on %s %s", click.channel, click.message_ts)
 
+
+def listen_for_csat(app: AsyncApp, csat: Csat | None) -> None:
     @app.action(re.compile(f"^{CSAT_PREFIX}"))
     async def csat_rating(ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond, client: AsyncWebClient) -> None:
         await ack()
@@ -313,6 +317,8 @@ def build_app(
             log.warning("CSAT comment on case %s by %s not stored: %s", comment.escalation_id, comment.user, problem)
             await ack(response_action="errors", errors={COMMENT_BLOCK: problem})
 
+
+def listen_for_home(app: AsyncApp, home: Home | None) -> None:
     @app.event("app_home_opened")
     async def home_opened(event: dict[str, Any], body: dict[str, Any]) -> None:
         user = event.get("user")
@@ -322,6 +328,10 @@ def build_app(
             await home.publish(str(user), team=body.get("team_id"))
         except Exception:
             log.exception("could not publish the App Home of %s", user)
+
+
+def store_first(app: AsyncApp, intake: Intake, policy: Policy, directory: SlackDirectory) -> None:
+    """Slash commands and clicks acted on once; events stored (or known as duplicates) before Slack's ack."""
 
     @app.middleware
     async def once_per_trigger(
@@ -333,7 +343,7 @@ def build_app(
         if trigger is None:
             return await next()
         try:
-            first = await inbox.first_request(trigger)
+            first = await intake.first_request(trigger)
         except Exception:
             log.exception("could not record %s; answering 503", trigger.event_id)
             return BoltResponse(status=503, body="unavailable")
@@ -348,11 +358,13 @@ def build_app(
     ) -> BoltResponse:
         if req.body.get("type") != "event_callback" or (req.body.get("event") or {}).get("type") in DIRECT_EVENTS:
             return await next()
+        bot_user = req.context.bot_user_id
         try:
-            await inbox.accept(req.body, bot_user_id=req.context.bot_user_id)
+            envelope = sanitised(req.body)
+            delivery = delivery_of(envelope)
+            message = classify(envelope, policy if bot_user is None else replace(policy, bot_user_id=bot_user))
+            await intake.accept(delivery, message, writers=directory, ours=delivery.team_id)
         except Exception:
             log.exception("could not store event %s; answering 503 so Slack retries", req.body.get("event_id"))
             return BoltResponse(status=503, body="inbox unavailable")
         return BoltResponse(status=200, body="")
-
-    return app

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agents.address import DM
+from agents.address import DM, Platform
 from agents.attachments import FileRef
 from bot.channels.incoming import (
     CaseAction,
@@ -102,8 +102,9 @@ def _classify_staff(event: Mapping[str, Any], channel: str, team: str) -> Incomi
             text = str(message.get("text") or "").strip()
             own = message.get("user_team") or message.get("source_team") or message.get("team")
             files = files_of(message)
+            own_team = None if own is None else str(own)
             reply = StaffReply(
-                channel, thread, ts, str(message["user"]), text, team, None if own is None else str(own), files=files
+                channel, thread, ts, str(message["user"]), text, team, Platform.SLACK, own_team, files=files
             )
             return reply if text or files else Ignored("no text")
     return Ignored(f"staff channel subtype {subtype}")
@@ -146,7 +147,9 @@ def classify(envelope: Mapping[str, Any], policy: Policy) -> Incoming:
     thread_ts = DM if is_dm else event.get("thread_ts") or ts
     user_team = str(event.get("user_team") or team)
     shared = envelope.get("is_ext_shared_channel") is True and not is_dm
-    return CustomerMessage(team, channel, str(thread_ts), ts, user, text, is_dm, user_team, files=files, shared=shared)
+    return CustomerMessage(
+        team, channel, str(thread_ts), ts, user, text, is_dm, user_team, Platform.SLACK, files=files, shared=shared
+    )
 
 
 def files_of(event: Mapping[str, Any]) -> tuple[FileRef, ...]:

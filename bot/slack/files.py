@@ -17,10 +17,8 @@ import aiohttp
 
 from agents.attachments import Attachment, FileRef, Image
 
-# The readers are the knowledge base's too (manuals go through the same ones); `Unreadable` is re-exported for
-# the outbox, which relays files and meets it when Slack refuses one.
-from agents.knowledge.readers import ATTACHMENT_LIMITS, ReaderLimits, docx_text, pdf_text
-from agents.knowledge.readers import Unreadable as Unreadable
+# The readers are the knowledge base's too (manuals go through the same ones).
+from agents.knowledge.readers import ATTACHMENT_LIMITS, ReaderLimits, Unreadable, docx_text, pdf_text
 from bot.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -114,10 +112,14 @@ class SlackFiles:
                 read.append(await self._one(http, ref))
         return tuple(read)
 
+    @property
+    def max_bytes(self) -> int:
+        return self.limits.max_bytes
+
     async def fetch(self, ref: FileRef) -> bytes | None:
-        """A file's bytes, to relay it (`bot.delivery.outbox`); None when it is larger than the limit. Raises when
-        Slack does
-        not give it (`Unreadable`) or the download fails, so the relay is tried again later."""
+        """A file's bytes, to relay it (`bot.channels.messenger.FileFetcher`); None when it is larger than the
+        limit. Raises when Slack does not give it (`Unreadable`) or the download fails, so the relay is tried again
+        later."""
         if self.too_big(ref):
             return None
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as http:

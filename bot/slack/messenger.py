@@ -28,7 +28,6 @@ UPLOAD_TIMEOUT_S = 60.0
 
 class SlackMessenger:
     platform = Platform.SLACK
-    can_look = True
 
     def __init__(self, client: AsyncWebClient) -> None:
         self.client = client

@@ -10,8 +10,9 @@ the activity's `serviceUrl` (where the bot will send its own credentials when it
 come from the Teams channel (`channelId` "msteams", not Web Chat or Direct Line, whose users write what they like
 in `from` and `channelData`). The token is checked before the body is read: a stranger's body is never parsed.
 
-Identity: a member's email (or UPN) reaches the tools only when our tenant or a listed customer organisation
-(CUSTOMER_ORGANISATIONS) holds the account; another tenant's admins write their members' emails as they like.
+Identity: the Bot Connector's conversation member says who wrote (`TeamsMembers.writer`); intake
+(`bot.channels.intake`) keeps their email (or UPN) only when our tenant or a listed customer organisation
+(CUSTOMER_ORGANISATIONS) holds the account, since another tenant's admins write their members' emails as they like.
 """
 
 from __future__ import annotations
@@ -32,15 +33,14 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.address import is_teams_id
-from agents.identity import Author, vouched
+from agents.identity import Author
 from bot.admin.command import AdminCommands, Invocation
-from bot.channels.incoming import ACK_WITHIN_S, CASE_ACTIONS, CaseAction, CustomerMessage, StaffReply, sanitised
-from bot.channels.intake import IDENTIFY_WITHIN_S, STAFF_CHECK_S, Inbox
+from bot.channels.incoming import ACK_WITHIN_S, CaseAction, CustomerMessage, sanitised
+from bot.channels.intake import Intake, Writer
 from bot.channels.messenger import Where
-from bot.staff import ACTION_REFUSED, Member, StaffGate, Standing, refusal
+from bot.staff import Member
 from bot.teams.events import AdminMessage, Parsed, TeamsPolicy, parse
 from bot.teams.messenger import BOT_FRAMEWORK, ServiceUrls, TeamsMessenger
-from escalation.desk import CaseDesk
 from escalation.views import Message, Person
 
 log = logging.getLogger(__name__)
@@ -85,11 +85,12 @@ class TeamsAuth:
 
 
 class TeamsPeople:
-    """Teams' directory for the inbox and the staff gate: a conversation's member (name, email, tenant, whether a
-    guest), briefly cached. Reads only."""
+    """Teams' directory for intake and the staff gate: a conversation's member (name, email, tenant, whether a
+    guest), briefly cached. Reads only. `tenant`: ours."""
 
-    def __init__(self, messenger: TeamsMessenger, *, cache_s: float = 300.0) -> None:
+    def __init__(self, messenger: TeamsMessenger, *, tenant: str, cache_s: float = 300.0) -> None:
         self.messenger = messenger
+        self.tenant = tenant
         self.cache_s = cache_s
         self._members: dict[tuple[str, str], tuple[float, Mapping[str, Any] | None]] = {}
 
@@ -116,10 +117,24 @@ class TeamsPeople:
 
 @dataclass
 class TeamsMembers:
-    """`bot.staff.Members` for one conversation (the staff channel, where colleagues write)."""
+    """One conversation's members: `bot.staff.Members` for the staff channel, where colleagues write, and
+    `bot.channels.intake.Writers` for the conversation an activity came from."""
 
     people: TeamsPeople
     conversation: str
+
+    async def writer(self, message: CustomerMessage) -> Writer | None:
+        found = await self.people.lookup(self.conversation, message.user)
+        if found is None:
+            return None
+        # The Bot Connector says which tenant holds the account (the activity may name only the conversation's).
+        tenant = found.get("tenantId")
+        email = found.get("email") or found.get("userPrincipalName")
+        author = message.author
+        named = Author(
+            author.platform, tenant or author.workspace, author.user, found.get("name") or author.name, email or None
+        )
+        return Writer(named, organisation=tenant, ours=self.people.tenant)
 
     async def member(self, user: str) -> Member | None:
         found = await self.people.lookup(self.conversation, user)
@@ -134,7 +149,7 @@ class TeamsMembers:
 
 class TeamsDirectory:
     """Names and links for what escalation renders about Teams people: the name their last message carried
-    (Teams sends it with each activity, and the inbox stores it), and Teams' deep link to a channel message."""
+    (Teams sends it with each activity, and intake stores it), and Teams' deep link to a channel message."""
 
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self.sessions = sessions
@@ -150,28 +165,30 @@ class TeamsDirectory:
             )
         return Person(str(name) if name else user)
 
+    def owns(self, value: str) -> bool:
+        return is_teams_id(value)
+
     async def permalink(self, channel: str, message: str) -> str | None:
         if not channel.startswith("19:") or not message:
             return None
         return f"https://teams.microsoft.com/l/message/{channel}/{message}"
 
 
-class EitherDirectory:
-    """`escalation.render.Directory` over both platforms: a case can show a Teams customer to Slack staff."""
+class TeamsPresser:
+    """The colleague who pressed a case card's button, as Teams answers them: the activity's answer is Teams' own,
+    and words for them alone come as a direct message."""
 
-    def __init__(self, *, slack: Any, teams: TeamsDirectory | None) -> None:
-        self.slack, self.teams = slack, teams
+    def __init__(self, messenger: TeamsMessenger, user: str) -> None:
+        self.messenger, self.user = messenger, user
 
-    def _for(self, value: str) -> Any:
-        return self.teams if self.teams is not None and (is_teams_id(value) or self.slack is None) else self.slack
+    async def answer(self, *, held: bool) -> None:
+        pass  # the edge's HTTP answer is the acknowledgement
 
-    async def person(self, user: str) -> Person:
-        directory = self._for(user)
-        return Person(user) if directory is None else await directory.person(user)
-
-    async def permalink(self, channel: str, message: str) -> str | None:
-        directory = self._for(channel)
-        return None if directory is None else await directory.permalink(channel, message)
+    async def tell(self, words: str) -> None:
+        try:
+            await self.messenger.direct(self.user, words)
+        except Exception:
+            log.warning("could not tell %s: %s", self.user, words, exc_info=True)
 
 
 class TeamsEdge:
@@ -180,22 +197,18 @@ class TeamsEdge:
         *,
         policy: TeamsPolicy,
         auth: TeamsAuth,
-        inbox: Inbox,
+        intake: Intake,
         urls: ServiceUrls,
         messenger: TeamsMessenger,
         people: TeamsPeople,
-        staff: StaffGate,
-        desk: CaseDesk,
         admin: AdminCommands | None,
     ) -> None:
         self.policy = policy
         self.auth = auth
-        self.inbox = inbox
+        self.intake = intake
         self.urls = urls
         self.messenger = messenger
         self.people = people
-        self.staff = staff
-        self.desk = desk
         self.admin = admin
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -238,27 +251,23 @@ class TeamsEdge:
             await self.urls.remember(parsed.conversation, parsed.tenant, parsed.service_url)
         incoming, delivery = parsed.incoming, parsed.delivery
         match incoming:
-            case CustomerMessage():
-                author = await self._identify(parsed.conversation, incoming)
-                return await self.inbox.take(delivery, incoming, author=author, continues_only=parsed.continues_only)
-            case StaffReply():
-                async with asyncio.timeout(STAFF_CHECK_S):
-                    standing = await self.staff.standing(
-                        incoming.user, team=self.policy.tenant, user_team=incoming.user_team
-                    )
-                return await self.inbox.take(delivery, incoming, standing=standing)
             case CaseAction():
-                if await self.inbox.first_request(delivery):
+                if await self.intake.first_request(delivery):
                     # Usually done before Teams gets its answer, as Slack's buttons are; a running turn of the
                     # conversation can hold it longer, and then it finishes afterwards.
-                    await asyncio.wait({self._later(self._act(incoming))}, timeout=ACK_WITHIN_S)
+                    presser = TeamsPresser(self.messenger, incoming.user)
+                    acting = self.intake.act(incoming, ours=self.policy.tenant, presser=presser)
+                    await asyncio.wait({self._later(acting)}, timeout=ACK_WITHIN_S)
                 return "case action"
             case AdminMessage():
-                if await self.inbox.first_request(delivery):
+                if await self.intake.first_request(delivery):
                     self._later(self._admin(incoming, parsed))
                 return "admin command"
             case _:
-                return await self.inbox.take(delivery, incoming)
+                writers = self.people.in_conversation(parsed.conversation)
+                return await self.intake.accept(
+                    delivery, incoming, writers=writers, ours=self.policy.tenant, continues_only=parsed.continues_only
+                )
 
     def _later(self, work: Awaitable[None]) -> asyncio.Task[None]:
         """Acted on after Teams' answer, as Slack's buttons and commands are; kept referenced until done."""
@@ -274,43 +283,6 @@ class TeamsEdge:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _identify(self, conversation: str, message: CustomerMessage) -> Author:
-        author = message.author
-        try:
-            async with asyncio.timeout(IDENTIFY_WITHIN_S):
-                member = await self.people.lookup(conversation, message.user)
-        except Exception as exc:  # a slow or failing Bot Connector never costs a customer's message
-            log.warning("no profile for %s (%r): stored with the name the activity carried", message.user, exc)
-            return author
-        if member is None:
-            return author
-        # The Bot Connector says which tenant holds the account (the activity may name only the conversation's).
-        tenant = member.get("tenantId")
-        email = member.get("email") or member.get("userPrincipalName")
-        found = Author(
-            author.platform, tenant or author.workspace, author.user, member.get("name") or author.name, email or None
-        )
-        return vouched(found, organisation=tenant, ours=self.policy.tenant, customers=self.inbox.customer_organisations)
-
-    async def _act(self, action: CaseAction) -> None:
-        kind = CASE_ACTIONS.get(action.action_id)
-        if kind is None:
-            return
-        try:
-            standing = await self.staff.standing(action.user, team=self.policy.tenant, user_team=action.user_team)
-        except Exception:
-            log.warning("could not check whether %s is staff", action.user, exc_info=True)
-            standing = Standing.UNKNOWN
-        if standing != Standing.STAFF:
-            log.warning("case action %s by %s refused: %s", action.action_id, action.user, standing)
-            await self._tell(action.user, refusal(standing, doing=ACTION_REFUSED))
-            return
-        result = await self.desk.act(
-            escalation_id=action.escalation_id, action=kind, user=action.user, channel=action.channel
-        )
-        if not result.ok:
-            await self._tell(action.user, result.message)
-
     async def _admin(self, message: AdminMessage, parsed: Parsed) -> None:
         if self.admin is None:
             return
@@ -321,12 +293,6 @@ class TeamsEdge:
         reply = await self.admin.run(call)
         answer = Message(reply.text, blocks=reply.blocks)
         await self.messenger.post(Where(message.conversation, None), answer, outbox_id=0)
-
-    async def _tell(self, user: str, words: str) -> None:
-        try:
-            await self.messenger.direct(user, words)
-        except Exception:
-            log.warning("could not tell %s: %s", user, words, exc_info=True)
 
 
 def _refused(exc: Unauthorized) -> web.Response:

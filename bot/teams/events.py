@@ -199,6 +199,6 @@ def _staff(
                 return Ignored("no text")
             own = _get(body, "from", "tenantId") or tenant
             return StaffReply(
-                channel, root, message_id, user, text, str(tenant), own, Platform.TEAMS, _get(body, "from", "name")
+                channel, root, message_id, user, text, str(tenant), Platform.TEAMS, own, _get(body, "from", "name")
             )
     return Ignored(f"staff channel activity {kind}")

@@ -3,7 +3,8 @@ Microsoft 365 Agents SDK's client (`ConnectorClient`) and its client credentials
 
 What Teams allows, and so what this promises: a post is answered with its id, or refused (429, 4xx), or its
 outcome is unknown (5xx other than 503, a lost answer). The Bot Connector API reads no messages back, so an unknown
-outcome cannot be looked up (`can_look` is False): the sender never posts it again (see `bot.delivery.outbox`).
+outcome cannot be looked up (`finds_posts` is False in `bot.teams.channel`): the sender never posts it again (see
+`bot.delivery.sender`).
 """
 
 from __future__ import annotations
@@ -99,7 +100,6 @@ class ServiceUrls:
 
 class TeamsMessenger:
     platform = Platform.TEAMS
-    can_look = False
 
     def __init__(
         self, *, credentials: AccessTokenProviderBase, urls: ServiceUrls, tenant: str, bot_id: str, bot_name: str

@@ -1,0 +1,233 @@
+"""What the sender records of the outbox's rows, each write in a short statement of its own: a conversation's send
+lease, a post's attempt before it is sent, the post's id claimed for its row, the row's outcome. Writes that are
+valid only while this sender holds the conversation's lease say so in their SQL (`HOLDING_SEND_LEASE`), so that a
+sender that lost it (crashed, frozen, starved) changes nothing another one has gone on with."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import func, select, text, update
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from agents.db import models as m
+from agents.db.deliveries import AddReaction, Delivery, Outcome, RelayToCustomer, RemoveReaction, enqueue
+from bot.channels.messenger import Where
+
+log = logging.getLogger(__name__)
+
+FETCH_AHEAD = 20
+"""Rows of one conversation read at once (in order; only this sender, holding the lease, sends them)."""
+HOLDING_SEND_LEASE = "EXISTS (SELECT FROM send_leases WHERE conversation_id = :k AND owner = :o AND until > now())"
+"""A write by a sender (`:o`) that is valid only while it holds the conversation's (`:k`) send lease."""
+_CLAIM = text(
+    "UPDATE outbox SET result_ts = :ts WHERE id = :id AND (result_ts IS NULL OR result_ts = :ts) RETURNING id"
+)
+_CLAIM_AND_DONE = text(
+    "UPDATE outbox SET result_ts = :ts, done_at = coalesce(done_at, now()), "
+    f"outcome = coalesce(outcome, '{Outcome.SENT}') "
+    "WHERE id = :id AND (result_ts IS NULL OR result_ts = :ts) RETURNING id"
+)
+"""A post's id claimed for its row (`Ledger.claim`); the second also marks the row sent, unless it already ended."""
+_DUE_CONVERSATIONS = text(
+    """
+    SELECT head.conversation_id, conversations.key FROM (
+        SELECT DISTINCT ON (conversation_id) conversation_id, id, next_attempt_at
+        FROM outbox WHERE done_at IS NULL ORDER BY conversation_id, id
+    ) head LEFT JOIN conversations ON conversations.id = head.conversation_id
+    WHERE head.next_attempt_at IS NULL OR head.next_attempt_at <= now()
+    ORDER BY head.id LIMIT 200
+    """
+)
+"""Conversations whose next row is due, oldest first, with their keys (which name the customer's platform): ones
+waiting out a backoff (their later rows wait behind it, in order) take no place in the batch, so a pile of them
+never starves a healthy conversation."""
+_SKIP_PAIRS = text(
+    f"""
+    UPDATE outbox SET done_at = now(), outcome = 'skipped', last_error = 'removed before it was added'
+    WHERE id = ANY(:ids) AND done_at IS NULL
+      AND (SELECT count(*) FROM outbox WHERE id = ANY(:ids) AND done_at IS NULL AND attempts = 0) = :n
+      AND {HOLDING_SEND_LEASE}
+    RETURNING id
+    """
+)
+
+
+class Ledger:
+    def __init__(self, *, engine: AsyncEngine, owner: str, lease_s: float) -> None:
+        self.engine = engine
+        self.owner = owner
+        self.lease_s = lease_s
+        """How long a send lease lasts unrenewed: a crashed sender's conversations wait this long."""
+
+    async def due(self) -> list[tuple[int | None, str | None]]:
+        """(conversation id, key) of each conversation whose next row is due."""
+        async with self.engine.connect() as conn:
+            return [(row.conversation_id, row.key) for row in await conn.execute(_DUE_CONVERSATIONS)]
+
+    async def unsent(self, conversation_id: int | None) -> Sequence[Row[Any]]:
+        """The conversation's next rows not done, in order."""
+        async with self.engine.connect() as conn:
+            return (
+                await conn.execute(
+                    select(m.Outbox)
+                    .where(m.Outbox.conversation_id.is_not_distinct_from(conversation_id))
+                    .where(m.Outbox.done_at.is_(None))
+                    .order_by(m.Outbox.id)
+                    .limit(FETCH_AHEAD)
+                )
+            ).all()
+
+    async def lease(self, key: int) -> bool:
+        """Claim (or renew) the send lease of one conversation's rows; False while another sender holds it."""
+        async with self.engine.begin() as conn:
+            got = await conn.scalar(
+                text(
+                    "INSERT INTO send_leases (conversation_id, owner, until) "
+                    "VALUES (:k, :o, now() + make_interval(secs => :ttl)) "
+                    "ON CONFLICT (conversation_id) DO UPDATE SET owner = :o, until = EXCLUDED.until "
+                    "WHERE send_leases.owner = :o OR send_leases.until < now() RETURNING conversation_id"
+                ),
+                {"k": key, "o": self.owner, "ttl": self.lease_s},
+            )
+        return got is not None
+
+    async def release(self, key: int) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                text("DELETE FROM send_leases WHERE conversation_id = :k AND owner = :o"), {"k": key, "o": self.owner}
+            )
+
+    async def without_pointless(self, rows: Sequence[Row[Any]], key: int) -> list[Row[Any]]:
+        """A working reaction not tried yet whose removal is already queued (the reply was faster than the
+        sender, as under load) is neither added nor removed: two calls nobody would see. Both rows are skipped
+        together or not at all, and only while this sender holds the conversation's send lease. What this gives
+        up: a sender killed between adding the reaction and recording it leaves that 👀 beside the ✅ (a
+        reaction's attempt is not recorded first, to keep it one statement)."""
+        pending_adds: dict[tuple[str, str | None, str | None], Row[Any]] = {}
+        pairs: list[int] = []
+        for row in rows:
+            place = (row.channel, row.target_ts, row.reaction)
+            if row.kind == AddReaction.kind and row.attempts == 0:
+                pending_adds[place] = row
+            elif row.kind == RemoveReaction.kind and (added := pending_adds.pop(place, None)) is not None:
+                pairs += [added.id, row.id]
+        if not pairs:
+            return list(rows)
+        async with self.engine.begin() as conn:
+            skipped = await conn.execute(_SKIP_PAIRS, {"ids": pairs, "n": len(pairs), "k": key, "o": self.owner})
+            if len(skipped.all()) != len(pairs):
+                return list(rows)
+        return [row for row in rows if row.id not in pairs]
+
+    async def attempt(self, row: Row[Any], key: int, *, uploaded: list[str] | None = None) -> bool:
+        """Record the attempt before a post, only while this sender still holds the lease and nobody else has
+        tried the row meanwhile: if the process dies waiting for the platform's answer, the next sender looks for
+        the post first. Changes are safe to repeat and need no such record (one commit fewer each)."""
+        async with self.engine.begin() as conn:
+            done = await conn.execute(
+                text(
+                    "UPDATE outbox SET attempts = attempts + 1, attempted_at = now(), "
+                    "uploaded = coalesce(CAST(:uploaded AS jsonb), uploaded) "
+                    f"WHERE id = :id AND done_at IS NULL AND attempts = :seen AND {HOLDING_SEND_LEASE} "
+                    "RETURNING id"
+                ),
+                {
+                    "id": row.id,
+                    "seen": row.attempts,
+                    "k": key,
+                    "o": self.owner,
+                    "uploaded": None if uploaded is None else json.dumps(uploaded),
+                },
+            )
+            return done.first() is not None
+
+    async def settled(self, row: Row[Any], key: int) -> None:
+        """This sender's attempt at a post was answered "not posted": the row is no longer in doubt (only while
+        this sender still holds the lease, so that no other sender's fresh attempt is forgotten)."""
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                text(
+                    f"UPDATE outbox SET attempted_at = NULL WHERE id = :id AND done_at IS NULL AND {HOLDING_SEND_LEASE}"
+                ),
+                {"id": row.id, "k": key, "o": self.owner},
+            )
+
+    async def still_ours(self, row: Row[Any], key: int) -> bool:
+        """Whether this sender still holds the lease and nobody has tried the row since its own attempt: then no
+        other sender can have posted it."""
+        async with self.engine.connect() as conn:
+            mine = await conn.scalar(
+                text(
+                    "SELECT id FROM outbox WHERE id = :id AND done_at IS NULL AND attempts = :n "
+                    f"AND {HOLDING_SEND_LEASE}"
+                ),
+                {"id": row.id, "n": row.attempts + 1, "k": key, "o": self.owner},
+            )
+        return mine is not None
+
+    async def claim(self, row: Row[Any], ts: str, *, done: bool) -> str | None:
+        """Record `ts` as this row's post (and, with `done`, the row as sent) unless another post is recorded for it
+        already: None when `ts` is the row's post now, else the post recorded first. One conditional statement, so
+        that two senders never both go on."""
+        async with self.engine.begin() as conn:
+            claimed = await conn.scalar(_CLAIM_AND_DONE if done else _CLAIM, {"id": row.id, "ts": ts})
+            if claimed is not None:
+                return None
+            first = await conn.scalar(select(m.Outbox.result_ts).where(m.Outbox.id == row.id))
+            assert first is not None, "a claim lost to no post"
+            return str(first)
+
+    async def done(self, row: Row[Any], outcome: Outcome, *, then: Sequence[Delivery] = (), **values: Any) -> Outcome:
+        """The row's outcome, with `then` queued in the same transaction."""
+        async with AsyncSession(self.engine) as s, s.begin():
+            await s.execute(
+                update(m.Outbox)
+                .where(m.Outbox.id == row.id, m.Outbox.done_at.is_(None))
+                .values(done_at=func.now(), outcome=str(outcome), **values)
+            )
+            await enqueue(s, then)
+        return outcome
+
+    async def backoff(self, row: Row[Any], error: str, *, delay: timedelta | None = None) -> None:
+        """Try again later, this try counted once: a post's attempt is recorded before it is sent, anything else
+        (a change, or a post that failed before its attempt, such as rendering it) is counted here."""
+        delay = delay or timedelta(seconds=min(2 ** (row.attempts + 1), 300))
+        log.warning("outbox row %s failed (%s); next try in %s", row.id, error, delay)
+        tried = func.greatest(m.Outbox.attempts, row.attempts + 1)
+        await self.mark(row.id, last_error=error, next_attempt_at=func.now() + delay, attempts=tried)
+
+    async def give_up(self, row: Row[Any], error: str, *, then: Sequence[Delivery] = ()) -> Outcome:
+        """The row failed for good: its own state (never counted as sent), with `then` queued in the same
+        transaction (what a person must hear instead)."""
+        log.error("outbox row %s (%s) given up: %s", row.id, row.kind, error)
+        return await self.done(row, Outcome.GIVEN_UP, last_error=error, then=then)
+
+    async def mark(self, row_id: int, **values: Any) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(m.Outbox).where(m.Outbox.id == row_id, m.Outbox.done_at.is_(None)).values(**values)
+            )
+
+    async def relayed_copy(self, source: str) -> tuple[Where, str, str | None] | None:
+        """Where the copy of a colleague's message is and its id, once it was posted, and the colleague."""
+        async with self.engine.connect() as conn:
+            copy = (
+                await conn.execute(
+                    select(m.Outbox.channel, m.Outbox.thread_ts, m.Outbox.result_ts, m.Outbox.author).where(
+                        m.Outbox.kind == RelayToCustomer.kind,
+                        m.Outbox.source_ts == source,
+                        m.Outbox.result_ts.is_not(None),
+                    )
+                )
+            ).first()
+        return None if copy is None else (Where(copy.channel, copy.thread_ts), copy.result_ts, copy.author)
+
+    async def conversation_key(self, conversation_id: int) -> str | None:
+        async with self.engine.connect() as conn:
+            return await conn.scalar(select(m.Conversation.key).where(m.Conversation.id == conversation_id))

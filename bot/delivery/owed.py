@@ -1,0 +1,110 @@
+"""What a turn owes the channels: its deliveries (`agents.db.deliveries`), queued by the engine's after_turn hook in
+the turn's own transaction, and written as the conversation's channel shows them."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from agents.address import Address
+from agents.agent import Roster
+from agents.conversations import ResultKind, TurnCommit
+from agents.db.deliveries import (
+    AddReaction,
+    Answer,
+    CasePost,
+    CaseUpdate,
+    Delivery,
+    FilesToCustomer,
+    FilesToStaff,
+    Post,
+    RelayToCustomer,
+    RelayToStaff,
+    RemoveReaction,
+    enqueue,
+)
+from agents.markup.limits import split_text
+from bot.channels.capabilities import Channel, Channels, ReplyStyle
+from escalation.policy import EscalationPolicy
+
+
+def posts(channel: Channel, *, conversation_id: int, address: Address, body: str) -> list[Post]:
+    """Markdown (a notice, an answer) as `channel` shows it, in as many posts as its length needs."""
+    return [Post(conversation_id, address.channel, address.thread, part) for part in channel.format.posts(body)]
+
+
+def answers(channel: Channel, *, conversation_id: int, address: Address, body: str) -> list[Post] | list[Answer]:
+    """An agent's answer: `Answer`s, kept as the model's Markdown and rendered when sent, where the channel renders
+    rich answers; elsewhere `posts`."""
+    if not channel.capabilities.rich_answers:
+        return posts(channel, conversation_id=conversation_id, address=address, body=body)
+    return [Answer(conversation_id, address.channel, address.thread, part) for part in split_text(body)]
+
+
+def turn_outbox(
+    roster: Roster,
+    style: ReplyStyle,
+    policy: EscalationPolicy,
+    *,
+    channels: Channels,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> Callable[[AsyncSession, TurnCommit], Awaitable[None]]:
+    """The engine's after_turn hook: what the channels should see of a turn (the customer's replies, the case for
+    staff, relays both ways), queued in the turn's own transaction."""
+
+    async def after_turn(s: AsyncSession, commit: TurnCommit) -> None:
+        address = Address.parse(commit.key)
+        if address is None:
+            return
+        customer = channels.of(address.platform)
+        channel, thread = address.channel, address.thread
+        cid, result, escalation_id = commit.conversation_id, commit.result, commit.result.escalation_id
+        owed: list[Delivery] = []
+        if style.handoff_notice:
+            for handoff in result.handoffs:
+                notice = style.handoff_notice.format(agent=roster.get(handoff.to_agent).title)
+                owed += posts(customer, conversation_id=cid, address=address, body=notice)
+        if result.kind == ResultKind.STAFF:
+            if escalation_id is not None:
+                source = commit.external_id
+                if commit.text.strip() or not commit.files:
+                    owed.append(
+                        RelayToCustomer(cid, escalation_id, channel, thread, commit.author, commit.text, source)
+                    )
+                if commit.files and source:
+                    owed.append(FilesToCustomer(cid, escalation_id, channel, thread, commit.author, source))
+                owed.append(CaseUpdate(cid, escalation_id))
+        elif result.reply and result.kind == ResultKind.REPLY:
+            owed += answers(customer, conversation_id=cid, address=address, body=result.reply)
+        elif result.reply:  # a notice: escalated, over a limit
+            owed += posts(customer, conversation_id=cid, address=address, body=result.reply)
+        if result.kind == ResultKind.ESCALATED and escalation_id is not None and policy.staff_channel:
+            if policy.hours is not None and not policy.hours.is_open(clock()):
+                notice = policy.off_hours_message.format(hours=policy.hours.label)
+                owed += posts(customer, conversation_id=cid, address=address, body=notice)
+            owed.append(CasePost(cid, escalation_id, policy.staff_channel))
+        if result.kind == ResultKind.HUMAN and escalation_id is not None and policy.staff_channel:
+            if commit.files and commit.external_id:  # the files, shared with the words
+                owed.append(FilesToStaff(cid, escalation_id, commit.author, commit.text, commit.external_id))
+            else:
+                owed.append(RelayToStaff(cid, escalation_id, commit.author, commit.text))
+        if result.kind == ResultKind.TAKEN_OVER and escalation_id is not None and policy.staff_channel:
+            # Staff learn of it from the case alone (posted, or showing its new owner); the words stay in the thread.
+            if result.escalation_reason is not None:  # opened for them
+                owed.append(CasePost(cid, escalation_id, policy.staff_channel))
+            else:
+                owed.append(CaseUpdate(cid, escalation_id))
+        # Without reactions, the "being handled" signal is the typing indicator, sent when the message is stored,
+        # and the reply itself ends it.
+        from_customer = result.kind not in (ResultKind.STAFF, ResultKind.TAKEN_OVER)
+        if commit.external_id and from_customer and customer.capabilities.reactions:
+            message = commit.external_id
+            if style.working_reaction:
+                owed.append(RemoveReaction(cid, channel, message, style.working_reaction))
+            if style.done_reaction and result.kind not in (ResultKind.HUMAN, ResultKind.LIMITED):  # not answered (yet)
+                owed.append(AddReaction(cid, channel, message, style.done_reaction))
+        await enqueue(s, owed)
+
+    return after_turn
