@@ -78,6 +78,9 @@ class LoopConfig:
     """Run the look-ups the customer's message calls for (`Agent.prefetch`) before the agent's first call; off,
     the model calls them itself."""
     texts: Texts = Texts()
+    stream: bool = True
+    """Ask the model to stream when someone listens to the turn's events: its words arrive as `TextDelta`s while it
+    writes (a preview the channel may show); the committed answer is the same either way."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,18 @@ class TurnStarted:
     """An agent began working on the customer's message (before its first model call)."""
 
     agent: str
+    asker: Author | None = None
+    """Who wrote the message, as the platform vouched (a channel streams the answer to them)."""
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """Words of a model call as they arrive: a preview. `call` numbers the turn's model calls, so that text a call
+    wrote before asking for tools can be told from the next call's. The answer of record is the turn's `Reply`."""
+
+    agent: str
+    text: str
+    call: int
 
 
 @dataclass(frozen=True)
@@ -182,7 +197,7 @@ class TurnResult:
     llm_calls: tuple[LLMCallRecord, ...]
 
 
-Event = TurnStarted | ToolStarted | ToolRecord | HandoffRecord | Reply | Escalate
+Event = TurnStarted | TextDelta | ToolStarted | ToolRecord | HandoffRecord | Reply | Escalate
 EventSink = Callable[[Event], Awaitable[None]]
 
 
@@ -226,7 +241,7 @@ async def run_turn(
         visited.append(record.to_agent)
         return roster[record.to_agent]
 
-    await emit(TurnStarted(agent.name))
+    await emit(TurnStarted(agent.name, turn.asker))
     while True:
         if router is not None and asked == 0 and not handoffs:  # once, before the turn's first call
             routed = await _route(router, agent, turn, roster)
@@ -261,8 +276,10 @@ async def run_turn(
             closing=NUDGE if nudged and asked == nudged_at else None,
         )
         asked += 1
+        # Only a listener makes it worth streaming: the chat CLI, the evals and the tests ask as before.
+        on_text = _Preview(emit, agent.name, asked) if on_event is not None and config.stream else None
         try:
-            response = await model.complete(model=model_name, messages=window, tools=schemas)
+            response = await model.complete(model=model_name, messages=window, tools=schemas, on_text=on_text)
         except ProviderError as exc:
             calls.append(LLMCallRecord(agent.name, model_name, False, str(exc), Usage(), 0.0))
             failure = Escalate(f"LLM provider failure ({exc.kind})", "provider")
@@ -369,6 +386,33 @@ async def _prepare(
     return ([found] if isinstance(found, ToolRecord) else []) + [
         r for r in runs if isinstance(r, ToolRecord) and r.ok and r.result is None
     ]
+
+
+class _Preview:
+    """The words of model call number `call` as `TextDelta`s, unless the text opens the way a call written as text or
+    a template-wrapped answer does (`written_calls`, `_unwrapped`): the customer must not watch `<tool_call>{...`
+    being typed, so such a text is held back whole and the turn's answer comes as it would without a preview."""
+
+    OPENERS = ("<", "{", "[", "`")
+
+    def __init__(self, emit: Callable[[Event], Awaitable[None]], agent: str, call: int) -> None:
+        self.emit = emit
+        self.agent = agent
+        self.call = call
+        self.opening = ""
+        """What came before the first character that is not a space, which decides."""
+        self.shown: bool | None = None
+
+    async def __call__(self, text: str) -> None:
+        if self.shown is None:
+            self.opening += text
+            start = self.opening.lstrip()
+            if not start:
+                return
+            self.shown = not start.startswith(self.OPENERS)
+            text = start
+        if self.shown:
+            await self.emit(TextDelta(self.agent, text, self.call))
 
 
 NUDGE = (

@@ -6,7 +6,9 @@ implementation reaches all of them through `OPENAI_BASE_URL`.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -16,6 +18,11 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from agents.errors import ProviderError
 from agents.messages import ToolCall
+
+log = logging.getLogger(__name__)
+
+TextSink = Callable[[str], Awaitable[None]]
+"""Takes the words of an answer as they arrive, in order (a preview: the `ModelResponse` is the answer)."""
 
 
 @dataclass(frozen=True)
@@ -41,8 +48,16 @@ class ModelResponse:
 
 class Model(Protocol):
     async def complete(
-        self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
-    ) -> ModelResponse: ...
+        self,
+        *,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        on_text: TextSink | None = None,
+    ) -> ModelResponse:
+        """`on_text`, when given, is awaited with each piece of the answer's text as the model writes it; a model
+        that cannot stream may call it once with the whole text, or not at all. Its failures are not the call's."""
+        ...
 
 
 def _provider_error(exc: openai.OpenAIError) -> ProviderError:
@@ -60,7 +75,8 @@ def _provider_error(exc: openai.OpenAIError) -> ProviderError:
 
 
 class OpenAIChatModel:
-    """`AsyncOpenAI` with the timeout and retry count set explicitly; streaming optional."""
+    """`AsyncOpenAI` with the timeout and retry count set explicitly. It streams when asked for the words as they
+    come (`on_text`), or always with `stream` (some proxies only stream); the response is the same either way."""
 
     def __init__(
         self,
@@ -81,15 +97,20 @@ class OpenAIChatModel:
         await self.client.close()
 
     async def complete(
-        self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+        self,
+        *,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        on_text: TextSink | None = None,
     ) -> ModelResponse:
         started = time.perf_counter()
         body: dict[str, Any] = {"model": model, "messages": messages}
         if tools:
             body["tools"] = tools
         try:
-            if self.stream:
-                content, calls, usage = await self._streamed(body)
+            if self.stream or on_text is not None:
+                content, calls, usage = await self._streamed(body, on_text)
             else:
                 response = await self._post(body, stream=False)
                 choice = response.choices[0].message
@@ -116,8 +137,11 @@ class OpenAIChatModel:
             stream_cls=AsyncStream[ChatCompletionChunk],
         )
 
-    async def _streamed(self, body: dict[str, Any]) -> tuple[str | None, tuple[ToolCall, ...], Usage]:
+    async def _streamed(
+        self, body: dict[str, Any], on_text: TextSink | None
+    ) -> tuple[str | None, tuple[ToolCall, ...], Usage]:
         stream = await self._post(body | {"stream": True, "stream_options": {"include_usage": True}}, stream=True)
+        sink = on_text
         text: list[str] = []
         calls: dict[int, dict[str, str]] = {}
         usage = Usage()
@@ -128,6 +152,15 @@ class OpenAIChatModel:
                 delta = choice.delta
                 if delta.content:
                     text.append(delta.content)
+                    if sink is not None:
+                        try:
+                            await sink(delta.content)
+                        except Exception:
+                            # The preview is the channel's; the answer still comes whole, so the call goes on.
+                            log.warning(
+                                "the listener to a streamed answer failed; it hears no more of it", exc_info=True
+                            )
+                            sink = None
                 for part in delta.tool_calls or ():
                     call = calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
                     if part.id:

@@ -25,7 +25,7 @@ from agents.knowledge.embedders import Embedder
 from agents.knowledge.store import KnowledgeBase
 from agents.knowledge.tool import NOTHING_FOUND, passages_in
 from agents.messages import ToolCall
-from agents.model import Model, ModelResponse, Usage
+from agents.model import Model, ModelResponse, TextSink, Usage
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +125,15 @@ class OfflineModel:
         self.min_route_score = min_route_score
 
     async def complete(
-        self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+        self,
+        *,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        on_text: TextSink | None = None,
     ) -> ModelResponse:
+        # `on_text` is not called: the answer is ready at once, so a preview of it would only cost the channel a
+        # stream started and stopped around the same words.
         available = {t["function"]["name"] for t in tools}
         turn = _current_turn(messages)
         question = str(turn[0].get("content") or "") if turn else ""
@@ -213,15 +220,20 @@ class FallbackModel:
         self.health = ProviderHealth()
 
     async def complete(
-        self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+        self,
+        *,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        on_text: TextSink | None = None,
     ) -> ModelResponse:
         try:
-            answer = await self.primary.complete(model=model, messages=messages, tools=tools)
+            answer = await self.primary.complete(model=model, messages=messages, tools=tools, on_text=on_text)
         except ProviderError as exc:
             self._failed(exc)
             if self.fallback is None:
                 raise
-            answer = await self.fallback.complete(model=model, messages=messages, tools=tools)
+            answer = await self.fallback.complete(model=model, messages=messages, tools=tools, on_text=on_text)
             return replace(answer, fallback_from=str(exc))
         if self.health.failing_since is not None:
             took = datetime.now(UTC) - self.health.failing_since

@@ -19,12 +19,28 @@ from bench import (
     routing,
     shape,
     slack,
+    streaming,
     teams,
     tools,
 )
 from bench.setup import RESULTS
 
-MODULES = (engine, slack, teams, relay, knowledge, routing, admin, first_start, install, inflight, tools, faults, shape)
+MODULES = (
+    engine,
+    slack,
+    teams,
+    relay,
+    knowledge,
+    routing,
+    admin,
+    first_start,
+    install,
+    inflight,
+    tools,
+    faults,
+    shape,
+    streaming,
+)
 BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {m.__name__.removeprefix("bench."): m.main for m in MODULES}
 
 

@@ -233,11 +233,43 @@ def install(result: Result, before: Result | None = None) -> Table:
     return Table(headers, [[label, *cells] for label, *cells in zip(labels, *columns, strict=True)])
 
 
+def streaming(result: Result) -> Table:
+    """`python -m bench streaming`: answers streamed against posted whole, and a kill -9 mid-stream."""
+    streamed, today, killed = result["streamed"], result["today"], result["killed"]
+    first_token = result["parameters"]["first_token_s"]
+
+    def both(key: str) -> list[str]:
+        return [f"{_number(r[key]['p50'])} / {_number(r[key]['p90'])}" for r in (streamed, today)]
+
+    def calls(r: Result) -> str:
+        per = r["calls_per_answer"]
+        return f"{_number(sum(per.values()))} ({', '.join(f'`{m}` {_number(n)}' for m, n in per.items())})"
+
+    once = " / ".join(str(killed[k]) for k in ("once", "twice_or_more", "half", "none"))
+    rows = [
+        ["first words, p50 / p90 s", *both("first_words_s")],
+        ["whole answer standing, p50 / p90 s", *both("whole_answer_s")],
+        [f"first words / the model's {_number(first_token)} s to its first token, p50 (goal 1.5 at most)",
+         *(r["first_words_s"]["p50"] / first_token for r in (streamed, today))],
+        ["first words streamed / the whole answer today's, p50", result["first_words_vs_whole_today"], None],
+        ["Slack calls per answer (`chat.*`, `assistant.*`)", calls(streamed), calls(today)],
+        ["bot messages per answer", streamed["messages_per_answer"], today["messages_per_answer"]],
+        [f"killed -9 once words show, a new process started ({killed['conversations']}; lease "
+         f"{_number(killed['lease_seconds'])} s): the answer stands once / twice or more / half / not at all",
+         once, None],
+        ["killed -9: from the kill to the answer standing, p50 / max s",
+         f"{_number(killed['kill_to_answer_s']['p50'])} / {_number(killed['kill_to_answer_s']['max'])}", None],
+        ["killed -9: Slack calls per answer, both processes'", calls(killed), None],
+    ]  # fmt: skip
+    return Table(["", "streamed", "posted whole (`STREAM_ANSWERS=false`, today's)"], rows)
+
+
 RENDERERS: dict[str, Callable[[Result, Result | None], Table]] = {
     "faults": lambda result, _: faults(result),
     "tools": lambda result, _: tools(result),
     "first_start": lambda result, _: first_start(result),
     "install": install,
+    "streaming": lambda result, _: streaming(result),
 }
 """What docs/benchmarks.md may name in `<!-- bench: NAME -->`: NAME.json rendered, with NAME-other.json (the same
 benchmark run on another checkout, written by `--source` or `--python`) as `before` where the table compares."""

@@ -43,7 +43,7 @@ from bot.delivery.sender import OutboxSender
 from bot.feedback import Feedback
 from bot.metrics import Metrics
 from bot.runtime import startup as runtime
-from bot.runtime.workers import Doorbell, Workers
+from bot.runtime.workers import Doorbell, Progress, Workers
 from bot.settings import Settings
 from bot.slack.channel import SLACK
 from bot.slack.wiring import SlackSide, slack_side
@@ -101,6 +101,19 @@ class Sides:
         if self.teams is not None:
             directories.register(TEAMS.platform, self.teams.directory)
         return directories
+
+    def progress(
+        self, settings: Settings, db: runtime.Database, metrics: Metrics, *, title: Callable[[str], str]
+    ) -> list[Progress]:
+        """What shows a turn while it works, in each channel that can: Slack's AI status, answers streamed."""
+        shown: list[Progress] = []
+        if self.slack is not None and SLACK.capabilities.ai_status:
+            shown.append(self.slack.ai_status(failures=metrics.status_failures, title=title))
+        if self.slack is not None and SLACK.capabilities.streaming and settings.stream_answers:
+            shown.append(self.slack.streams(db.sessions))
+        if self.teams is not None and TEAMS.capabilities.streaming and settings.stream_answers:
+            shown.append(self.teams.streams(db.sessions))
+        return shown
 
     def admins(self, settings: Settings) -> dict[Platform, frozenset[str]]:
         return {SLACK.platform: settings.admin_ids, TEAMS.platform: self.teams.admins if self.teams else frozenset()}
@@ -163,9 +176,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             listen_url=runtime.listen_url(settings, db.url),
             housekeeping=[(intake.prune, 600), (lambda: takeover.desk.remind(now=now()), 30)],
             enabled=settings.process_role != "web",
-            status=sides.slack.ai_status(failures=metrics.status_failures, title=lambda n: brain.roster.get(n).title)
-            if sides.slack is not None and SLACK.capabilities.ai_status
-            else None,
+            progress=sides.progress(settings, db, metrics, title=lambda name: brain.roster.get(name).title),
             doorbell=doorbell,
         )
         await watch_monitoring(settings, db, brain, metrics, closing)
@@ -180,7 +191,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             )
         if sides.teams is not None:
             teams_admin = admin_commands(settings, db, brain, takeover, NoMembers(), admin_ids=settings.teams_admins)
-            edge = sides.teams.edge(intake=intake, admin=teams_admin)
+            edge = sides.teams.edge(intake=intake, admin=teams_admin, feedback=feedback(settings, db, takeover.desk))
         await workers.start()
         closing.push_async_callback(workers.stop)  # first out: the workers stop before what they use closes
         provider = brain.model.current_health if isinstance(brain.model, FallbackModel) else None

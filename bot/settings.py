@@ -136,6 +136,9 @@ class ModelSettings(_Group):
     nothing)."""
     openai_stream: bool = False
     """Use streaming completions (same results; some proxies only stream)."""
+    stream_answers: bool = True
+    """Show answers while the model writes them, where the channel can (Slack threads, Teams personal chats); the
+    finished message is the same. `false` for a provider that cannot stream: each answer then arrives whole."""
 
     @property
     def llm_configured(self) -> bool:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from agents.logcontext import current_conversation, current_message
 from agents.loop import Escalate, Event, EventSink, HandoffRecord, Reply, ToolRecord, ToolStarted, TurnStarted
-from agents.model import Model, ModelResponse
+from agents.model import Model, ModelResponse, TextSink
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -109,7 +109,12 @@ class _TracedModel:
         self.tracer = tracer
 
     async def complete(
-        self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+        self,
+        *,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        on_text: TextSink | None = None,
     ) -> ModelResponse:
         from opentelemetry.trace import SpanKind
 
@@ -117,7 +122,7 @@ class _TracedModel:
         # Current, so that whatever the call does underneath (an HTTP span, a retry) nests in it; an exception
         # (a provider failure) is recorded on it and marks it failed.
         with self.tracer.start_as_current_span(f"chat {model}", kind=SpanKind.CLIENT, attributes=attributes) as span:
-            response = await self.inner.complete(model=model, messages=messages, tools=tools)
+            response = await self.inner.complete(model=model, messages=messages, tools=tools, on_text=on_text)
             span.set_attribute("gen_ai.response.model", response.model or model)
             span.set_attribute("gen_ai.usage.input_tokens", response.usage.prompt_tokens)
             span.set_attribute("gen_ai.usage.output_tokens", response.usage.completion_tokens)

@@ -54,6 +54,10 @@ class FakeReply:
     tool_calls: tuple[FakeToolCall, ...] = ()
     status: int = 200
     delay: float = 0.0
+    """Seconds before the answer starts: the time to its first token."""
+    word_delay: float = 0.0
+    """Seconds the model takes over each word after the first: streamed, the words come a chunk each with this pause
+    between them; whole, the answer comes once all are written."""
     error_message: str = "fake openai error"
     cached_tokens: int | None = 0
     """`usage.prompt_tokens_details.cached_tokens`; None leaves `prompt_tokens_details` out, as Ollama does."""
@@ -82,6 +86,16 @@ def cached(tokens: int | None, then: FakeReply) -> FakeReply:
 
 def slow(seconds: float, then: FakeReply | None = None) -> FakeReply:
     return replace(then if then is not None else reply(""), delay=seconds)
+
+
+def slow_words(text: str, first_s: float, each_s: float) -> FakeReply:
+    """`text` written as a model writes it: the first word after `first_s`, then one every `each_s`."""
+    return FakeReply(content=text, delay=first_s, word_delay=each_s)
+
+
+def _words(text: str) -> list[str]:
+    """`text` as a model streams it: each word with the spaces after it (those before the first, with the first)."""
+    return re.findall(r"\s*\S+\s*|\s+", text)
 
 
 def _shared_start(a: str, b: str) -> int:
@@ -201,30 +215,40 @@ async def _stream(
     calls: list[tuple[str, str, str]],
     finish: str,
     usage: dict[str, Any] | None,
+    word_delay: float,
 ) -> web.StreamResponse:
     def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
         choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
         return {**head, "object": "chat.completion.chunk", "choices": [choice]}
 
-    chunks = [chunk({"role": "assistant", "content": ""})]
-    chunks += [chunk({"content": piece}) for piece in _split(content or "", 3)]
+    words = [chunk({"content": word}) for word in _words(content or "")]
+    tail: list[dict[str, Any]] = []  # the calls, the finish and the usage, at once after the words
     for index, (call_id, name, args) in enumerate(calls):
         # OpenAI's shape: the first delta names the call, later ones only
         # carry `index` plus argument fragments that clients must concatenate.
         function = {"name": name, "arguments": ""}
         first = {"index": index, "id": call_id, "type": "function", "function": function}
-        chunks.append(chunk({"tool_calls": [first]}))
-        chunks += [
+        tail.append(chunk({"tool_calls": [first]}))
+        tail += [
             chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}) for piece in _split(args, 3)
         ]
-    chunks.append(chunk({}, finish))
+    tail.append(chunk({}, finish))
     if usage is not None:
-        chunks.append({**head, "object": "chat.completion.chunk", "choices": [], "usage": usage})
+        tail.append({**head, "object": "chat.completion.chunk", "choices": [], "usage": usage})
 
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
-    for payload in chunks:
+
+    async def send(payload: dict[str, Any]) -> None:
         await response.write(f"data: {json.dumps(payload)}\n\n".encode())
+
+    await send(chunk({"role": "assistant", "content": ""}))
+    for n, word in enumerate(words):
+        if n and word_delay > 0:
+            await asyncio.sleep(word_delay)
+        await send(word)
+    for payload in tail:
+        await send(payload)
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
@@ -352,6 +376,9 @@ class FakeOpenAI:
         fake = self._next_reply(recorded)
         if fake.delay > 0:
             await asyncio.sleep(fake.delay)
+        writing = fake.word_delay * max(0, len(_words(fake.content or "")) - 1)
+        if writing > 0 and not recorded.stream and fake.status == 200:
+            await asyncio.sleep(writing)  # a whole answer comes once the model has written all of it
         if fake.status != 200:
             return _error_response(fake.status, fake.error_message)
         calls = [(c.id or f"call_{next(self._call_ids)}", c.name, c.arguments_json()) for c in fake.tool_calls]
@@ -376,7 +403,9 @@ class FakeOpenAI:
         finish = "tool_calls" if calls else "stop"
         if recorded.stream:
             wants_usage = (recorded.body.get("stream_options") or {}).get("include_usage")
-            return await _stream(request, head, fake.content, calls, finish, usage if wants_usage else None)
+            return await _stream(
+                request, head, fake.content, calls, finish, usage if wants_usage else None, fake.word_delay
+            )
         message: dict[str, Any] = {"role": "assistant", "content": fake.content, "refusal": None}
         if calls:
             # Like the real API, the key is absent (not []) when there are no calls.

@@ -7,6 +7,13 @@ activities delivered to the bot as Teams sends them.
   can be injected, answers dropped or held.
 - The sign-in hosts (`fakes.teams_identity`), through an HTTPS proxy: a process with `env()` applied validates
   the emulator's activity tokens and gets its own token with the SDK's unmodified code.
+- Streaming in personal chats (learn.microsoft.com, "Stream bot messages"; the Agents SDK's `StreamingResponse`):
+  a `typing` activity with a `streaminfo` entity and no streamId starts a stream (its answer's id is the streamId),
+  `typing` activities with the text so far (`streamType: streaming`, increasing `streamSequence`) continue it, a
+  `message` with `streamType: final` ends it. Teams' limits hold: one activity a second per stream (429), each
+  update containing the previous one (400), one open stream per chat, none in channels or group chats (403), and
+  none after the stream's lifetime (`stream_lifetime_s`, 2 minutes) or its final message (403). `shown_in()` is
+  what the user saw, over time.
 - `deliver()` POSTs an activity to the bot's `messaging_url` with a token the emulator signed (or a broken one);
   `harness.teams` builds the activities.
 
@@ -48,6 +55,13 @@ BOT_NAME = "Helpdesk"
 CARD_TYPE = "application/vnd.microsoft.card.adaptive"
 MESSAGE_SIZE_LIMIT = 28_000
 """Teams refuses a message larger than about 28 KB (413)."""
+STREAM_INTERVAL_S = 1.0
+"""Teams takes one activity a second per stream; a faster one is answered 429."""
+STREAM_LIFETIME_S = 120.0
+"""A stream not finished within two minutes is over: Teams answers 403 to its further activities."""
+INFORMATIVE_LIMIT = 1000
+"""An informative update's text is at most 1000 characters."""
+STREAM_INFO = "streaminfo"
 _MESSAGE_ID = ";messageid="
 
 
@@ -86,15 +100,25 @@ class ErrorCode(StrEnum):
     THROTTLED = "Throttled"
     SERVICE_ERROR = "ServiceError"
     NOT_FOUND = "NotFound"
+    STREAM_NOT_ALLOWED = "ContentStreamNotAllowed"
+
+
+class StreamType(StrEnum):
+    """A streaming activity's `streamType` (its `streaminfo` entity's, mirrored in `channelData`)."""
+
+    INFORMATIVE = "informative"
+    STREAMING = "streaming"
+    FINAL = "final"
 
 
 _FAULT_CODES = {429: ErrorCode.THROTTLED, 400: ErrorCode.BAD_ARGUMENT, 403: ErrorCode.FORBIDDEN}
 
 
 class ConnectorError(Exception):
-    def __init__(self, status: int, code: ErrorCode, message: str) -> None:
+    def __init__(self, status: int, code: ErrorCode, message: str, *, retry_after: int | None = None) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status, self.code, self.message = status, code, message
+        self.retry_after = retry_after
 
 
 def split_conversation_id(conversation_id: str) -> tuple[str, str | None]:
@@ -186,6 +210,33 @@ class Typing:
 
 
 @dataclass(frozen=True)
+class Shown:
+    """One accepted activity of a stream, as the user saw it: an informative line, the answer so far, or the final
+    message (which stands as a message of the chat, with the streamId as its id)."""
+
+    stream_id: str
+    kind: StreamType
+    sequence: int
+    text: str
+    at: float
+
+
+@dataclass
+class Stream:
+    id: str
+    conversation_id: str
+    started: float
+    last: float
+    """When its last accepted activity arrived (the one-a-second limit counts from there)."""
+    sequence: int
+    text: str = ""
+    """The answer streamed so far (informative lines aside)."""
+    final: bool = False
+    expired: bool = False
+    """Not finished within `stream_lifetime_s`: Teams ended it, and answers 403 to it."""
+
+
+@dataclass(frozen=True)
 class ConnectorCall:
     op: Op | None
     """None for a request no operation matches."""
@@ -254,6 +305,12 @@ class TeamsEmulator:
         self.calls: list[ConnectorCall] = []
         self.deliveries: list[Delivery] = []
         self.typing: list[Typing] = []
+        """Plain typing indicators (a stream's `typing` activities are in `streams` and `shown`)."""
+        self.streams: dict[str, Stream] = {}
+        self.shown: list[Shown] = []
+        self.stream_interval_s = STREAM_INTERVAL_S
+        self.stream_lifetime_s = STREAM_LIFETIME_S
+        """Shorten in a test to see what an expired stream does."""
         self.users: dict[str, TeamsUser] = {}
         self.conversations: dict[str, Conversation] = {}
         self._messages: dict[str, dict[str, Message]] = {}  # conversation -> id -> message, in id order
@@ -358,9 +415,10 @@ class TeamsEmulator:
         """Forget messages, recordings, faults and holds; users and conversations stay."""
         for event in self._holds.values():
             event.set()
-        for store in (self.calls, self.deliveries, self.typing, self._drops):
+        for store in (self.calls, self.deliveries, self.typing, self._drops, self.shown):
             store.clear()
         self._messages.clear()
+        self.streams.clear()
         self._faults.clear()
         self._holds.clear()
 
@@ -427,6 +485,11 @@ class TeamsEmulator:
     def typing_in(self, conversation_id: str) -> list[Typing]:
         base = split_conversation_id(conversation_id)[0]
         return [t for t in self.typing if split_conversation_id(t.conversation_id)[0] == base]
+
+    def shown_in(self, conversation_id: str) -> list[Shown]:
+        """What streams showed the user in a chat, in order."""
+        base = split_conversation_id(conversation_id)[0]
+        return [s for s in self.shown if self.streams[s.stream_id].conversation_id == base]
 
     def calls_to(self, op: Op | str) -> list[ConnectorCall]:
         return [c for c in self.calls if c.op == op]
@@ -504,6 +567,7 @@ class TeamsEmulator:
             headers = {} if after is None else {"Retry-After": str(after)}
             self.calls.append(ConnectorCall(op, conversation_id, target, body, at, fault.status, code, injected=True))
             return _error(fault.status, code, "Injected by the emulator.", headers)
+        headers = {}
         try:
             status, answer = 200, self._perform(op, conversation_id, target, body)
             if op in (Op.SEND, Op.REPLY, Op.CREATE):
@@ -512,6 +576,7 @@ class TeamsEmulator:
         except ConnectorError as exc:
             status, error = exc.status, exc.code
             answer = {"error": {"code": str(exc.code), "message": exc.message}}
+            headers = {} if exc.retry_after is None else {"Retry-After": str(exc.retry_after)}
         drop = self._take_drop(op, facts)
         self.calls.append(ConnectorCall(op, conversation_id, target, body, at, status, error, dropped=drop))
         if drop and request.transport is not None:
@@ -520,7 +585,7 @@ class TeamsEmulator:
         hold = self._holds.get(op)
         if hold is not None:
             await hold.wait()
-        return web.json_response(answer, status=status)
+        return web.json_response(answer, status=status, headers=headers)
 
     @staticmethod
     async def _body(request: web.Request) -> dict[str, Any]:
@@ -568,18 +633,91 @@ class TeamsEmulator:
     def _send(self, conversation_id: str, reply_to: str | None, body: dict[str, Any]) -> dict[str, Any]:
         conversation = self._conversation(conversation_id)
         kind = body.get("type")
+        if (info := _stream_info(body)) is not None:
+            return self._stream(conversation, conversation_id, reply_to, body, info)
         if kind == "typing":
             self.typing.append(Typing(conversation_id, time.monotonic()))
             return {"id": self._next_id()}
         self._check_message(body)
         return {"id": self._store_bot_post(conversation, conversation_id, reply_to, body).id}
 
+    def _stream(
+        self,
+        conversation: Conversation,
+        conversation_id: str,
+        reply_to: str | None,
+        body: dict[str, Any],
+        info: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """A streaming activity: it starts, continues or ends the stream its streaminfo names (see the module)."""
+        now = time.monotonic()
+        kind, sequence = _stream_type(info.get("streamType")), info.get("streamSequence")
+        text = _str(body.get("text")) or ""
+        if conversation.type != ConversationType.PERSONAL:
+            raise ConnectorError(403, ErrorCode.STREAM_NOT_ALLOWED, "Content stream is not allowed.")
+        if kind is None or (body.get("type") == "message") != (kind == StreamType.FINAL):
+            raise ConnectorError(400, ErrorCode.BAD_ARGUMENT, "A stream's typing or final activity is malformed.")
+        if kind == StreamType.INFORMATIVE and len(text) > INFORMATIVE_LIMIT:
+            raise ConnectorError(400, ErrorCode.BAD_ARGUMENT, "An informative update is at most 1000 characters.")
+        stream_id = _str(info.get("streamId"))
+        if stream_id is None:
+            if kind == StreamType.FINAL:
+                raise ConnectorError(400, ErrorCode.BAD_ARGUMENT, "A final stream message needs its streamId.")
+            if any(s.conversation_id == conversation.id and self._open(s, now) for s in self.streams.values()):
+                raise ConnectorError(403, ErrorCode.STREAM_NOT_ALLOWED, "Only one stream per chat at a time.")
+            stream = Stream(self._next_id(), conversation.id, now, now, _int(sequence))
+            self.streams[stream.id] = stream
+        else:
+            stream = self._continued(conversation, stream_id, kind, sequence, now)
+        if kind == StreamType.STREAMING:
+            if not text.startswith(stream.text):
+                raise ConnectorError(
+                    400,
+                    ErrorCode.BAD_ARGUMENT,
+                    "Request streamed content should contain the previously streamed content.",
+                )
+            stream.text = text
+        if kind == StreamType.FINAL:
+            self._check_message(body)
+            message = self._store_bot_post(conversation, conversation_id, reply_to, body, id=stream.id)
+            stream.final, text = True, message.text
+        stream.last, stream.sequence = now, max(stream.sequence, _int(sequence))
+        self.shown.append(Shown(stream.id, kind, stream.sequence, text, now))
+        return {"id": stream.id}
+
+    def _open(self, stream: Stream, now: float) -> bool:
+        if not stream.final and not stream.expired and now - stream.started > self.stream_lifetime_s:
+            stream.expired = True
+        return not stream.final and not stream.expired
+
+    def _continued(
+        self, conversation: Conversation, stream_id: str, kind: StreamType, sequence: object, now: float
+    ) -> Stream:
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.conversation_id != conversation.id:
+            raise ConnectorError(400, ErrorCode.BAD_ARGUMENT, "No such stream in this conversation.")
+        if not self._open(stream, now):
+            why = "finished due to exceeded streaming time" if stream.expired else "already completed"
+            raise ConnectorError(403, ErrorCode.STREAM_NOT_ALLOWED, f"Content stream {why}.")
+        if now - stream.last < self.stream_interval_s:
+            raise ConnectorError(429, ErrorCode.THROTTLED, "One streaming activity a second.", retry_after=1)
+        if kind != StreamType.FINAL and _int(sequence) <= stream.sequence:  # the final's sequence is optional
+            raise ConnectorError(400, ErrorCode.BAD_ARGUMENT, "streamSequence must increase.")
+        return stream
+
     def _store_bot_post(
-        self, conversation: Conversation, conversation_id: str, reply_to: str | None, body: dict[str, Any]
+        self,
+        conversation: Conversation,
+        conversation_id: str,
+        reply_to: str | None,
+        body: dict[str, Any],
+        *,
+        id: str | None = None,
     ) -> Message:
         """A new message from the bot. In a channel it goes to the chain the conversation id names; without one,
-        to the replied-to message's chain, else it starts a new post."""
-        new_id = self._next_id()
+        to the replied-to message's chain, else it starts a new post. A stream's final message takes the stream's
+        id (`id`)."""
+        new_id = id or self._next_id()
         root: str | None = None
         if conversation.type == ConversationType.CHANNEL:
             named = split_conversation_id(conversation_id)[1]
@@ -724,6 +862,26 @@ class TeamsEmulator:
 
 def _str(value: Any) -> str | None:
     return None if value is None or value == "" else str(value)
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _stream_type(value: object) -> StreamType | None:
+    return StreamType(value) if isinstance(value, str) and value in tuple(StreamType) else None
+
+
+def _stream_info(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The streaminfo entity of a streaming activity (the SDK's shape), else its `channelData` (the REST
+    samples'); None for an activity that is no stream's."""
+    for entity in body.get("entities") or []:
+        if isinstance(entity, dict) and entity.get("type") == STREAM_INFO:
+            return entity
+    data = body.get("channelData")
+    if isinstance(data, dict) and data.get("streamType") is not None:
+        return data
+    return None
 
 
 def _attachment_problem(attachment: Any) -> str | None:

@@ -10,7 +10,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -157,6 +157,10 @@ class BotProcess:
                 await asyncio.wait_for(self.proc.wait(), timeout=15)
             except TimeoutError:
                 await self.kill()
+
+
+Start = Callable[[], Awaitable[BotProcess]]
+"""Starts `python -m bot serve` as a real process and waits until it is ready (the tests' `start_bot`)."""
 
 
 @asynccontextmanager

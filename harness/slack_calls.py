@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from slack_sdk.web import async_client
+from slack_sdk.web import async_chat_stream, async_client
 
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("bot", "escalation", "agents")
@@ -35,7 +35,16 @@ class Call:
 def sdk_methods() -> dict[str, frozenset[str]]:
     """slack_sdk's client methods (`chat_postMessage`) -> the Web API methods each calls (`chat.postMessage`),
     read from AsyncWebClient's source: each calls `self.api_call("chat.postMessage", ...)`, and the few helpers
-    (files_upload_v2) call other client methods."""
+    call other client methods, directly (files_upload_v2) or from the object they return (chat_stream's
+    AsyncChatStream calls `self._client.chat_startStream(...)`)."""
+    streamed = {
+        node.func.attr
+        for node in ast.walk(ast.parse(inspect.getsource(async_chat_stream)))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Attribute)
+        and node.func.value.attr == "_client"
+    }
     tree = ast.parse(inspect.getsource(async_client))
     client = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "AsyncWebClient")
     direct: dict[str, set[str]] = {}
@@ -51,6 +60,9 @@ def sdk_methods() -> dict[str, frozenset[str]]:
                 direct[function.name].add(str(node.args[0].value))
             elif isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
                 on_self[function.name].add(node.func.attr)
+        made = (n for n in ast.walk(function) if isinstance(n, ast.Call))
+        if any(getattr(n.func, "id", None) == "AsyncChatStream" for n in made):
+            on_self[function.name] |= streamed
     return {
         name: frozenset(methods.union(*(direct[other] for other in on_self[name] if other in direct)))
         for name, methods in direct.items()

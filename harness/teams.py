@@ -303,6 +303,32 @@ async def card_action(
     return await _send(teams, activity, TokenKind.VALID, send)
 
 
+async def feedback(
+    teams: TeamsEmulator, message: Message, reaction: str, *, user: str = CUSTOMER, send: bool = True
+) -> Sent:
+    """A 👍 (`like`) or 👎 (`dislike`) with Teams' feedback control under the bot's message: an `invoke` named
+    `message/submitAction`, `replyToId` the message, the reaction and any words in `value.actionValue`."""
+    conversation = teams.conversations[message.conversation_id]
+    shape: dict[str, Any] = {"conversationType": str(conversation.type), "id": message.conversation_id}
+    activity = {
+        "type": "invoke",
+        "name": "message/submitAction",
+        "id": teams.new_activity_id(),
+        "timestamp": _now(),
+        "localTimestamp": _now(),
+        "serviceUrl": teams.service_url,
+        "channelId": "msteams",
+        "from": teams.user(user).account(),
+        "conversation": shape | {"tenantId": teams.tenant_id},
+        "recipient": {"id": teams.bot_id, "name": BOT_NAME},
+        "replyToId": message.id,
+        "value": {"actionName": "feedback", "actionValue": {"reaction": reaction, "feedback": '{"feedbackText":""}'}},
+        "channelData": _tenant(teams) | {"source": {"name": "message"}, "legacy": {"replyToId": message.id}},
+        "locale": "en-US",
+    }
+    return await _send(teams, activity, TokenKind.VALID, send)
+
+
 # -- what the bot did ------------------------------------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import subprocess
 from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack
 from typing import Any
 
 import pytest
@@ -31,7 +32,7 @@ from harness.scenarios import serving_as_shipped
 TABLES = (
     "conversations, inbound, messages, handoffs, tool_runs, llm_calls, escalations, refunds, received, outbox, "
     "kb_collections, kb_documents, kb_chunks, pauses, admin_actions, send_leases, rate_counters, "
-    "teams_service_urls, answer_feedback, csat"
+    "teams_service_urls, answer_feedback, csat, previews"
 )
 
 # --- Lanes: a test is `services` when it needs a database, a server or a process; `make test-fast` runs the rest ---
@@ -39,7 +40,7 @@ TABLES = (
 SERVICE_FIXTURES = frozenset(
     {"server_url", "database_url", "engine", "sessions"}  # Postgres
     | {"fake_server", "fake_llm", "model", "service"}  # the fake LLM
-    | {"teams", "emulator", "slack_bot", "shipped_bot"}  # the emulators, the bot
+    | {"teams", "emulator", "slack_bot", "shipped_bot", "start_bot"}  # the emulators, the bot
 )
 """The fixtures below that start Postgres, an HTTP fake or the bot: a test using one, directly or through another
 fixture, is marked `services` here, and so is one using a fixture its module names in a SERVICE_FIXTURES of its own.
@@ -160,3 +161,20 @@ async def shipped_bot(
     bot starts using them (else the two can deadlock)."""
     async with serving_as_shipped(database_url, fake_llm, emulator) as bot:
         yield bot
+
+
+@pytest.fixture
+async def start_bot(
+    database_url: str, fake_llm: FakeOpenAI, emulator: SlackEmulator, sessions: async_sessionmaker[AsyncSession]
+) -> AsyncIterator[harness.Start]:
+    """A factory: each call starts `python -m bot serve` as a real process (on a port of its own) and waits
+    until it is ready; the emulator delivers to the last one started. `sessions` first: its tables are emptied
+    before a bot uses them."""
+    # A killed process's conversations are taken over when its leases run out: soon, in these tests.
+    env = harness.bot_env(database_url, fake_llm, emulator, lease_seconds=2)
+    async with AsyncExitStack() as started:
+
+        async def start() -> harness.BotProcess:
+            return await started.enter_async_context(harness.bot_process(env, emulator))
+
+        yield start

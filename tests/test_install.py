@@ -94,6 +94,8 @@ async def test_pip_install_gives_a_bot_that_starts_and_answers(python: Path, tmp
             assert line, "the playground exited:\n" + "".join(lines[-40:])
             lines.append(line)
         first_start_s = time.monotonic() - started
+        # Read on, so that a bot with much to say never blocks on a full pipe (and hangs the test with it).
+        drained = asyncio.create_task(_drain(bot.stdout, lines))
         log = "".join(lines)
         assert "shipped vectors" in log and "knowledge 17/17" in log, log
         warnings = [line for line in lines if "WARNING" in line and "no LLM provider configured" not in line]
@@ -115,7 +117,13 @@ async def test_pip_install_gives_a_bot_that_starts_and_answers(python: Path, tmp
     finally:
         bot.terminate()
         await bot.wait()
+    await drained
     print(f"first start of a plain install: {first_start_s:.1f} s")
+
+
+async def _drain(stream: asyncio.StreamReader, lines: list[str]) -> None:
+    while line := await stream.readline():
+        lines.append(line.decode())
 
 
 # ------------------------------------------------------------------------------------------------ without installing

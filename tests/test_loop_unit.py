@@ -15,7 +15,7 @@ from agents.errors import ProviderError
 from agents.identity import Author
 from agents.loop import Escalate, LoopConfig, Reply, TurnInput, run_turn
 from agents.messages import PREPARED, Message, ToolCall
-from agents.model import ModelResponse, Usage
+from agents.model import ModelResponse, TextSink, Usage
 from agents.window import SHORTENED, build_window
 from harness.sample import default_roster
 
@@ -30,7 +30,12 @@ class ScriptedModel:
         self.seen: list[dict[str, Any]] = []
 
     async def complete(
-        self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+        self,
+        *,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        on_text: TextSink | None = None,
     ) -> ModelResponse:
         self.seen.append({"messages": messages, "tools": [t["function"]["name"] for t in tools]})
         answer = self.answers.popleft() if self.answers else text("")

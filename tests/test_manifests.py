@@ -54,6 +54,13 @@ METHOD_SCOPES: dict[str, tuple[frozenset[str], ...]] = {
     "files.getUploadURLExternal": (frozenset({"files:write"}),),
     "files.completeUploadExternal": (frozenset({"files:write"}),),
     "files.info": (frozenset({"files:read"}),),
+    # Streamed answers (https://docs.slack.dev/reference/methods/chat.startStream and its two siblings).
+    "chat.startStream": (frozenset({"chat:write"}),),
+    "chat.appendStream": (frozenset({"chat:write"}),),
+    "chat.stopStream": (frozenset({"chat:write"}),),
+    # The agent messaging experience: prompts offered in a DM, and a thread's title in the app's history.
+    "assistant.threads.setSuggestedPrompts": (frozenset({"assistant:write"}),),
+    "assistant.threads.setTitle": (frozenset({"assistant:write"}),),
 }
 
 # (method, keyword argument) -> the scope that argument needs on top of the method's own.
@@ -62,6 +69,9 @@ ARGUMENT_SCOPES: dict[tuple[str, str], str] = {
     ("chat.postMessage", "username"): "chat:write.customize",
     ("chat.postMessage", "icon_url"): "chat:write.customize",
     ("chat.postMessage", "icon_emoji"): "chat:write.customize",
+    ("chat.startStream", "username"): "chat:write.customize",
+    ("chat.startStream", "icon_url"): "chat:write.customize",
+    ("chat.startStream", "icon_emoji"): "chat:write.customize",
     # Reading message metadata back (https://api.slack.com/scopes/metadata.message:read).
     ("conversations.history", "include_all_metadata"): "metadata.message:read",
     ("conversations.replies", "include_all_metadata"): "metadata.message:read",
@@ -232,6 +242,9 @@ def needed_scopes(manifest: dict[str, Any]) -> list[tuple[frozenset[str], str]]:
     ]
     if manifest.get("features", {}).get("slash_commands"):
         needs.append((frozenset({"commands"}), "slash commands"))
+    # The scope that lets an app act as an agent (https://docs.slack.dev/reference/scopes/assistant.write).
+    if manifest.get("features", {}).get("agent_view"):
+        needs.append((frozenset({"assistant:write"}), "the agent messaging experience (features.agent_view)"))
     return needs
 
 
@@ -258,6 +271,8 @@ async def _post(self, **fields):
         ("chat.postMessage", frozenset({"channel"})),
     }
     assert sdk_methods()["files_upload_v2"] >= {"files.getUploadURLExternal", "files.completeUploadExternal"}
+    # The streaming helper calls its methods from the stream object it returns.
+    assert sdk_methods()["chat_stream"] == {"chat.startStream", "chat.appendStream", "chat.stopStream"}
 
 
 def test_the_scanner_reads_event_handlers() -> None:
@@ -375,6 +390,15 @@ def test_features(name: str) -> None:
     assert home.get("messages_tab_read_only_enabled") is False, "features.app_home.messages_tab_read_only_enabled"
     has_home_handler = "app_home_opened" in handled_events()
     assert home.get("home_tab_enabled") is has_home_handler, "a Home tab only with an app_home_opened handler"
+    # The agent messaging experience, which Slack requires of new AI apps
+    # (https://docs.slack.dev/ai/migrating-to-agent-messaging): agent_view, never the assistant_view it replaces,
+    # with a description and at most four suggested prompts, each a title and a message.
+    assert "assistant_view" not in features, "assistant_view is replaced by agent_view"
+    agent = features.get("agent_view") or {}
+    assert isinstance(agent.get("agent_description"), str) and agent["agent_description"].strip()
+    prompts = agent.get("suggested_prompts") or []
+    assert 1 <= len(prompts) <= 4, "features.agent_view.suggested_prompts: one to four"
+    assert all(set(p) == {"title", "message"} and all(str(v).strip() for v in p.values()) for p in prompts), prompts
 
 
 def test_http_manifest_points_everything_at_the_one_endpoint() -> None:

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
 
-import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -14,27 +11,10 @@ from agents.db import models as m
 from agents.db.deliveries import Answer
 from bot.playground.slack_emulator import SlackEmulator
 from fakes.openai_server import FakeOpenAI, reply, slow, tool_call, tools
-from harness.bot import BotProcess, bot_env, bot_process
+from harness.bot import Start, bot_env, bot_process
 from harness.database import settle
 
 Sessions = async_sessionmaker[AsyncSession]
-Start = Callable[[], Awaitable[BotProcess]]
-
-
-@pytest.fixture
-async def start_bot(
-    database_url: str, fake_llm: FakeOpenAI, emulator: SlackEmulator, sessions: Sessions
-) -> AsyncIterator[Start]:
-    """A factory: each call starts `python -m bot serve` as a real process (on a port of its own) and waits
-    until it is ready; the emulator delivers to the last one started."""
-    # A killed process's conversations are taken over when its leases run out: soon, in these tests.
-    env = bot_env(database_url, fake_llm, emulator, lease_seconds=2)
-    async with AsyncExitStack() as started:
-
-        async def start() -> BotProcess:
-            return await started.enter_async_context(bot_process(env, emulator))
-
-        yield start
 
 
 async def test_killed_between_ack_and_reply(

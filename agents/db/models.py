@@ -219,6 +219,30 @@ class Received(Base):
     received_at: Mapped[datetime] = _now()
 
 
+class Preview(Base):
+    """An answer a channel shows while the model writes it (Slack's streamed message, Teams' streaming typing):
+    never the answer of record. The next message the outbox owes the customer's thread finishes it in place (its
+    text replaced by that message's) and closes it, so a stream cut short (a process killed, a stream expired, an
+    append refused) never stays as the answer, and never stands beside it. At most one is open per conversation."""
+
+    __tablename__ = "previews"
+    __table_args__ = (Index("ix_previews_open", "conversation_id", unique=True, postgresql_where="state = 'open'"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))
+    platform: Mapped[str] = mapped_column(Text)
+    channel: Mapped[str] = mapped_column(Text)
+    thread: Mapped[str | None] = mapped_column(Text)
+    stream_id: Mapped[str | None] = mapped_column(Text)
+    """The platform's id of the streamed message (Slack's ts, Teams' streamId) once it answered the start; None
+    while the start's outcome is unknown (the finisher then looks for the message)."""
+    state: Mapped[str] = mapped_column(Text, server_default="open")
+    """open, finished (a message of record replaced it) or dropped (nothing was shown)."""
+    shown: Mapped[str] = mapped_column(Text, server_default="")
+    """What the stream has shown so far, as the customer sees it: the finisher replaces it only if it differs."""
+    started_at: Mapped[datetime] = _now()
+
+
 class Outbox(Base):
     """Web API calls owed to Slack, written in the same transaction as what caused them, sent in id order per
     conversation. A post carries its outbox id in Slack message metadata, so a post whose answer was lost in a

@@ -8,6 +8,7 @@ do the call (so trying again can post nothing twice); any other exception means 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -102,4 +103,30 @@ class FileFetcher(Protocol):
     async def fetch(self, ref: FileRef) -> bytes | None:
         """The file's bytes; None when it turns out larger than `max_bytes`. Raises `Unreadable`
         (`agents.knowledge.readers`) when the platform does not give it, anything else when the download fails."""
+        ...
+
+
+@dataclass(frozen=True)
+class PreviewRef:
+    """An open preview (`agents.db.models.Preview`) as the sender hands it to the channel that finishes it."""
+
+    id: int
+    platform: str
+    channel: str
+    thread: str | None
+    stream_id: str | None
+    """The streamed message's id (Slack's ts, Teams' streamId); None: the start's outcome is unknown."""
+    shown: str
+    """What the stream has shown: a finisher replaces the text only where it differs."""
+    started_at: datetime
+
+
+@runtime_checkable
+class Previewing(Protocol):
+    """A channel that shows answers while they are written (`Capabilities.streaming`): the outbox finishes the open
+    preview with the next message it owes the customer's thread, in place, instead of posting that message."""
+
+    async def finish_preview(self, preview: PreviewRef, where: Where, message: Message, *, outbox_id: int) -> str:
+        """Make the preview's message `message` (with the outbox id, as a post carries it); returns the message's
+        id. Raises `Refused` or anything else as a post does: the sender then decides as for a post."""
         ...

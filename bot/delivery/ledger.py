@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from agents.db import models as m
 from agents.db.deliveries import AddReaction, Delivery, Outcome, RelayToCustomer, RemoveReaction, enqueue
-from bot.channels.messenger import Where
+from bot.channels.messenger import PreviewRef, Where
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,13 @@ _CLAIM_AND_DONE = text(
     "WHERE id = :id AND (result_ts IS NULL OR result_ts = :ts) RETURNING id"
 )
 """A post's id claimed for its row (`Ledger.claim`); the second also marks the row sent, unless it already ended."""
+_OPEN_PREVIEW = text(
+    "SELECT id, platform, channel, thread, stream_id, shown, started_at FROM previews "
+    "WHERE conversation_id = :c AND state = 'open' AND started_at <= :before"
+)
+"""The conversation's open preview, if a run began it before the row was written (a later run's preview is its
+own answer's to finish)."""
+_CLOSE_PREVIEW = text("UPDATE previews SET state = 'finished' WHERE id = :id")
 _DUE_CONVERSATIONS = text(
     """
     SELECT head.conversation_id, conversations.key FROM (
@@ -171,17 +178,25 @@ class Ledger:
             )
         return mine is not None
 
-    async def claim(self, row: Row[Any], ts: str, *, done: bool) -> str | None:
+    async def claim(self, row: Row[Any], ts: str, *, done: bool, preview: int | None = None) -> str | None:
         """Record `ts` as this row's post (and, with `done`, the row as sent) unless another post is recorded for it
         already: None when `ts` is the row's post now, else the post recorded first. One conditional statement, so
-        that two senders never both go on."""
+        that two senders never both go on. `preview`: the preview `ts` finished, closed in the same transaction, so
+        that no later message ever finishes it again."""
         async with self.engine.begin() as conn:
             claimed = await conn.scalar(_CLAIM_AND_DONE if done else _CLAIM, {"id": row.id, "ts": ts})
             if claimed is not None:
+                if preview is not None:
+                    await conn.execute(_CLOSE_PREVIEW, {"id": preview})
                 return None
             first = await conn.scalar(select(m.Outbox.result_ts).where(m.Outbox.id == row.id))
             assert first is not None, "a claim lost to no post"
             return str(first)
+
+    async def open_preview(self, row: Row[Any]) -> PreviewRef | None:
+        async with self.engine.connect() as conn:
+            found = (await conn.execute(_OPEN_PREVIEW, {"c": row.conversation_id, "before": row.created_at})).first()
+        return None if found is None else PreviewRef(**found._mapping)
 
     async def done(self, row: Row[Any], outcome: Outcome, *, then: Sequence[Delivery] = (), **values: Any) -> Outcome:
         """The row's outcome, with `then` queued in the same transaction."""

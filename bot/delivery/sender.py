@@ -39,6 +39,7 @@ from agents.address import Address, Platform
 from agents.db import models as m
 from agents.db.deliveries import (
     AddReaction,
+    Answer,
     CasePost,
     CaseUpdate,
     Delivery,
@@ -46,6 +47,7 @@ from agents.db.deliveries import (
     FilesToStaff,
     NewMessage,
     Outcome,
+    Post,
     RelayToStaff,
     Reminder,
     RemoveReaction,
@@ -57,7 +59,7 @@ from agents.leases import keep_renewed, process_owner
 from agents.markup.limits import MESSAGE_TEXT, clip
 from agents.markup.text import escape
 from bot.channels.capabilities import Channels
-from bot.channels.messenger import FileFetcher, FileSharing, Messenger, Refused, Where
+from bot.channels.messenger import FileFetcher, FileSharing, Messenger, Previewing, PreviewRef, Refused, Where
 from bot.delivery.alerts import AdminAlerts, maybe_missing, posted_twice
 from bot.delivery.ledger import Ledger
 from bot.delivery.messages import Messages, Undeliverable
@@ -276,7 +278,9 @@ class OutboxSender:
                 # did reach the channel shows a case already handed back).
                 return await self._case_given_up(row, delivery, f"outcome unknown ({row.last_error or 'no answer'})")
             return await self._unknowable(row, delivery)
+        preview = await self._preview_for(row, delivery, messenger, where)
         ts = await messenger.find(where, outbox_id=row.id, since=row.created_at) if in_doubt else None
+        finished = preview is not None and ts is not None and ts == preview.stream_id
         if ts is None:
             message = await self.messages.render(delivery)
             if message is None:
@@ -297,7 +301,11 @@ class OutboxSender:
                 return None
             try:
                 try:
-                    ts = await messenger.post(where, message, outbox_id=row.id)
+                    if preview is not None and isinstance(messenger, Previewing):
+                        ts = await messenger.finish_preview(preview, where, message, outbox_id=row.id)
+                        finished = True
+                    else:
+                        ts = await messenger.post(where, message, outbox_id=row.id)
                 except Refused as exc:
                     if not (message.blocks and exc.error in LAYOUT_ERRORS):
                         raise
@@ -311,7 +319,9 @@ class OutboxSender:
                     await self.ledger.settled(row, key)
                 raise
         if not isinstance(delivery, CasePost):
-            await self._claim_post(row, where, ts, messenger, done=True)  # claimed and done in one statement
+            # Claimed and done in one statement (and the preview it finished closed with it).
+            closes = preview.id if preview is not None and finished else None
+            await self._claim_post(row, where, ts, messenger, done=True, preview=closes)
             return Outcome.SENT
         # A case's card is claimed first and the row done once the case knows where it is (a crash in between
         # finds the claimed card where it would look).
@@ -320,11 +330,31 @@ class OutboxSender:
             await self.ledger.done(row, Outcome.SENT, result_ts=ts)
         return Outcome.SENT
 
-    async def _claim_post(self, row: Row[Any], where: Where, ts: str, messenger: Messenger, *, done: bool) -> bool:
+    async def _preview_for(
+        self, row: Row[Any], delivery: NewMessage, messenger: Messenger, where: Where
+    ) -> PreviewRef | None:
+        """The open preview this message finishes in place: the conversation's, in the customer's thread, where the
+        channel streams."""
+        if not isinstance(delivery, Answer | Post) or not isinstance(messenger, Previewing):
+            return None
+        if not self.channels.of(messenger.platform).capabilities.streaming:
+            return None
+        preview = await self.ledger.open_preview(row)
+        if preview is None or (preview.platform, preview.channel, preview.thread) != (
+            messenger.platform,
+            where.channel,
+            where.thread,
+        ):
+            return None
+        return preview
+
+    async def _claim_post(
+        self, row: Row[Any], where: Where, ts: str, messenger: Messenger, *, done: bool, preview: int | None = None
+    ) -> bool:
         """Record `ts` as this row's post (`Ledger.claim`); False when another post is recorded for it already: this
         one is a second (the gap the module's docstring admits: this sender was frozen past its lease after
         recording its attempt, and the next one looked, found nothing and posted), and is deleted."""
-        first = await self.ledger.claim(row, ts, done=done)
+        first = await self.ledger.claim(row, ts, done=done, preview=preview)
         if first is None:
             return True
         log.warning("outbox row %s posted twice (%s, %s): deleting the second", row.id, first, ts)

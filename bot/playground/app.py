@@ -147,7 +147,7 @@ class _Command(BaseModel):
     text: str = Field(default="", max_length=4000)
 
 
-def _msg_json(msg: Msg) -> dict[str, Any]:
+def _msg_json(msg: Msg, slack: SlackEmulator) -> dict[str, Any]:
     return {
         "ts": msg.ts,
         "user": msg.user,
@@ -160,6 +160,10 @@ def _msg_json(msg: Msg) -> dict[str, Any]:
         "blocks": msg.blocks,
         "reactions": {name: list(users) for name, users in msg.reactions.items()},
         "edited": msg.edited,
+        # A streamed answer: "in_progress" while it grows (the page polls faster then), "expired" when Slack ended
+        # it on its own and it was never finished.
+        "streaming": slack.stream_state(msg.channel, msg.ts),
+        "tasks": [{"title": t.title, "status": t.status} for t in msg.tasks],
     }
 
 
@@ -194,7 +198,7 @@ def page_app(pg: Playground) -> web.Application:
                 "roles": ROLES,
                 "users": users,
                 "channels": [{"id": c.id, "name": c.name} for c in slack.channels.values() if not c.is_im],
-                "messages": {c: [_msg_json(m) for m in slack.messages(c)] for c in slack.channels},
+                "messages": {c: [_msg_json(m, slack) for m in slack.messages(c)] for c in slack.channels},
                 "ephemerals": [e.__dict__ for e in pg.ephemerals(user)],
             }
         )

@@ -46,7 +46,20 @@ BOT_NAME = "helpdesk"
 VERIFICATION_TOKEN = "verification-token"
 MESSAGE_TEXT_LIMIT = 40_000
 # Fields that slack_sdk sends JSON-encoded inside form bodies.
-_JSON_FIELDS = ("blocks", "attachments", "metadata", "view")
+_JSON_FIELDS = ("blocks", "attachments", "metadata", "view", "chunks", "prompts")
+
+STREAM_TEXT_LIMIT = 12_000
+"""markdown_text a chat.startStream, appendStream or stopStream call carries, and each markdown_text chunk
+(docs.slack.dev, chat.appendStream; over it Slack answers msg_too_long)."""
+STREAM_LIFETIME_S = 300.0
+"""How long a stream takes appends and its stop: Slack finalises it about 5 minutes after chat.startStream whatever
+the traffic (python-slack-sdk #1859, measured at about 306 s), then answers `message_not_in_streaming_state`."""
+STREAM_IDLE_S = 120.0
+"""A gap between appends after which Slack ends the stream early. Unpublished ("a few minutes" in reports): two
+here, so that a bot relying on a longer one fails against the emulator first."""
+TASK_STATUSES = frozenset({"pending", "in_progress", "complete", "error"})
+SUGGESTED_PROMPTS_MOST = 4
+"""assistant.threads.setSuggestedPrompts: "up to four suggested prompts"."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +137,11 @@ class Msg:
     reactions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     edited_ts: str | None = None
     deleted: bool = False
+    streaming_state: str | None = None
+    """The stream's state: "in_progress" from chat.startStream, "completed" after chat.stopStream (or chat.update
+    on an ended stream); None for a message that never streamed. `SlackEmulator.stream_state` tells an expired one."""
+    tasks: tuple[Task, ...] = ()
+    """The task cards task_update chunks drew on a streamed message, in the order their ids first came."""
 
     @property
     def edited(self) -> bool:
@@ -132,6 +150,63 @@ class Msg:
     @property
     def is_reply(self) -> bool:
         return self.thread_ts is not None and self.thread_ts != self.ts
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task card on a streamed message: a task_update chunk's id, with the title and status it last sent (they
+    replace) and its details (they append)."""
+
+    id: str
+    title: str
+    status: str
+    details: str = ""
+    output: str | None = None
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What a streamed message showed from `at` (time.monotonic()) on: its text and streaming_state."""
+
+    at: float
+    text: str
+    state: str
+
+
+@dataclass
+class Stream:
+    """One chat.startStream and what became of its message, for tests: every text it showed, in order."""
+
+    channel: str
+    ts: str
+    started_at: float
+    last_at: float
+    """The last accepted start or append (time.monotonic()): a long gap after it ends the stream."""
+    mode: str | None
+    """The kind of content, "markdown_text" or "chunks": the first call with content fixes it, and Slack refuses
+    the other kind for the rest of the stream (`streaming_mode_mismatch`)."""
+    shown: list[Shown] = field(default_factory=list)
+    ended: str | None = None
+    """None while open; "stopped" (chat.stopStream), "user" (the person pressed stop), "updated" (chat.update after
+    it expired)."""
+
+    @property
+    def texts(self) -> list[str]:
+        return [s.text for s in self.shown]
+
+
+@dataclass(frozen=True)
+class SuggestedPrompts:
+    """One accepted assistant.threads.setSuggestedPrompts."""
+
+    channel: str
+    thread_ts: str | None
+    title: str | None
+    prompts: tuple[tuple[str, str], ...]
+    """(title, message) of each prompt."""
+    shown: bool
+    """False when Slack answered ok and showed nothing: an agent_view app that named a thread_ts ("will cause the
+    call to silently fail", docs.slack.dev)."""
 
 
 @dataclass(frozen=True)
@@ -262,6 +337,11 @@ SLACK_RATE_LIMITS: Mapping[str, RateLimit] = {
     "files.getUploadURLExternal": TIER_4,
     "files.completeUploadExternal": TIER_4,
     "files.info": TIER_4,
+    "chat.startStream": TIER_2,
+    "chat.appendStream": TIER_4,
+    "chat.stopStream": TIER_2,
+    "assistant.threads.setSuggestedPrompts": TIER_4,
+    "assistant.threads.setTitle": TIER_4,
 }
 """Slack's published Web API limits (api.slack.com/apis/rate-limits and each method's page), for
 `SlackEmulator(rate_limits=SLACK_RATE_LIMITS)`."""
@@ -453,6 +533,52 @@ def _require(params: Mapping[str, Any], key: str, error: str) -> str:
     return value
 
 
+def _metadata(params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A message's metadata as Slack takes it: an object with a string event_type and an object event_payload."""
+    metadata = params.get("metadata")
+    if metadata is None:
+        return None
+    if (
+        not isinstance(metadata, dict)
+        or not isinstance(metadata.get("event_type"), str)
+        or not isinstance(metadata.get("event_payload"), dict)
+    ):
+        raise SlackApiFailure("invalid_metadata_format")
+    return metadata
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """What one streaming call adds: text, task updates and blocks chunks, and which kind of call it was."""
+
+    mode: str | None
+    text: str = ""
+    tasks: tuple[dict[str, Any], ...] = ()
+    blocks: tuple[dict[str, Any], ...] = ()
+
+
+def _task_problem(chunk: Mapping[str, Any]) -> str | None:
+    """A task_update chunk Slack takes: an id, a title of 1 to 256 characters and a known status."""
+    if not isinstance(chunk.get("id"), str) or not chunk["id"]:
+        return "no id"
+    title = chunk.get("title")
+    if not isinstance(title, str) or not 1 <= len(title) <= 256:
+        return "title not 1 to 256 characters"
+    if chunk.get("status") not in TASK_STATUSES:
+        return f"status {chunk.get('status')!r}"
+    return None
+
+
+def _merge_tasks(tasks: tuple[Task, ...], updates: tuple[dict[str, Any], ...]) -> tuple[Task, ...]:
+    cards = {task.id: task for task in tasks}
+    for update in updates:
+        old = cards.get(update["id"])
+        details = (old.details if old else "") + str(update.get("details") or "")
+        output = update.get("output") if update.get("output") is not None else (old.output if old else None)
+        cards[update["id"]] = Task(update["id"], update["title"], update["status"], details, output)
+    return tuple(cards.values())
+
+
 async def _read_params(request: web.Request) -> dict[str, Any]:
     params: dict[str, Any] = dict(request.query)
     if request.can_read_body:
@@ -504,6 +630,14 @@ class SlackEmulator:
         self._reply_index: dict[tuple[str, str], list[str]] = {}  # (channel, root ts) -> reply ts, in order
         self.statuses: dict[tuple[str, str], Status] = {}
         """The AI status shown under each thread (channel, root ts), while one is; a bot post in it clears it."""
+        self._streams: dict[tuple[str, str], Stream] = {}  # (channel, ts) -> the stream that made the message
+        self.stream_lifetime_s = STREAM_LIFETIME_S
+        self.stream_idle_s = STREAM_IDLE_S
+        """How long a stream lives, and the gap that ends it early (a test shortens them to play an expiry)."""
+        self.agent_view = True
+        """The app uses the agent messaging experience (manifest.yml's features.agent_view), not assistant_view."""
+        self.suggested_prompts: list[SuggestedPrompts] = []
+        self.titles: dict[tuple[str, str], str] = {}  # (channel, thread ts) -> assistant.threads.setTitle's title
         self._faults: dict[str, deque[Fault]] = {}
         self.weather: Callable[[str, Mapping[str, Any]], Fault | None] | None = None
         """A storm: (method, params) -> how this call fails, or None; asked for every call no `fail_next` fault
@@ -547,6 +681,11 @@ class SlackEmulator:
             "conversations.replies": self._replies,
             "conversations.history": self._history,
             "assistant.threads.setStatus": self._set_status,
+            "assistant.threads.setSuggestedPrompts": self._set_suggested_prompts,
+            "assistant.threads.setTitle": self._set_title,
+            "chat.startStream": self._start_stream,
+            "chat.appendStream": self._append_stream,
+            "chat.stopStream": self._stop_stream,
             "views.publish": self._views_publish,
             "views.open": self._views_open,
             "files.getUploadURLExternal": self._upload_url,
@@ -619,6 +758,9 @@ class SlackEmulator:
         for store in (self.calls, self.ephemerals, self.responses, self.response_log, self.deliveries, self.homes):
             store.clear()
         self.modals.clear()
+        self._streams.clear()
+        self.suggested_prompts.clear()
+        self.titles.clear()
         self._messages.clear()
         self._reply_index.clear()
         self.files.clear()
@@ -831,6 +973,40 @@ class SlackEmulator:
     def calls_to(self, method: str) -> list[ApiCall]:
         return [c for c in self.calls if c.method == method]
 
+    def streams(self, channel: str | None = None) -> list[Stream]:
+        """Every stream started (in one channel), in order."""
+        return [s for (c, _), s in self._streams.items() if channel in (None, c)]
+
+    def stream(self, channel: str, ts: str) -> Stream | None:
+        return self._streams.get((channel, ts))
+
+    def stream_state(self, channel: str, ts: str) -> str | None:
+        """The message's streaming state: "in_progress", "completed", or "expired": a stream Slack ended on its own
+        and nobody finished with chat.update, which the customer sees as a stuck message holding whatever had
+        streamed; None for a message that never streamed."""
+        msg, stream = self.message(channel, ts), self._streams.get((channel, ts))
+        if msg is None or stream is None:
+            return None
+        if msg.streaming_state == "in_progress" and not self._stream_open(stream):
+            return "expired"
+        return msg.streaming_state
+
+    def user_stops_stream(self, channel: str, ts: str) -> None:
+        """The person presses stop on a streaming message: Slack finalises it as it stands, and answers
+        `stopped_by_user` to the app's further appends and its stop."""
+        stream = self._streams[(channel, ts)]
+        msg = self._store(replace(self._find(channel, ts), streaming_state="completed"))
+        stream.ended = "user"
+        stream.shown.append(Shown(time.monotonic(), msg.text, "completed"))
+
+    def _stream_open(self, stream: Stream) -> bool:
+        now = time.monotonic()
+        return (
+            stream.ended is None
+            and now - stream.started_at < self.stream_lifetime_s
+            and now - stream.last_at < self.stream_idle_s
+        )
+
     # -- fault injection -------------------------------------------------------------------------------------
 
     def fail_next(
@@ -1004,7 +1180,7 @@ class SlackEmulator:
             bot_id=BOT_ID,
             thread_ts=_str(params, "thread_ts"),
             blocks=params.get("blocks"),
-            metadata=params.get("metadata"),
+            metadata=_metadata(params),
             username=_str(params, "username"),
             icon_url=_str(params, "icon_url"),
             icon_emoji=_str(params, "icon_emoji"),
@@ -1018,12 +1194,23 @@ class SlackEmulator:
 
     def _update(self, params: dict[str, Any]) -> dict[str, Any]:
         old = self._own_message(params, "ts", "cant_update_message")
+        stream = self._streams.get((old.channel, old.ts))
+        if stream is not None and self._stream_open(stream):
+            # Measured (not documented): a message still streaming is the stream's; an edit is refused cleanly.
+            raise SlackApiFailure("streaming_state_conflict")
         self._check_content(params)
         changes: dict[str, Any] = {"edited_ts": self._next_ts()}
-        for key in ("text", "blocks", "metadata"):
+        for key in ("text", "blocks"):
             if key in params:
                 changes[key] = params[key]
+        if "metadata" in params:
+            changes["metadata"] = _metadata(params)
+        if old.streaming_state == "in_progress":  # an expired stream: chat.update is how it is finished
+            changes["streaming_state"] = "completed"
         new = self._store(replace(old, **changes))
+        if stream is not None:
+            stream.ended = stream.ended or "updated"
+            stream.shown.append(Shown(time.monotonic(), new.text, str(new.streaming_state)))
         channel = self.channels[new.channel]
         self._echo(
             {"subtype": "message_changed", "hidden": True, "message": self._render(new, metadata=False)}
@@ -1041,6 +1228,187 @@ class SlackEmulator:
             | self._event_fields(self.channels[old.channel], self._next_ts())
         )
         return {"channel": old.channel, "ts": old.ts}
+
+    # -- streaming (docs.slack.dev, chat.startStream / chat.appendStream / chat.stopStream) -------------------
+
+    def _start_stream(self, params: dict[str, Any]) -> dict[str, Any]:
+        """A bot message that grows: a reply in thread_ts's thread, or a top-level message in a channel. Outside a
+        DM Slack must know whom the stream is for (recipient_user_id and recipient_team_id)."""
+        channel = self._channel_param(params)
+        if channel.is_archived:
+            raise SlackApiFailure("is_archived")
+        if not channel.is_member:
+            raise SlackApiFailure("not_in_channel")
+        if not channel.is_im:
+            for key in ("recipient_user_id", "recipient_team_id"):
+                if _str(params, key) is None:
+                    raise SlackApiFailure(f"missing_{key}")
+        if params.get("task_display_mode") not in (None, "timeline", "plan"):
+            raise SlackApiFailure("invalid_arguments")
+        piece = self._stream_piece(params)
+        msg = Msg(
+            channel=channel.id,
+            ts=self._next_ts(),
+            user=BOT_USER_ID,
+            text=piece.text,
+            bot_id=BOT_ID,
+            thread_ts=_str(params, "thread_ts"),
+            blocks=list(piece.blocks) or None,
+            username=_str(params, "username"),
+            icon_url=_str(params, "icon_url"),
+            icon_emoji=_str(params, "icon_emoji"),
+            streaming_state="in_progress",
+            tasks=_merge_tasks((), piece.tasks),
+        )
+        self._store(msg)
+        if msg.thread_ts is not None:  # a reply in the thread, as a post: Slack clears the AI status
+            self.statuses.pop((channel.id, msg.thread_ts), None)
+        now = time.monotonic()
+        shown = [Shown(now, msg.text, "in_progress")]
+        self._streams[(channel.id, msg.ts)] = Stream(channel.id, msg.ts, now, now, piece.mode, shown)
+        event = self._render(msg, metadata=False) | {"bot_profile": {"id": BOT_ID, "name": BOT_NAME}}
+        self._echo(event | self._event_fields(channel, msg.ts))
+        return {"channel": channel.id, "ts": msg.ts}
+
+    def _append_stream(self, params: dict[str, Any]) -> dict[str, Any]:
+        msg, stream = self._stream_target(params)
+        piece = self._stream_piece(params)
+        if piece.mode is None:
+            raise SlackApiFailure("no_text")
+        new = self._grow(msg, stream, piece)
+        return {"channel": new.channel, "ts": new.ts}
+
+    def _stop_stream(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The last text, blocks rendered after everything streamed (50 of them, apart from blocks chunks'), and
+        the message's metadata; the message is final from here on."""
+        msg, stream = self._stream_target(params)
+        piece = self._stream_piece(params)
+        blocks = params.get("blocks")
+        if (problem := block_kit_problem(blocks)) is not None:
+            self.rejected.append((params, problem))
+            raise SlackApiFailure("invalid_blocks")
+        metadata = _metadata(params)
+        closing = replace(piece, blocks=piece.blocks + tuple(blocks or ()))
+        new = self._grow(msg, stream, closing, metadata=metadata, state="completed")
+        stream.ended = "stopped"
+        self._echo(
+            {"subtype": "message_changed", "hidden": True, "message": self._render(new, metadata=False)}
+            | {"previous_message": self._render(msg, metadata=False)}
+            | self._event_fields(self.channels[new.channel], self._next_ts())
+        )
+        return {"channel": new.channel, "ts": new.ts, "message": self._render(new)}
+
+    def _stream_target(self, params: Mapping[str, Any]) -> tuple[Msg, Stream]:
+        channel = self._channel_param(params)
+        msg = self._find(channel.id, _require(params, "ts", "message_not_found"))
+        if msg.bot_id != BOT_ID:
+            raise SlackApiFailure("message_not_owned_by_app")
+        stream = self._streams.get((channel.id, msg.ts))
+        if stream is not None and stream.ended == "user":
+            raise SlackApiFailure("stopped_by_user")
+        if stream is None or not self._stream_open(stream):
+            raise SlackApiFailure("message_not_in_streaming_state")
+        return msg, stream
+
+    def _stream_piece(self, params: Mapping[str, Any]) -> _Piece:
+        """markdown_text or chunks (not both), each within Slack's limits."""
+        text, chunks = params.get("markdown_text"), params.get("chunks")
+        if text is not None and not isinstance(text, str):
+            raise SlackApiFailure("invalid_arguments")
+        if text and chunks:
+            raise SlackApiFailure("invalid_arguments")
+        if len(text or "") > STREAM_TEXT_LIMIT:
+            self.rejected.append((dict(params), f"markdown_text of {len(text or '')} characters"))
+            raise SlackApiFailure("msg_too_long")
+        if chunks is None or chunks == []:
+            return _Piece("markdown_text" if text else None, text or "")
+        if not isinstance(chunks, list):
+            raise SlackApiFailure("invalid_chunks")
+        texts: list[str] = []
+        tasks: list[dict[str, Any]] = []
+        blocks: list[dict[str, Any]] = []
+        for chunk in chunks:
+            kind = chunk.get("type") if isinstance(chunk, dict) else None
+            if kind == "markdown_text" and isinstance(chunk.get("text"), str):
+                if len(chunk["text"]) > STREAM_TEXT_LIMIT:
+                    self.rejected.append((dict(params), f"markdown_text chunk of {len(chunk['text'])} characters"))
+                    raise SlackApiFailure("msg_too_long")
+                texts.append(chunk["text"])
+            elif kind == "task_update" and _task_problem(chunk) is None:
+                tasks.append(chunk)
+            elif kind == "plan_update" and isinstance(chunk.get("title"), str) and 1 <= len(chunk["title"]) <= 256:
+                pass  # the plan's title: nothing the emulator shows
+            elif kind == "blocks" and isinstance(chunk.get("blocks"), list):
+                if (problem := block_kit_problem(chunk["blocks"])) is not None:
+                    self.rejected.append((dict(params), problem))
+                    raise SlackApiFailure("invalid_blocks")
+                blocks += chunk["blocks"]
+            else:
+                self.rejected.append((dict(params), f"chunk {chunk!r:.80}"))
+                raise SlackApiFailure("invalid_chunks")
+        return _Piece("chunks", "".join(texts), tuple(tasks), tuple(blocks))
+
+    def _grow(
+        self,
+        msg: Msg,
+        stream: Stream,
+        piece: _Piece,
+        *,
+        metadata: dict[str, Any] | None = None,
+        state: str = "in_progress",
+    ) -> Msg:
+        if piece.mode is not None:
+            if stream.mode not in (None, piece.mode):
+                raise SlackApiFailure("streaming_mode_mismatch")
+            stream.mode = piece.mode
+        blocks = (msg.blocks or []) + list(piece.blocks)
+        new = replace(
+            msg,
+            text=msg.text + piece.text,
+            tasks=_merge_tasks(msg.tasks, piece.tasks),
+            blocks=blocks or None,
+            metadata=metadata if metadata is not None else msg.metadata,
+            streaming_state=state,
+        )
+        self._store(new)
+        now = time.monotonic()
+        stream.last_at = now
+        stream.shown.append(Shown(now, new.text, state))
+        return new
+
+    # -- the agent messaging experience ---------------------------------------------------------------------
+
+    def _set_suggested_prompts(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Up to four prompts, each a title and a message, for a DM; with thread_ts an agent_view app's call is
+        answered ok and shows nothing, as Slack documents."""
+        channel = self._channel_param(params, key="channel_id")
+        prompts, title = params.get("prompts"), params.get("title")
+        if (
+            not isinstance(prompts, list)
+            or not 1 <= len(prompts) <= SUGGESTED_PROMPTS_MOST
+            or not all(
+                isinstance(p, dict) and all(isinstance(p.get(k), str) and p[k] for k in ("title", "message"))
+                for p in prompts
+            )
+            or not (title is None or isinstance(title, str))
+        ):
+            raise SlackApiFailure("invalid_arguments")
+        thread = _str(params, "thread_ts")
+        if thread is not None and not self.agent_view and self.message(channel.id, thread) is None:
+            raise SlackApiFailure("invalid_thread_ts")
+        listed = tuple((str(p["title"]), str(p["message"])) for p in prompts)
+        shown = thread is None or not self.agent_view
+        self.suggested_prompts.append(SuggestedPrompts(channel.id, thread, title or None, listed, shown))
+        return {}
+
+    def _set_title(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The title a thread shows in the app's DM history."""
+        channel = self._channel_param(params, key="channel_id")
+        thread = _require(params, "thread_ts", "invalid_thread_ts")
+        if self.message(channel.id, thread) is None:
+            raise SlackApiFailure("invalid_thread_ts")
+        self.titles[(channel.id, thread)] = _require(params, "title", "invalid_arguments")
+        return {}
 
     def _permalink(self, params: dict[str, Any]) -> dict[str, Any]:
         channel = self._channel_param(params)
@@ -1269,6 +1637,8 @@ class SlackEmulator:
             out["reactions"] = [{"name": n, "users": list(u), "count": len(u)} for n, u in msg.reactions.items()]
         if msg.edited_ts is not None:
             out["edited"] = {"user": msg.user, "ts": msg.edited_ts}
+        if msg.streaming_state is not None:
+            out["streaming_state"] = msg.streaming_state
         return out
 
     async def _response_url(self, request: web.Request) -> web.Response:

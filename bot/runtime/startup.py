@@ -100,6 +100,7 @@ def loop_config(settings: Settings, *, token_budget: int | None = None) -> LoopC
         max_handoffs=settings.max_handoffs_per_message,
         max_parallel_tools=settings.max_parallel_tools,
         token_budget=token_budget or settings.context_token_budget,
+        stream=settings.stream_answers,
         texts=Texts(
             escalated=settings.escalation_message,
             budget=settings.budget_message,

@@ -119,6 +119,7 @@ class Wakeups:
                     if not lost.is_set():
                         await asyncio.wait_for(conn.execute("SELECT 1"), timeout=10)
                 log.warning("the LISTEN connection was lost; reconnecting")
+                await asyncio.sleep(1)  # a server going away drops every new connection too: no tight loop
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -148,6 +149,20 @@ class Progress(Protocol):
     async def drain(self) -> None:
         """Let the last updates go out before the process stops."""
         ...
+
+
+def _fan_out(shown: Sequence[TurnProgress]) -> Callable[[Event], Awaitable[None]] | None:
+    """One event sink for every progress of a run (none for none)."""
+    if not shown:
+        return None
+    if len(shown) == 1:
+        return shown[0].on_event
+
+    async def on_event(event: Event) -> None:
+        for one in shown:
+            await one.on_event(event)
+
+    return on_event
 
 
 class Doorbell:
@@ -183,7 +198,7 @@ class Workers:
         listen_url: str | None = None,
         housekeeping: list[tuple[Callable[[], Awaitable[object]], float]] | None = None,
         enabled: bool = True,
-        status: Progress | None = None,
+        progress: Sequence[Progress] = (),
         doorbell: Doorbell | None = None,
     ) -> None:
         self.conversations = conversations
@@ -206,8 +221,9 @@ class Workers:
         """False in a process that only receives (PROCESS_ROLE=web): nothing runs here, the workers elsewhere
         are woken by the database (NOTIFY)."""
         self.ready = False
-        self.status = status
-        """Shows a turn's progress while it works (Slack's AI status); None: the reactions or typing alone do."""
+        self.progress = tuple(progress)
+        """What shows a turn while it works (Slack's AI status, the answer streamed); none: the reactions or typing
+        alone do."""
 
     @property
     def in_flight(self) -> int:
@@ -255,8 +271,8 @@ class Workers:
             for task in late:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-        if self.status is not None:
-            await self.status.drain()
+        for shown in self.progress:
+            await shown.drain()
 
     async def _sleep(self, event: asyncio.Event, seconds: float) -> None:
         waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stopping.wait())]
@@ -290,10 +306,10 @@ class Workers:
 
     async def _run(self, lease: Lease) -> None:
         started = time.perf_counter()
-        shown = self.status.turn() if self.status is not None else None
+        shown = [progress.turn() for progress in self.progress]
         results: list[MessageResult] = []
         try:
-            with tracing.conversation_run(lease.conversation_id, shown.on_event if shown else None) as on_event:
+            with tracing.conversation_run(lease.conversation_id, _fan_out(shown)) as on_event:
                 results = await self.conversations.run_leased(lease, on_event=on_event)
         except LeaseLost:
             log.warning("lost the lease of conversation %s: its turn was not committed", lease.conversation_id)
@@ -304,8 +320,8 @@ class Workers:
         finally:
             self._running.discard(asyncio.current_task())
             self.wake_turns()  # a place is free
-            if shown is not None:
-                shown.finish(results)
+            for one in shown:
+                one.finish(results)
         for result in results:
             self.metrics.processed.labels(result.kind).inc()
             if result.limited_by is not None:

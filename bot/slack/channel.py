@@ -23,6 +23,7 @@ SLACK = Channel(
         finds_posts=True,
         surveys=True,
         rich_answers=True,
+        streaming=True,
     ),
     format=SlackFormat(),
 )

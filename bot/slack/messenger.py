@@ -17,7 +17,7 @@ from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from agents.address import Platform
 from agents.markup.limits import MESSAGE_TEXT, clip
-from bot.channels.messenger import Refused, Where
+from bot.channels.messenger import PreviewRef, Refused, Where
 from escalation.views import Message
 
 METADATA_TYPE = "helpdesk_outbox"
@@ -67,6 +67,54 @@ class SlackMessenger:
             metadata = message.get("metadata") or {}
             payload = metadata.get("event_payload") or {}
             if metadata.get("event_type") == METADATA_TYPE and payload.get("outbox_id") == outbox_id:
+                return str(message["ts"])
+        return None
+
+    async def finish_preview(self, preview: PreviewRef, where: Where, message: Message, *, outbox_id: int) -> str:
+        """The streamed message becomes `message`: stopped with what the answer adds to what it showed (and the
+        answer's other blocks, the feedback buttons), or, where it showed something else or can no longer be
+        stopped, replaced by `chat.update`. The outbox mark goes on with the last call only, so a message `find`
+        finds is one that is whole."""
+        ts = preview.stream_id or await self._unmarked_stream(where, since=preview.started_at)
+        if ts is None:  # its start never reached Slack: posted as any message
+            return await self.post(where, message, outbox_id=outbox_id)
+        mark = {"event_type": METADATA_TYPE, "event_payload": {"outbox_id": outbox_id}}
+        markdown = "".join(b["text"] for b in message.blocks or () if b.get("type") == "markdown")
+        others = [b for b in message.blocks or () if b.get("type") != "markdown"] or None
+        whole = bool(markdown) and markdown.startswith(preview.shown) and message.shown_as is None
+        try:
+            stopped = await self._call(
+                self.client.chat_stopStream(
+                    channel=where.channel,
+                    ts=ts,
+                    markdown_text=markdown[len(preview.shown) :] or None if whole else None,
+                    blocks=others if whole else None,
+                    metadata=mark if whole else None,
+                )
+            )
+            if whole and (stopped.get("message") or {}).get("text", markdown) == markdown:
+                return ts
+        except Refused as exc:
+            if exc.error != "message_not_in_streaming_state":  # expired: replaced below, as Slack advises
+                raise
+        await self._call(
+            self.client.chat_update(
+                channel=where.channel, ts=ts, text=message.text, blocks=message.blocks, metadata=mark
+            )
+        )
+        return ts
+
+    async def _unmarked_stream(self, where: Where, *, since: datetime) -> str | None:
+        """A streamed message of ours in the thread that no outbox row has marked yet: a start whose answer was
+        lost."""
+        oldest = f"{since.timestamp() - 60:.6f}"
+        response = await self._call(
+            self.client.conversations_replies(
+                channel=where.channel, ts=where.thread or "", oldest=oldest, include_all_metadata=True, limit=200
+            )
+        )
+        for message in response.get("messages") or []:
+            if message.get("streaming_state") and not message.get("metadata") and message.get("bot_id"):
                 return str(message["ts"])
         return None
 

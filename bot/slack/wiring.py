@@ -10,6 +10,7 @@ from functools import partial
 from prometheus_client import Counter
 from slack_bolt.app.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.admin.command import AdminCommands
 from bot.channels.intake import Intake
@@ -23,6 +24,7 @@ from bot.slack.files import SlackFiles, file_limits
 from bot.slack.home import Home
 from bot.slack.messenger import SlackMessenger
 from bot.slack.preflight import staff_channel_problem, staff_channel_status
+from bot.slack.streaming import SlackStreams
 from bot.slack.support import register as register_admin
 from bot.staff import StaffGate, StaffList
 
@@ -46,6 +48,11 @@ class SlackSide:
     def ai_status(self, *, failures: Counter, title: Callable[[str], str]) -> SlackStatus:
         # Its own client that retries nothing: a status late is a status wrong.
         return SlackStatus(self.client_without_retries(), failures=failures, title=title)
+
+    def streams(self, sessions: async_sessionmaker[AsyncSession]) -> SlackStreams:
+        """Answers streamed in the customer's thread, on a client that retries nothing (a start retried after a
+        lost answer would show twice)."""
+        return SlackStreams(self.client_without_retries(), sessions)
 
     async def staff_channel_check(self, listed: StaffList) -> Callable[[], Awaitable[str | None]]:
         """`/support status`'s look at the staff channel; looked at once now, and a problem said loudly."""

@@ -38,6 +38,7 @@ from bot.admin.command import AdminCommands, Invocation
 from bot.channels.incoming import ACK_WITHIN_S, CaseAction, CustomerMessage, sanitised
 from bot.channels.intake import Intake, Writer
 from bot.channels.messenger import Where
+from bot.feedback import Feedback, FeedbackClick
 from bot.staff import Member
 from bot.teams.events import AdminMessage, Parsed, TeamsPolicy, parse
 from bot.teams.messenger import BOT_FRAMEWORK, ServiceUrls, TeamsMessenger
@@ -202,6 +203,7 @@ class TeamsEdge:
         messenger: TeamsMessenger,
         people: TeamsPeople,
         admin: AdminCommands | None,
+        feedback: Feedback | None = None,
     ) -> None:
         self.policy = policy
         self.auth = auth
@@ -210,6 +212,8 @@ class TeamsEdge:
         self.messenger = messenger
         self.people = people
         self.admin = admin
+        self.feedback = feedback
+        """Records Teams' 👍/👎 on answers (None: not recorded)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -259,6 +263,10 @@ class TeamsEdge:
                     acting = self.intake.act(incoming, ours=self.policy.tenant, presser=presser)
                     await asyncio.wait({self._later(acting)}, timeout=ACK_WITHIN_S)
                 return "case action"
+            case FeedbackClick():
+                if self.feedback is not None and await self.intake.first_request(delivery):
+                    self._later(self._rated(self.feedback, incoming))
+                return "feedback"
             case AdminMessage():
                 if await self.intake.first_request(delivery):
                     self._later(self._admin(incoming, parsed))
@@ -282,6 +290,10 @@ class TeamsEdge:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    @staticmethod
+    async def _rated(feedback: Feedback, click: FeedbackClick) -> None:
+        await feedback.record(click)
 
     async def _admin(self, message: AdminMessage, parsed: Parsed) -> None:
         if self.admin is None:

@@ -23,6 +23,7 @@ TEAMS = Channel(
         finds_posts=False,  # the Bot Connector API reads no messages back
         surveys=False,
         rich_answers=False,
+        streaming=True,  # in personal chats (bot.teams.streaming); channels and group chats keep typing
     ),
     format=TeamsFormat(),
 )

@@ -4,7 +4,8 @@
 Conversations: a personal chat with the bot is one conversation, as is a group chat; in a team channel, a post that
 mentions the bot starts one and its reply chain continues it. In the staff channel (TEAMS_STAFF_CHANNEL_ID), the
 reply chain of a case's card is the case's thread, and pressing its buttons is a `CaseAction`. In a personal chat,
-an admin's message that reads as a `/support` command is an `AdminMessage`.
+an admin's message that reads as a `/support` command is an `AdminMessage`. Teams' own 👍/👎 under an answer (the
+feedback loop, an `invoke` named `message/submitAction`) is a `FeedbackClick`, recorded as Slack's buttons are.
 """
 
 from __future__ import annotations
@@ -26,12 +27,16 @@ from bot.channels.incoming import (
     StaffEdit,
     StaffReply,
 )
+from bot.feedback import FeedbackClick, Rating
 from bot.teams.html import incoming_text
 from bot.teams.messenger import CHAIN, is_channel
 
 ACTION_KEY = "helpdesk_action"
 """Where a card button's data names its action (`bot.teams.adaptive_card` puts it there)."""
 ADMIN_PREFIXES = ("/support",)
+SUBMIT_ACTION = "message/submitAction"
+"""The invoke Teams sends when a person rates a message that has the feedback loop."""
+REACTIONS = {"like": Rating.GOOD, "dislike": Rating.BAD}
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,7 @@ class Parsed:
     """What one activity is, and how to store it."""
 
     delivery: Delivery
-    incoming: Incoming | CaseAction | AdminMessage
+    incoming: Incoming | CaseAction | AdminMessage | FeedbackClick
     conversation: str
     """The activity's conversation id (with `;messageid=` in a channel)."""
     service_url: str
@@ -115,7 +120,9 @@ def parse(body: Mapping[str, Any], policy: TeamsPolicy) -> Parsed:
     user, aad = str(_get(sender, "id") or ""), _get(sender, "aadObjectId")
     base, _, root = conversation.partition(CHAIN)
 
-    def parsed(incoming: Incoming | CaseAction | AdminMessage, *, continues_only: bool = False) -> Parsed:
+    def parsed(
+        incoming: Incoming | CaseAction | AdminMessage | FeedbackClick, *, continues_only: bool = False
+    ) -> Parsed:
         return Parsed(delivery, incoming, conversation, service_url, tenant, continues_only)
 
     kind = body.get("type")
@@ -126,6 +133,8 @@ def parse(body: Mapping[str, Any], policy: TeamsPolicy) -> Parsed:
     value = body.get("value")
     if kind == "message" and isinstance(value, Mapping) and ACTION_KEY in value:
         return parsed(_case_action(value, user, channel, tenant, _get(sender, "tenantId") or tenant))
+    if kind == "invoke" and body.get("name") == SUBMIT_ACTION:
+        return parsed(_feedback(body, base, user))
     if staff:
         return parsed(_staff(body, kind, channel, root, user, tenant, policy))
     if kind != "message":
@@ -169,6 +178,17 @@ def _admin_command(text: str, *, admin: bool) -> str | None:
     if admin and first in USAGE:
         return text
     return None
+
+
+def _feedback(body: Mapping[str, Any], conversation: str, user: str) -> FeedbackClick | Ignored:
+    """A 👍/👎 on a message of the bot's: `replyToId` names the message (the outbox's post of the answer)."""
+    value = body.get("value")
+    reaction = _get(value, "actionValue", "reaction")
+    message = body.get("replyToId") or _get(body, "channelData", "legacy", "replyToId")
+    if _get(value, "actionName") != "feedback" or reaction not in REACTIONS or not message:
+        return Ignored("a submit action that is no feedback")
+    rated = str(body.get("timestamp") or "")
+    return FeedbackClick(conversation, str(message), user, REACTIONS[reaction], rated)
 
 
 def _case_action(

@@ -5,6 +5,9 @@ What Teams allows, and so what this promises: a post is answered with its id, or
 outcome is unknown (5xx other than 503, a lost answer). The Bot Connector API reads no messages back, so an unknown
 outcome cannot be looked up (`finds_posts` is False in `bot.teams.channel`): the sender never posts it again (see
 `bot.delivery.sender`).
+
+In a personal chat an answer can be streamed (`stream`, driven by `bot.teams.streaming`): a preview whose final
+message is the answer of record (`finish_preview`), or, when Teams no longer takes the stream, a post.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from aiohttp import ClientConnectorError, ClientResponseError, ClientSession, ClientTimeout, ConnectionTimeoutError
-from microsoft_agents.activity import Activity, ChannelAccount, ConversationParameters
+from microsoft_agents.activity import Activity, AIEntity, ChannelAccount, ConversationParameters, Entity
 from microsoft_agents.hosting.core.authorization import AccessTokenProviderBase
 from microsoft_agents.hosting.core.connector.client import ConnectorClient
 from sqlalchemy import select, text
@@ -23,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agents.address import Platform
 from agents.db import models as m
-from bot.channels.messenger import Refused, Where
+from bot.channels.messenger import PreviewRef, Refused, Where
 from bot.teams.cards import adaptive_card
 from bot.teams.text import from_mrkdwn
 from escalation.views import Message
@@ -40,6 +43,11 @@ def is_channel(conversation: str) -> bool:
     """A team channel (posts with reply chains), not a personal or group chat."""
     base = conversation.split(CHAIN, 1)[0]
     return base.endswith("@thread.tacv2") or base.endswith("@thread.skype")
+
+
+def is_personal(conversation: str) -> bool:
+    """The bot's 1:1 chat with a person (`a:…`), the only place Teams streams; channels and group chats are `19:…`."""
+    return not conversation.split(CHAIN, 1)[0].startswith("19:")
 
 
 def in_chain(channel: str, root: str | None) -> str:
@@ -102,9 +110,18 @@ class TeamsMessenger:
     platform = Platform.TEAMS
 
     def __init__(
-        self, *, credentials: AccessTokenProviderBase, urls: ServiceUrls, tenant: str, bot_id: str, bot_name: str
+        self,
+        *,
+        credentials: AccessTokenProviderBase,
+        urls: ServiceUrls,
+        tenant: str,
+        bot_id: str,
+        bot_name: str,
+        feedback_loop: bool = True,
     ) -> None:
         self.credentials = credentials
+        self.feedback_loop = feedback_loop
+        """Teams' 👍/👎 under a streamed answer's final message (recorded by `bot.feedback`, as Slack's buttons)."""
         self.urls = urls
         self.tenant = tenant
         self.bot = ChannelAccount(id=bot_id, name=bot_name)
@@ -188,6 +205,49 @@ class TeamsMessenger:
             raise RuntimeError("Teams answered without the new message's id")
         return str(posted)
 
+    async def stream(self, where: Where, text: str, *, kind: str, sequence: int, stream_id: str | None) -> str:
+        """One `typing` activity of a stream in a personal chat: `informative` (a progress line) or `streaming` (the
+        answer so far, which must contain what the stream showed before); without `stream_id` it starts a stream.
+        Returns the stream's id (the first activity's). Raises `Refused` as a post does (403: the stream is over or
+        not allowed; 429: faster than one a second)."""
+        info: dict[str, object] = {"streamType": kind, "streamSequence": sequence}
+        if stream_id is not None:
+            info["streamId"] = stream_id
+        activity = Activity(type="typing", text=text, entities=[_stream_info(info)], channel_data=info)
+        client = await self.client(where.channel)
+        sent = await _refusing(client.conversations.send_to_conversation(where.channel, activity))
+        if not (sent.id or stream_id):
+            raise RuntimeError("Teams answered a stream's start without its id")
+        return str(sent.id or stream_id)
+
+    async def finish_preview(self, preview: PreviewRef, where: Where, message: Message, *, outbox_id: int) -> str:
+        """The stream's final message, `message` with the AI label (and Teams' feedback control), in place of what
+        the stream showed. A stream whose start went unanswered, or that Teams ended (its two minutes passed, the
+        person stopped it), cannot be finished: the message is posted instead."""
+        if preview.stream_id is None:
+            return await self.post(where, message, outbox_id=outbox_id)
+        info: dict[str, object] = {"streamId": preview.stream_id, "streamType": "final"}
+        if self.feedback_loop:
+            info["feedbackLoopEnabled"] = True
+        activity = self.activity(message)
+        activity.entities = [_stream_info(info), _AI_GENERATED]
+        activity.channel_data = info
+        client = await self.client(where.channel)
+        for attempt in range(2):
+            final = client.conversations.send_to_conversation(where.channel, activity)
+            try:
+                sent = await _refusing(final, has_card=bool(message.blocks))
+                return str(sent.id or preview.stream_id)
+            except Refused as exc:
+                if exc.error == _REFUSED[403]:
+                    log.info("the stream in %s is over (%s): the answer is posted", where.channel, exc.__cause__)
+                    return await self.post(where, message, outbox_id=outbox_id)
+                # The last update went out less than a second ago: waiting it out here costs less than a retry.
+                if exc.error != "ratelimited" or attempt or (exc.retry_after or 0) > _FINAL_WAIT_S:
+                    raise
+                await asyncio.sleep(exc.retry_after or 1.0)
+        raise AssertionError("unreachable")
+
     async def find(self, where: Where, *, outbox_id: int, since: datetime) -> str | None:
         raise NotImplementedError("the Bot Connector API reads no messages back")
 
@@ -233,6 +293,16 @@ class TeamsMessenger:
         )
         message = Activity(type="message", text=from_mrkdwn(text), text_format="markdown")
         await _refusing(client.conversations.send_to_conversation(str(created.id), message))
+
+
+_FINAL_WAIT_S = 2.0
+"""A stream's final message refused as too fast is sent again after Teams' Retry-After up to this long."""
+_AI_GENERATED = AIEntity(type="https://schema.org/Message", id="", additional_type=["AIGeneratedContent"])
+"""Teams' "AI generated" label (learn.microsoft.com, "Bot messages with AI-generated content")."""
+
+
+def _stream_info(fields: dict[str, object]) -> Entity:
+    return Entity.model_validate({"type": "streaminfo"} | fields)
 
 
 _REFUSED = {

@@ -11,10 +11,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from bot.admin.command import AdminCommands
 from bot.channels.intake import Intake
+from bot.feedback import Feedback
 from bot.settings import Settings
 from bot.teams.app import TeamsAuth, TeamsDirectory, TeamsEdge, TeamsMembers, TeamsPeople
 from bot.teams.events import TeamsPolicy
 from bot.teams.messenger import ServiceUrls, TeamsMessenger
+from bot.teams.streaming import TeamsStreams
 
 ENTRA_USER = "8:orgid:"
 """How Teams names a person in a conversation by their Entra object id (TEAMS_ADMIN_IDS lists object ids)."""
@@ -33,12 +35,16 @@ class TeamsSide:
         """TEAMS_ADMIN_IDS as the people the sender writes to when something needs an admin."""
         return frozenset(f"{ENTRA_USER}{admin}" for admin in self.policy.admins)
 
+    def streams(self, sessions: async_sessionmaker[AsyncSession]) -> TeamsStreams:
+        """Answers streamed in personal chats (channels and group chats keep typing)."""
+        return TeamsStreams(self.messenger, sessions)
+
     def staff_members(self) -> TeamsMembers:
         """Who is in the Teams staff channel (the staff gate asks there)."""
         assert self.policy.staff_channel is not None
         return self.people.in_conversation(self.policy.staff_channel)
 
-    def edge(self, *, intake: Intake, admin: AdminCommands) -> TeamsEdge:
+    def edge(self, *, intake: Intake, admin: AdminCommands, feedback: Feedback | None = None) -> TeamsEdge:
         """`POST /api/messages`."""
         return TeamsEdge(
             policy=self.policy,
@@ -48,6 +54,7 @@ class TeamsSide:
             messenger=self.messenger,
             people=self.people,
             admin=admin,
+            feedback=feedback,
         )
 
 
@@ -68,6 +75,7 @@ def teams_side(settings: Settings, *, engine: AsyncEngine, sessions: async_sessi
         tenant=policy.tenant,
         bot_id=policy.bot_id,
         bot_name=policy.bot_name,
+        feedback_loop=settings.feedback_buttons,
     )
     people = TeamsPeople(messenger, tenant=policy.tenant)
     return TeamsSide(policy, urls, messenger, people, TeamsDirectory(sessions))

@@ -104,9 +104,23 @@ function avatar(m) {
   return `<div class="avatar ${app ? "bot" : ""}">${app ? "🤖" : esc(initials)}</div>`;
 }
 
+// A streamed answer's task cards (task_update chunks), one line each.
+const TASK_ICONS = {pending: "○", in_progress: "◐", complete: "✓", error: "✗"};
+function tasks(list) {
+  return list && list.length ? `<ul class="tasks">${list.map((t) =>
+    `<li class="task ${esc(t.status)}">${TASK_ICONS[t.status] || "·"} ${esc(t.title)}</li>`).join("")}</ul>` : "";
+}
+
 function message(m, inThread) {
   const name = m.username || (m.bot ? "helpdesk" : userName(m.user));
-  const body = m.blocks ? blocks(m.blocks, m) : `<div class="text">${mrkdwn(m.text)}</div>`;
+  // A stream's text is the message itself and its blocks come after it (chat.stopStream), unless a markdown block
+  // already shows the text.
+  const textFirst = m.streaming && !(m.blocks || []).some((b) => b.type === "markdown");
+  const body = tasks(m.tasks) + (m.blocks
+    ? (textFirst ? `<div class="text">${mrkdwn(m.text)}</div>` : "") + blocks(m.blocks, m)
+    : `<div class="text">${mrkdwn(m.text)}</div>`);
+  const live = m.streaming === "in_progress" ? ' <span class="hint streaming">…</span>'
+    : m.streaming === "expired" ? ' <span class="hint">(stream expired)</span>' : "";
   const reactions = Object.entries(m.reactions || {}).map(([n, users]) =>
     `<span class="reaction" data-reaction="${esc(n)}">${emoji(n) || ":" + esc(n) + ":"} ${users.length}</span>`).join("");
   const replies = inThread ? "" : repliesOf(m.channel, m.ts).length;
@@ -115,7 +129,7 @@ function message(m, inThread) {
   return `<div class="msg ${m.ephemeral ? "ephemeral" : ""} ${m.bot ? "from-bot" : ""}" data-ts="${esc(m.ts)}" data-user="${esc(m.user)}">
     ${avatar(m)}<div class="body">
       <div class="meta"><b class="name">${esc(name)}</b>${m.bot ? ' <span class="tag">APP</span>' : ""}
-        <span class="time">${time(m.ts)}</span>${m.edited ? ' <span class="hint">(edited)</span>' : ""}</div>
+        <span class="time">${time(m.ts)}</span>${m.edited ? ' <span class="hint">(edited)</span>' : ""}${live}</div>
       ${m.ephemeral ? `<div class="hint only-you">${m.in_channel ? "Answer to your " + esc(m.source) + " (in channel)" : "Only visible to you"}</div>` : ""}
       ${body}<div class="reactions">${reactions}</div>${threadLink}
     </div></div>`;
@@ -243,9 +257,14 @@ async function refresh() {
   render();
 }
 
+// Faster while an answer streams, so that it grows word by word rather than a second at a time.
+function streaming() {
+  return Object.values(state.ws?.messages || {}).some((list) => list.some((m) => m.streaming === "in_progress"));
+}
+
 async function poll() {
   try { await refresh(); } catch (err) { console.warn(err); }
-  setTimeout(poll, 1000);
+  setTimeout(poll, streaming() ? 250 : 1000);
 }
 
 // A Slack permalink (https://<team>.slack.com/archives/<channel>/p<ts without the dot>[?thread_ts=…]).
