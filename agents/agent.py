@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.confirm import confirming
+from agents.db.deliveries import Source
 from agents.errors import ConfigError
 from agents.tools import EscalateTo, HandoffTo, Tool, function_tool
 from agents.toolsets import Toolset
@@ -25,6 +26,8 @@ class Retrieved:
     tool: str
     arguments: Mapping[str, Any]
     output: str
+    sources: tuple[Source, ...] = ()
+    """The passages' documents, cited under an answer written from them."""
 
 
 Retriever = Callable[[str, int], Awaitable[Retrieved | None]]

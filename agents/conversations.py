@@ -33,6 +33,7 @@ from agents import limits
 from agents.agent import Roster
 from agents.attachments import Attachment, AttachmentReader, FileRef, with_attachments
 from agents.db import models as m
+from agents.db.deliveries import Source
 from agents.db.engine import database_unavailable
 from agents.identity import Author
 from agents.leases import Lease, LeaseLost, Leases, process_owner
@@ -168,6 +169,9 @@ class MessageResult:
     rows of `llm_calls`)."""
     tools: tuple[ToolRecord, ...] = field(default=(), compare=False)
     """The tool calls of the committed turn (metrics count them; the audit trail is `tool_runs`)."""
+    sources: tuple[Source, ...] = field(default=(), compare=False)
+    """What an agent's reply was grounded in (`TurnResult.sources`), for the host to cite with it; not stored with the
+    result (the outbox keeps it with the answer's rows)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -616,6 +620,7 @@ class Conversations:
             escalation.reason if escalation else None,
             llm_calls=turn.llm_calls,
             tools=turn.tools,
+            sources=turn.sources,
         )
         user = started.inbound.message()
         mode = self.takeover.after_turn(escalated=escalation is not None)

@@ -27,12 +27,13 @@ from typing import Any, Literal, cast
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.agent import Agent, Roster
+from agents.db.deliveries import MAX_SOURCES, Source
 from agents.errors import ProviderError, ToolUnavailable
 from agents.identity import Author
 from agents.messages import PREPARED, Message, ToolCall
 from agents.model import Model, ModelResponse, Usage
 from agents.router import Routed, Router, acts_on
-from agents.tools import EscalateTo, HandoffTo, Tool, ToolArgumentsError, ToolContext
+from agents.tools import Cited, EscalateTo, HandoffTo, Tool, ToolArgumentsError, ToolContext
 from agents.window import build_window, shared
 
 
@@ -170,6 +171,8 @@ class ToolRecord:
     result: HandoffTo | EscalateTo | None = None
     source: str = "python"
     """Where the tool ran (`Tool.source`): "python", "http", "mcp:<server>"; "unknown" for a name no tool has."""
+    sources: tuple[Source, ...] = ()
+    """The knowledge its output showed the model (`Cited`)."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,8 @@ class TurnResult:
     handoffs: tuple[HandoffRecord, ...]
     tools: tuple[ToolRecord, ...]
     llm_calls: tuple[LLMCallRecord, ...]
+    sources: tuple[Source, ...] = ()
+    """What a `Reply` was grounded in: the knowledge the answering agent was given this turn (`grounding`)."""
 
 
 Event = TurnStarted | TextDelta | ToolStarted | ToolRecord | HandoffRecord | Reply | Escalate
@@ -233,7 +238,10 @@ async def run_turn(
         if isinstance(outcome, Escalate):
             new.append(Message("assistant", text, agent=agent.name))
         await emit(outcome)
-        return TurnResult(agent.name, context, tuple(new), outcome, text, tuple(handoffs), tuple(tools), tuple(calls))
+        sources = grounding(tools, agent.name) if isinstance(outcome, Reply) else ()
+        return TurnResult(
+            agent.name, context, tuple(new), outcome, text, tuple(handoffs), tuple(tools), tuple(calls), sources
+        )
 
     async def switch(record: HandoffRecord) -> Agent:
         handoffs.append(record)
@@ -539,7 +547,17 @@ async def _retrieve(
         return None
     call = ToolCall(call_id, found.tool, json.dumps(dict(found.arguments), ensure_ascii=False))
     await emit(ToolStarted(agent.name, call))
-    return ToolRecord(agent.name, call, True, found.output, (time.perf_counter() - started) * 1000)
+    took_ms = (time.perf_counter() - started) * 1000
+    return ToolRecord(agent.name, call, True, found.output, took_ms, sources=found.sources)
+
+
+def grounding(tools: Sequence[ToolRecord], agent: str) -> tuple[Source, ...]:
+    """The knowledge `agent` was shown this turn, in the order it was shown: once per document section (a section's
+    passages are one source), at most MAX_SOURCES. Another agent's searches are not what this one answered from."""
+    seen: dict[tuple[str, str | None], Source] = {}
+    for source in (s for record in tools if record.agent == agent and record.ok for s in record.sources):
+        seen.setdefault((source.link, source.heading), source)
+    return tuple(seen.values())[:MAX_SOURCES]
 
 
 WRITER = "writer"
@@ -576,6 +594,7 @@ async def _run_tool(
     started = time.perf_counter()
     tool = next((t for t in available if t.name == call.name), None)
     result: HandoffTo | EscalateTo | None = None
+    sources: tuple[Source, ...] = ()
     if tool is None:
         names = [t.name for t in available]
         ok, output = False, f"Error: there is no tool named {call.name!r}. Available: {names}"
@@ -588,6 +607,9 @@ async def _run_tool(
                 value = await tool.invoke(ctx, call.arguments)
             ok = True
             result = value if isinstance(value, HandoffTo | EscalateTo) else None
+            if isinstance(value, Cited):
+                sources = value.sources
+                value = value.text
             output = "" if result is not None else value if isinstance(value, str) else str(value)
         except ToolArgumentsError as exc:
             ok, output = False, f"Error: {exc}. Call {call.name} again with corrected arguments."
@@ -598,7 +620,7 @@ async def _run_tool(
         except Exception as exc:  # a tool's failure is news for the model, not a crash of the turn
             ok, output = False, f"Error: {call.name} failed: {type(exc).__name__}: {exc}"
     source = tool.source if tool is not None else "unknown"
-    return ToolRecord(agent, call, ok, output, (time.perf_counter() - started) * 1000, result, source)
+    return ToolRecord(agent, call, ok, output, (time.perf_counter() - started) * 1000, result, source, sources)
 
 
 def _decide(

@@ -26,6 +26,7 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.db.deliveries import Source
 from agents.errors import AgentsError, ConfigError
 from agents.identity import Author
 
@@ -62,7 +63,16 @@ class EscalateTo:
     reason: str
 
 
-ToolResult = str | HandoffTo | EscalateTo
+@dataclass(frozen=True)
+class Cited:
+    """A tool's answer drawn from knowledge (`search_knowledge`'s): the model sees `text`; an answer the agent then
+    writes is shown with `sources` cited under it."""
+
+    text: str
+    sources: tuple[Source, ...]
+
+
+ToolResult = str | Cited | HandoffTo | EscalateTo
 ToolFn = Callable[..., Awaitable[ToolResult]]
 Check = Callable[[dict[str, Any]], dict[str, Any]]
 """The model's arguments (a JSON object) -> the keyword arguments the tool's function takes; raises

@@ -11,8 +11,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from agents.markup.limits import MESSAGE_TEXT, clip, fit
-from agents.markup.text import from_markdown, inert_markdown
+from agents.db.deliveries import Source
+from agents.markup.limits import MESSAGE_TEXT, TEXT_OBJECT, clip, fit
+from agents.markup.text import escape, from_markdown, inert_markdown
 from escalation.views import Message
 
 FEEDBACK_ACTION = "answer_feedback"
@@ -46,9 +47,21 @@ FEEDBACK_BUTTONS: dict[str, Any] = {
 }
 
 
-def answer_message(markdown: str, *, feedback: bool) -> Message:
-    """One post of an answer; `markdown` is the model's, made inert here for both the block and the text."""
+def answer_message(markdown: str, *, feedback: bool, sources: tuple[Source, ...] = ()) -> Message:
+    """One post of an answer; `markdown` is the model's, made inert here for both the block and the text. Its sources
+    are a line under it ("Sources: Warranty › Proof of purchase, ..."), each a link where it has one."""
     blocks: list[dict[str, Any]] = [{"type": "markdown", "text": inert_markdown(markdown)}]
+    if sources:
+        line = "Sources: " + ", ".join(_cited(source) for source in sources)
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": clip(line, TEXT_OBJECT)}]})
     if feedback:
         blocks.append(FEEDBACK_BUTTONS)
-    return Message(clip(from_markdown(markdown), MESSAGE_TEXT), blocks=fit(blocks), native=True)
+    text = clip(from_markdown(markdown), MESSAGE_TEXT)
+    return Message(text, blocks=fit(blocks), native=True, ai=True, sources=sources)
+
+
+def _cited(source: Source) -> str:
+    # A label or link holding `|` or `>` would end Slack's link early: such a label is shown as text.
+    label = escape(source.label.replace("|", "/"))
+    url = source.url
+    return f"<{url}|{label}>" if url is not None and not any(c in url for c in "|<> ") else label

@@ -36,6 +36,7 @@ from bot.channels.capabilities import Channels, ReplyStyle
 from bot.channels.directories import Directories
 from bot.channels.intake import Intake
 from bot.channels.messenger import Messenger
+from bot.channels.previews import Notice
 from bot.csat import Csat, CsatPolicy
 from bot.declaration.build import helpdesk as declared_helpdesk
 from bot.delivery.owed import turn_outbox
@@ -45,6 +46,7 @@ from bot.metrics import Metrics
 from bot.runtime import startup as runtime
 from bot.runtime.workers import Doorbell, Progress, Workers
 from bot.settings import Settings
+from bot.slack.agent_view import Prompt
 from bot.slack.channel import SLACK
 from bot.slack.wiring import SlackSide, slack_side
 from bot.staff import Colleagues, Member, Members, StaffGate, StaffList
@@ -107,12 +109,13 @@ class Sides:
     ) -> list[Progress]:
         """What shows a turn while it works, in each channel that can: Slack's AI status, answers streamed."""
         shown: list[Progress] = []
+        notice = handoff_notice(settings, title)
         if self.slack is not None and SLACK.capabilities.ai_status:
             shown.append(self.slack.ai_status(failures=metrics.status_failures, title=title))
         if self.slack is not None and SLACK.capabilities.streaming and settings.stream_answers:
-            shown.append(self.slack.streams(db.sessions))
+            shown.append(self.slack.streams(db.sessions, notice=notice))
         if self.teams is not None and TEAMS.capabilities.streaming and settings.stream_answers:
-            shown.append(self.teams.streams(db.sessions))
+            shown.append(self.teams.streams(db.sessions, notice=notice))
         return shown
 
     def admins(self, settings: Settings) -> dict[Platform, frozenset[str]]:
@@ -188,6 +191,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
                 feedback=feedback(settings, db, takeover.desk),
                 csat=takeover.csat,
                 admin=admin_commands(settings, db, brain, takeover, sides.slack.directory),
+                prompts=[Prompt(p.title, p.message) for p in helpdesk.declaration.spec.suggested_prompts],
             )
         if sides.teams is not None:
             teams_admin = admin_commands(settings, db, brain, takeover, NoMembers(), admin_ids=settings.teams_admins)
@@ -310,6 +314,11 @@ async def watch_monitoring(
     closing.push_async_callback(pooled.dispose)
     metrics.watch(pooled)
     metrics.watch_sources(lambda: tool_statuses(brain))
+
+
+def handoff_notice(settings: Settings, title: Callable[[str], str]) -> Notice:
+    """The notice each handoff shows (HANDOFF_NOTICE), as `bot.delivery.owed` writes it."""
+    return lambda agent: settings.handoff_notice.format(agent=title(agent)) if settings.handoff_notice else None
 
 
 def escalation_policy(settings: Settings) -> EscalationPolicy:

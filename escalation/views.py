@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.address import is_teams_id
+from agents.db.deliveries import Source
 from agents.markup.limits import MESSAGE_TEXT, clip, fit
 from agents.markup.text import escape, inert
 from escalation.machine import OPEN_CASE, CaseStatus
@@ -46,6 +47,11 @@ class Message:
     native: bool = False
     """`text` is already in the destination platform's markup (an answer rendered when it was queued); otherwise
     it is Slack mrkdwn, which a Teams sender converts."""
+    ai: bool = False
+    """An AI agent's answer: labelled as AI-made, with the platform's own rating control, where the platform has them
+    (Teams); a notice, relay or case is not."""
+    sources: tuple[Source, ...] = ()
+    """What the answer was grounded in, cited where the platform cites (Teams; Slack shows them in `blocks`)."""
 
 
 @dataclass(frozen=True)

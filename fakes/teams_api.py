@@ -14,6 +14,8 @@ activities delivered to the bot as Teams sends them.
   update containing the previous one (400), one open stream per chat, none in channels or group chats (403), and
   none after the stream's lifetime (`stream_lifetime_s`, 2 minutes) or its final message (403). `shown_in()` is
   what the user saw, over time.
+- The AI label and citations on a message (one root `https://schema.org/Message` entity, at most 20 citations,
+  each a `Claim` with a `DigitalDocument` appearance within Teams' documented lengths): anything else is 400.
 - `deliver()` POSTs an activity to the bot's `messaging_url` with a token the emulator signed (or a broken one);
   `harness.teams` builds the activities.
 
@@ -62,6 +64,11 @@ STREAM_LIFETIME_S = 120.0
 INFORMATIVE_LIMIT = 1000
 """An informative update's text is at most 1000 characters."""
 STREAM_INFO = "streaminfo"
+MESSAGE_ENTITY = "https://schema.org/Message"
+"""The root message entity: the AI label and the citations (one per message)."""
+MAX_CITATIONS = 20
+CITATION_NAME = 80
+CITATION_ABSTRACT = 160
 _MESSAGE_ID = ";messageid="
 
 
@@ -737,6 +744,8 @@ class TeamsEmulator:
         for attachment in attachments:
             if (problem := _attachment_problem(attachment)) is not None:
                 raise ConnectorError(400, ErrorCode.BAD_ARGUMENT, problem)
+        if (problem := message_entity_problem(body.get("entities"))) is not None:
+            raise ConnectorError(400, ErrorCode.BAD_ARGUMENT, problem)
         if len(json.dumps(body).encode()) > MESSAGE_SIZE_LIMIT:
             raise ConnectorError(413, ErrorCode.TOO_BIG, "Message size exceeds the limit.")
 
@@ -881,6 +890,56 @@ def _stream_info(body: Mapping[str, Any]) -> dict[str, Any] | None:
     data = body.get("channelData")
     if isinstance(data, dict) and data.get("streamType") is not None:
         return data
+    return None
+
+
+def message_entity_problem(entities: Any) -> str | None:
+    """What Teams refuses (400) in a message's root message entity, the one that carries the AI label and citations
+    (learn.microsoft.com, "Bot messages with AI-generated content": a second root entity, one it cannot parse, more
+    than 20 citations, an empty appearance). The documented maximums of a citation's fields (name 80 characters,
+    abstract 160, three keywords of 28) are refused here too, so that a test fails where Teams would cut or drop."""
+    roots = [e for e in entities or [] if isinstance(e, dict) and e.get("type") == MESSAGE_ENTITY]
+    if len(roots) > 1:
+        return "Multiple root message entities found under entities array."
+    if not roots:
+        return None
+    [root] = roots
+    if root.get("@type") != "Message" or root.get("@context") != "https://schema.org":
+        return "Error parsing message entity from entities array."
+    if not set(root.get("additionalType") or []) <= {"AIGeneratedContent"}:
+        return "Error parsing message entity from entities array."
+    citations = root.get("citation")
+    if citations is None:
+        return None
+    if not isinstance(citations, list):
+        return "Error parsing message entity from entities array."
+    if len(citations) > MAX_CITATIONS:
+        return f"Bot message with more than {MAX_CITATIONS} citations."
+    for n, claim in enumerate(citations):
+        if (problem := _citation_problem(claim)) is not None:
+            return f"Error while parsing citation entity with ID: {n}. {problem}"
+    return None
+
+
+def _citation_problem(claim: Any) -> str | None:
+    if not isinstance(claim, dict) or claim.get("@type") != "Claim" or not isinstance(claim.get("position"), int):
+        return "A citation is a Claim with an integer position."
+    appearance = claim.get("appearance")
+    if not isinstance(appearance, dict) or not appearance:
+        return "The appearance object is empty."
+    if appearance.get("@type") != "DigitalDocument":
+        return "An appearance is a DigitalDocument."
+    name, abstract = appearance.get("name"), appearance.get("abstract", "")
+    if not isinstance(name, str) or not name or len(name) > CITATION_NAME:
+        return f"A citation's name is 1 to {CITATION_NAME} characters."
+    if not isinstance(abstract, str) or len(abstract) > CITATION_ABSTRACT:
+        return f"A citation's abstract is at most {CITATION_ABSTRACT} characters."
+    keywords = appearance.get("keywords") or []
+    if len(keywords) > 3 or any(not isinstance(k, str) or len(k) > 28 for k in keywords):
+        return "At most three keywords of at most 28 characters."
+    url = appearance.get("url")
+    if url is not None and not (isinstance(url, str) and url.startswith(("https://", "http://"))):
+        return "A citation's url is a web address."
     return None
 
 

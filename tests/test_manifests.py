@@ -89,6 +89,7 @@ EVENT_SUBSCRIPTIONS: dict[str, tuple[str, ...]] = {
     "message": ("message.channels", "message.groups", "message.im", "message.mpim"),
     "app_mention": ("app_mention",),
     "app_home_opened": ("app_home_opened",),  # needs no scope
+    "assistant_thread_started": ("assistant_thread_started",),
 }
 
 # Event subscription -> the scope it needs (None: none).
@@ -99,6 +100,7 @@ EVENT_SCOPES: dict[str, str | None] = {
     "message.mpim": "mpim:history",
     "app_mention": "app_mentions:read",
     "app_home_opened": None,
+    "assistant_thread_started": "assistant:write",  # https://docs.slack.dev/reference/events/assistant_thread_started
 }
 
 # Scopes that no method, event or slash command needs but are kept anyway, with the reason. Keep it small.

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.playground.app import Playground, running_playground
 from bot.settings import Settings
-from fakes.openai_server import FakeOpenAI, reply
+from fakes.openai_server import FakeOpenAI, reply, slow_words
 from tests import ROOT as PROJECT_ROOT
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -55,6 +55,21 @@ def offline_settings(database_url: str) -> Settings:
         openai_base_url=None,
         embeddings="local",
         max_concurrent_turns=2,
+    )
+
+
+def provider_settings(database_url: str, fake_llm: FakeOpenAI, **extra: Any) -> Settings:
+    """With the (fake) LLM provider, which serves the embeddings too."""
+    return Settings(  # type: ignore[call-arg]
+        _env_file=None,
+        database_url=database_url,
+        openai_api_key="test-key",  # type: ignore[arg-type]
+        openai_base_url=fake_llm.base_url,
+        openai_model="fake-model",
+        openai_max_retries=0,
+        embeddings="openai",
+        embeddings_model="fake-embed",
+        **extra,
     )
 
 
@@ -205,17 +220,7 @@ async def test_json_endpoints_with_an_llm_provider(
 ) -> None:
     """The page's API without a browser, with a (fake) LLM provider: state, validation, a conversation in the
     side panel, and a slash command's answer shown only to the user who typed it."""
-    settings = Settings(  # type: ignore[call-arg]
-        _env_file=None,
-        database_url=database_url,
-        openai_api_key="test-key",
-        openai_base_url=fake_llm.base_url,
-        openai_model="fake-model",
-        openai_max_retries=0,
-        embeddings="openai",
-        embeddings_model="fake-embed",
-        case_summary="transcript",
-    )
+    settings = provider_settings(database_url, fake_llm, case_summary="transcript")
     fake_llm.script(reply("It is $899."))
     async with (
         running_playground(settings, port=0) as pg,
@@ -284,3 +289,30 @@ async def test_json_endpoints_with_an_llm_provider(
     assert answer["status"] == 200 and staff_sees == []
     assert [(e["source"], e["channel"]) for e in admin_sees] == [("/support", "C_STAFF")]
     assert "/support status" in json.dumps(admin_sees[0]["blocks"])
+
+
+async def test_a_streamed_answer_grows_in_the_page(
+    chromium: Path, database_url: str, sessions: async_sessionmaker[AsyncSession], fake_llm: FakeOpenAI
+) -> None:
+    """With a provider that writes slowly, the customer's thread shows the answer growing (the page polls the
+    emulator's streamed message), then the whole answer once."""
+    answer = " ".join(f"word{i}" for i in range(1, 31)) + "."
+    fake_llm.rule = lambda request: slow_words(answer, first_s=0.2, each_s=0.15)
+    settings = provider_settings(database_url, fake_llm, router_min_score="off")
+    async with running_playground(settings, port=0) as pg, async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page(viewport={"width": 1500, "height": 900})
+            thread = page.locator("#thread-messages")
+            await page.goto(pg.url)
+            await as_role(page, "customer", "C_SUPPORT")
+            await write(page, "#composer", "Tell me everything, slowly.")
+            await expect(thread).to_contain_text("word3", timeout=WAIT_MS)
+            partial = await thread.inner_text()
+            assert "word30." not in partial  # seen while it was still being written
+            await screenshot(page, "playground-streaming.png")
+            await expect(thread).to_contain_text("word30.", timeout=WAIT_MS)
+            await page.wait_for_timeout(1500)  # a second copy would show by now
+            assert (await thread.inner_text()).count("word30.") == 1
+        finally:
+            await browser.close()

@@ -5,17 +5,20 @@ standing once (the emulator plays Slack's streaming methods with their limits)."
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.db import models as m
 from agents.db.deliveries import Answer
-from bot.playground.slack_emulator import SlackEmulator
-from fakes.openai_server import FakeOpenAI, reply, slow_words
-from harness.bot import Start, bot_settings, serving
+from bot.playground.slack_emulator import SlackEmulator, Task
+from fakes.openai_server import FakeOpenAI, FakeReply, reply, slow_words, tool_call, tools
+from harness.bot import Start, bot_settings, free_port, serving
 from harness.database import settle
 
 Sessions = async_sessionmaker[AsyncSession]
@@ -150,4 +153,133 @@ async def test_a_refused_call_still_ends_with_the_answer_once(
     assert bot_messages(emulator, said.ts) == [ANSWER]
     [stream] = emulator.streams("C_SUPPORT")
     assert stream.texts[-1] == ANSWER
+    assert await preview_states(sessions) == ["finished"]
+
+
+def stream_chunks(emulator: SlackEmulator) -> list[dict[str, Any]]:
+    """Every chunk the bot streamed, in order (start, appends, stop)."""
+    methods = ("chat.startStream", "chat.appendStream", "chat.stopStream")
+    return [chunk for c in emulator.calls if c.method in methods for chunk in c.params.get("chunks") or []]
+
+
+def cards(emulator: SlackEmulator, ts: str, title: str) -> list[Task]:
+    msg = emulator.message("C_SUPPORT", ts)
+    assert msg is not None
+    return [task for task in msg.tasks if task.title == title]
+
+
+SLOW_TOOL = """\
+version: 1
+brand: {{name: Quillwork}}
+entry: desk
+http:
+  unsigned: true
+  allowed_hosts: ["127.0.0.1"]
+tools:
+  lookup_order:
+    method: GET
+    url: http://127.0.0.1:{port}/orders
+    description: The customer's order.
+agents:
+  desk:
+    title: the desk
+    description: Answers about orders.
+    instructions: You answer questions about Quillwork orders.
+    tools: [lookup_order]
+"""
+
+
+@pytest.fixture
+async def slow_orders() -> AsyncIterator[int]:
+    """An operator's order endpoint that takes a second to answer."""
+
+    async def orders(request: web.Request) -> web.Response:
+        await asyncio.sleep(1.0)
+        return web.json_response({"order": "DW-1001", "status": "shipped"})
+
+    app = web.Application()
+    app.router.add_get("/orders", orders)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield port
+    await runner.cleanup()
+
+
+async def test_a_slow_tool_starts_the_stream_with_its_task(
+    database_url: str,
+    sessions: Sessions,
+    fake_llm: FakeOpenAI,
+    emulator: SlackEmulator,
+    slow_orders: int,
+    tmp_path: Path,
+) -> None:
+    """No words yet, but a look-up running: the customer sees it as a task in the thread, then the answer grows
+    below it and stands once, finished by chat.stopStream."""
+    path = tmp_path / "helpdesk.yaml"
+    path.write_text(SLOW_TOOL.format(port=slow_orders))
+    fake_llm.script(tools(tool_call("lookup_order", {}, id="call_slow")), slow_words(ANSWER, first_s=0.1, each_s=0.1))
+    async with serving(bot_settings(database_url, fake_llm, emulator, helpdesk_file=path), emulator):
+        said = await emulator.user_says("C_SUPPORT", "where is my order?")
+        await settle(sessions, timeout_s=20)
+    [stream] = emulator.streams("C_SUPPORT")
+    [start] = emulator.calls_to("chat.startStream")
+    assert start.params["chunks"] == [
+        {"type": "task_update", "id": "call_slow", "title": "Checking your order…", "status": "in_progress"}
+    ]
+    statuses = [c["status"] for c in stream_chunks(emulator) if c["type"] == "task_update"]
+    assert statuses == ["in_progress", "complete"]
+    assert stream.texts[0] == "" and len(stream.texts) >= 3  # the task first, then the words as they came
+    assert stream.ended == "stopped" and emulator.calls_to("chat.update") == []
+    assert bot_messages(emulator, said.ts) == [ANSWER]
+    assert [t.status for t in cards(emulator, stream.ts, "Checking your order…")] == ["complete"]
+
+
+async def test_a_tool_run_while_streaming_shows_as_a_task_that_ends_complete(
+    database_url: str,
+    sessions: Sessions,
+    fake_llm: FakeOpenAI,
+    emulator: SlackEmulator,
+    slow_orders: int,
+    tmp_path: Path,
+) -> None:
+    """The model writes, looks the order up, then answers: the look-up is a task card in the stream, done by the time
+    the answer stands, and the message is the answer once."""
+    before = FakeReply(
+        content="Let me look that order up for you.",
+        tool_calls=(tool_call("lookup_order", {}, id="call_order"),),
+        delay=0.1,
+        word_delay=0.1,
+    )
+    fake_llm.script(before, slow_words(ANSWER, first_s=0.1, each_s=0.1))
+    path = tmp_path / "helpdesk.yaml"
+    path.write_text(SLOW_TOOL.format(port=slow_orders))
+    async with serving(bot_settings(database_url, fake_llm, emulator, helpdesk_file=path), emulator):
+        said = await emulator.user_says("C_SUPPORT", "where is my order DW-1001?")
+        await settle(sessions, timeout_s=20)
+    [stream] = emulator.streams("C_SUPPORT")
+    assert stream.mode == "chunks"  # words and tasks in one stream: Slack refuses to mix the two modes
+    assert not [c for c in emulator.calls if c.method.startswith("chat.") and c.failed]
+    shown = [c for c in stream_chunks(emulator) if c["type"] == "task_update" and c["id"] == "call_order"]
+    assert shown and shown[-1]["status"] == "complete" and shown[0]["title"] == "Checking your order…"
+    assert [t.status for t in cards(emulator, stream.ts, "Checking your order…")] == ["complete"]
+    assert bot_messages(emulator, said.ts) == [ANSWER]  # the answer of record, once
+    assert emulator.calls_to("chat.postMessage") == []
+    assert await preview_states(sessions) == ["finished"]
+
+
+async def test_a_handoff_notice_and_the_answer_stream_as_one_message(
+    database_url: str, sessions: Sessions, fake_llm: FakeOpenAI, emulator: SlackEmulator
+) -> None:
+    fake_llm.script(tools(tool_call("transfer_to_sales")), slow_words(ANSWER, first_s=0.1, each_s=0.1))
+    async with serving(bot_settings(database_url, fake_llm, emulator), emulator):
+        said = await emulator.user_says("C_SUPPORT", "I want to buy a drone")
+        await settle(sessions, timeout_s=20)
+    [stream] = emulator.streams("C_SUPPORT")
+    whole = f"_Connecting you with Sales…_\n\n{ANSWER}"
+    # The notice led the stream from its first words, and the answer of record is that one message.
+    assert all(text.startswith("_Connecting you with Sales…_") for text in stream.texts)
+    assert [p.text for p in emulator.posts("C_SUPPORT", said.ts)] == [whole]
+    assert stream.ended == "stopped" and emulator.calls_to("chat.update") == []
     assert await preview_states(sessions) == ["finished"]

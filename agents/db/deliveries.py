@@ -38,6 +38,43 @@ GIVEN_UP = text(f"outbox.outcome = '{Outcome.GIVEN_UP}'")
 """Rows given up, as the partial index `ix_outbox_given_up` is written (so that counting them uses it)."""
 
 
+MAX_SOURCES = 5
+"""Sources an answer carries at most: the few it is most likely to rest on, not every passage a search returned."""
+EXCERPT = 160
+"""Characters of a passage a source keeps (Teams shows at most 160 of a citation's abstract)."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Knowledge an agent's answer was grounded in (a passage of the knowledge base it was given), as a channel cites
+    it: "Warranty › Proof of purchase"."""
+
+    title: str
+    """The document's title."""
+    heading: str | None
+    """The section the passage is in."""
+    link: str
+    """The document's URL, or its path in the knowledge folder."""
+    excerpt: str = ""
+    """The passage's first words (at most EXCERPT characters)."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.title} › {self.heading}" if self.heading else self.title
+
+    @property
+    def url(self) -> str | None:
+        """The link, when it is one a reader can open."""
+        return self.link if self.link.startswith(("https://", "http://")) else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"title": self.title, "heading": self.heading, "link": self.link, "excerpt": self.excerpt}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Source:
+        return cls(str(raw["title"]), raw.get("heading"), str(raw["link"]), str(raw.get("excerpt") or ""))
+
+
 @dataclass(frozen=True)
 class Post:
     """A message in a conversation."""
@@ -49,6 +86,11 @@ class Post:
     """The thread's root; None: in the channel itself (a direct message)."""
     text: str
     """As the conversation's platform shows it (Slack mrkdwn, Teams markdown), short enough for one message."""
+    answer: bool = False
+    """An AI agent's words (where the channel has no `Answer`s): labelled as AI-made and rated where the channel can;
+    a notice, a handoff's text or an off-hours note is not."""
+    sources: tuple[Source, ...] = ()
+    """What the answer was grounded in, cited under it (only an `answer` has any)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +104,8 @@ class Answer:
     thread: str | None
     text: str
     """The model's Markdown, as it wrote it, short enough for one message."""
+    sources: tuple[Source, ...] = ()
+    """What the answer was grounded in, shown under it."""
 
 
 @dataclass(frozen=True)
@@ -246,9 +290,16 @@ KINDS: dict[str, type[Delivery]] = {
     )
 }
 
-# Fields stored under another column name; the rest are stored under their own.
+# Fields stored under another column name; the rest are stored under their own, but for an answer's grounding: its
+# sources in `sources` (a JSON list), which is NULL for a post that is no answer.
 _COLUMN_OF = {"thread": "thread_ts", "message": "target_ts", "name": "reaction", "source": "source_ts"}
-_COLUMNS = ("kind", "channel", *sorted({_COLUMN_OF.get(f.name, f.name) for cls in KINDS.values() for f in fields(cls)}))
+_GROUNDING = frozenset({"answer", "sources"})
+_COLUMNS = (
+    "kind",
+    "channel",
+    "sources",
+    *sorted({_COLUMN_OF.get(f.name, f.name) for cls in KINDS.values() for f in fields(cls)} - _GROUNDING),
+)
 
 
 def row_of(delivery: Delivery) -> dict[str, Any]:
@@ -256,7 +307,10 @@ def row_of(delivery: Delivery) -> dict[str, Any]:
     value, and an empty channel for deliveries whose place the sender looks up (the case's thread)."""
     values: dict[str, Any] = dict.fromkeys(_COLUMNS) | {"kind": delivery.kind, "channel": ""}
     for f in fields(delivery):
-        values[_COLUMN_OF.get(f.name, f.name)] = getattr(delivery, f.name)
+        if f.name not in _GROUNDING:
+            values[_COLUMN_OF.get(f.name, f.name)] = getattr(delivery, f.name)
+    if isinstance(delivery, Answer) or (isinstance(delivery, Post) and delivery.answer):
+        values["sources"] = [source.to_json() for source in delivery.sources]
     return values
 
 
@@ -266,7 +320,13 @@ def delivery_of(row: Mapping[Any, Any]) -> Delivery:
     cls = KINDS.get(row["kind"])
     if cls is None:
         raise ValueError(f"unknown outbox kind {row['kind']!r}")
-    return cls(**{f.name: row[_COLUMN_OF.get(f.name, f.name)] for f in fields(cls)})
+    values = {f.name: row[_COLUMN_OF.get(f.name, f.name)] for f in fields(cls) if f.name not in _GROUNDING}
+    if cls is Post or cls is Answer:
+        grounding = row.get("sources")
+        values["sources"] = tuple(Source.from_json(raw) for raw in grounding or ())
+        if cls is Post:
+            values["answer"] = grounding is not None
+    return cls(**values)
 
 
 async def enqueue(s: AsyncSession, deliveries: Iterable[Delivery]) -> None:

@@ -283,6 +283,9 @@ class Outbox(Base):
     uploaded: Mapped[list[str] | None] = mapped_column(JSONB)
     """A file relay's uploaded file ids, recorded before they are shared (`bot.delivery.shares`): looked for, not
     uploaded again, after an unknown outcome."""
+    sources: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
+    """An agent's answer: the knowledge it was grounded in (`agents.db.deliveries.Source`), [] for none; NULL for
+    every other row (a notice, a relay), which no channel labels as AI-made."""
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
 

@@ -10,9 +10,10 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from agents.agent import Retrieved, Retriever
+from agents.db.deliveries import EXCERPT, Source
 from agents.knowledge.identifiers import in_document, in_question
 from agents.knowledge.store import Hit, KnowledgeBase
-from agents.tools import Tool, function_tool
+from agents.tools import Cited, Tool, function_tool
 
 NOTHING_FOUND = (
     "No article in the knowledge base answers this. Tell the customer plainly that you could not find it, "
@@ -56,6 +57,19 @@ PASSAGES = "Answer only from these passages; cite those you use as [n] Title (li
 def answer_from(hits: Sequence[Hit]) -> str:
     """What the model is shown for passages found, by the tool or before the first call."""
     return f"{PASSAGES}\n\n{format_hits(hits)}"
+
+
+def sources_of(hits: Sequence[Hit]) -> tuple[Source, ...]:
+    """The passages as an answer cites them, in the order the model was shown them."""
+    return tuple(Source(h.title, h.heading, h.source, _excerpt(h.text)) for h in hits)
+
+
+def _excerpt(text: str) -> str:
+    words = " ".join(text.split())
+    if len(words) <= EXCERPT:
+        return words
+    cut = words[: EXCERPT - 1]
+    return (cut.rsplit(" ", 1)[0] if " " in cut else cut) + "…"
 
 
 CHARS_PER_TOKEN = 4
@@ -103,15 +117,15 @@ def knowledge_search(
 
     async def search_knowledge(
         query: Annotated[str, Field(min_length=2, description="In the customer's terms")],
-    ) -> str:
+    ) -> Cited | str:
         hits = await found(query)
-        return answer_from(hits) if hits else NOTHING_FOUND
+        return Cited(answer_from(hits), sources_of(hits)) if hits else NOTHING_FOUND
 
     tool: Tool = function_tool(search_knowledge, description=f"Search our documents ({scope}).")
 
     async def retrieve(message: str, budget_tokens: int) -> Retrieved | None:
         hits = within(await found(message), budget_tokens) if len(message.strip()) >= 2 else []
         arguments: dict[str, Any] = {"query": message}
-        return Retrieved(tool.name, arguments, answer_from(hits)) if hits else None
+        return Retrieved(tool.name, arguments, answer_from(hits), sources_of(hits)) if hits else None
 
     return tool, retrieve

@@ -4,7 +4,7 @@ by the outbox, and the words as the model writes them."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,18 +43,28 @@ class Previews:
             )
 
 
+Notice = Callable[[str], str | None]
+"""The handoff notice for an agent (by name), as the customer is shown it; None: no notice (HANDOFF_NOTICE empty)."""
+
+
 @dataclass
 class Words:
     """A run's text as the model writes it: what a call wrote before asking for tools stays, and the next call's
-    follows it after a blank line."""
+    follows it after a blank line. Handoff notices that came before the first words lead it, as the answer of
+    record then starts with them (`bot.delivery.owed`): the customer watches one message, notice and answer."""
 
     raw: str = ""
     call: int = 0
+    written: bool = False
+
+    def lead(self, notice: str | None) -> None:
+        if notice and not self.written:
+            self.raw += f"{notice}\n\n"
 
     def add(self, delta: TextDelta) -> None:
-        if delta.call != self.call and self.raw:
+        if delta.call != self.call and self.written:
             self.raw += "\n\n"
-        self.call, self.raw = delta.call, self.raw + delta.text
+        self.call, self.raw, self.written = delta.call, self.raw + delta.text, True
 
 
 class Pumps:

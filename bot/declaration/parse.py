@@ -88,6 +88,18 @@ class PersonSpec(_Spec):
     """What `chat` tells whoever types about the person they write as ("owns orders DW-1006 and DW-1007")."""
 
 
+class PromptSpec(_Spec):
+    """A prompt offered in a customer's DM with the app (Slack's suggested prompts): the button's title, and the
+    message it sends."""
+
+    title: str = Field(min_length=1)
+    message: str = Field(min_length=1)
+
+
+SUGGESTED_PROMPTS_MOST = 4
+"""Slack shows up to four (assistant.threads.setSuggestedPrompts)."""
+
+
 class PrefetchSpec(_Spec):
     pattern: str
     tool: str
@@ -152,6 +164,8 @@ class DeclarationSpec(_Spec):
     test_customer: PersonSpec | None = None
     instructions: str = ""
     texts: dict[str, str] = Field(default_factory=dict)
+    suggested_prompts: tuple[PromptSpec, ...] = ()
+    """Offered when a customer opens a DM with the app; none: the Slack manifest's own prompts show."""
     agents: dict[str, AgentSpec] = Field(min_length=1)
     knowledge: dict[str, KnowledgeSpec] = Field(default_factory=dict)
     tools: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -270,6 +284,14 @@ def check(spec: DeclarationSpec) -> list[tuple[Place, str]]:
             problems.append(
                 (("agents", name), "an agent's name is lower case letters, digits and _ (it names its transfer tool)")
             )
+    if len(spec.suggested_prompts) > SUGGESTED_PROMPTS_MOST:
+        problems.append(
+            (
+                ("suggested_prompts", SUGGESTED_PROMPTS_MOST),
+                f"at most {SUGGESTED_PROMPTS_MOST} suggested prompts (Slack shows four); remove "
+                f"{len(spec.suggested_prompts) - SUGGESTED_PROMPTS_MOST}",
+            )
+        )
     for key in spec.texts:
         if key not in TEXTS:
             problems.append((("texts", key), f"unknown text{_did_you_mean(key, TEXTS)}; the texts: {', '.join(TEXTS)}"))
@@ -517,6 +539,8 @@ def _advice(error: Any, raw: Mapping[str, Any]) -> str:
             model = AgentSpec
         if model is None and len(loc) >= 2 and loc[0] == "knowledge":
             model = KnowledgeSpec
+        if model is None and len(loc) == 3 and loc[0] == "suggested_prompts":
+            model = PromptSpec
         known = sorted((f.alias or n) for n, f in model.model_fields.items()) if model is not None else []
         suggestion = _did_you_mean(str(loc[-1]), known)
         return f"unknown key{suggestion}" + (f"; the keys here: {', '.join(known)}" if known else "")

@@ -41,6 +41,12 @@ _OPEN_PREVIEW = text(
 """The conversation's open preview, if a run began it before the row was written (a later run's preview is its
 own answer's to finish)."""
 _CLOSE_PREVIEW = text("UPDATE previews SET state = 'finished' WHERE id = :id")
+_ANSWER_FOLLOWS = text(
+    "SELECT EXISTS (SELECT FROM outbox WHERE conversation_id = :c AND id > :id AND created_at = :t"
+    " AND kind IN ('answer', 'post') AND sources IS NOT NULL)"
+)
+"""An agent's answer queued after this row in the same transaction (the same turn): a notice before it (a handoff's
+"Connecting you with...") leaves the preview to the answer."""
 _DUE_CONVERSATIONS = text(
     """
     SELECT head.conversation_id, conversations.key FROM (
@@ -197,6 +203,12 @@ class Ledger:
         async with self.engine.connect() as conn:
             found = (await conn.execute(_OPEN_PREVIEW, {"c": row.conversation_id, "before": row.created_at})).first()
         return None if found is None else PreviewRef(**found._mapping)
+
+    async def answer_follows(self, row: Row[Any]) -> bool:
+        async with self.engine.connect() as conn:
+            return bool(
+                await conn.scalar(_ANSWER_FOLLOWS, {"c": row.conversation_id, "id": row.id, "t": row.created_at})
+            )
 
     async def done(self, row: Row[Any], outcome: Outcome, *, then: Sequence[Delivery] = (), **values: Any) -> Outcome:
         """The row's outcome, with `then` queued in the same transaction."""

@@ -90,10 +90,10 @@ class Messages:
 
     async def render(self, delivery: NewMessage) -> Message | None:
         match delivery:
-            case Post(text=text):
-                return Message(text, native=True)
-            case Answer(text=markdown):
-                return answer_message(markdown, feedback=self.feedback_buttons)
+            case Post(text=text, answer=answer, sources=sources):
+                return Message(text, native=True, ai=answer, sources=sources)
+            case Answer(text=markdown, sources=sources):
+                return answer_message(markdown, feedback=self.feedback_buttons, sources=sources)
             case CasePost(escalation_id=escalation_id):
                 return await self.renderer().case(escalation_id)
             case RelayToStaff():

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from agents.address import Address
@@ -23,6 +24,7 @@ from agents.db.deliveries import (
     RelayToCustomer,
     RelayToStaff,
     RemoveReaction,
+    Source,
     enqueue,
 )
 from agents.markup.limits import split_text
@@ -35,12 +37,21 @@ def posts(channel: Channel, *, conversation_id: int, address: Address, body: str
     return [Post(conversation_id, address.channel, address.thread, part) for part in channel.format.posts(body)]
 
 
-def answers(channel: Channel, *, conversation_id: int, address: Address, body: str) -> list[Post] | list[Answer]:
+def answers(
+    channel: Channel, *, conversation_id: int, address: Address, body: str, sources: tuple[Source, ...] = ()
+) -> list[Post] | list[Answer]:
     """An agent's answer: `Answer`s, kept as the model's Markdown and rendered when sent, where the channel renders
-    rich answers; elsewhere `posts`."""
+    rich answers; elsewhere posts marked as an answer. Its sources go with its last part, under all of it."""
+    where = (conversation_id, address.channel, address.thread)
     if not channel.capabilities.rich_answers:
-        return posts(channel, conversation_id=conversation_id, address=address, body=body)
-    return [Answer(conversation_id, address.channel, address.thread, part) for part in split_text(body)]
+        parts = channel.format.posts(body)
+        return [Post(*where, part, answer=True, sources=_last(n, parts, sources)) for n, part in enumerate(parts)]
+    pieces = split_text(body)
+    return [Answer(*where, piece, sources=_last(n, pieces, sources)) for n, piece in enumerate(pieces)]
+
+
+def _last(n: int, parts: list[str], sources: tuple[Source, ...]) -> tuple[Source, ...]:
+    return sources if n == len(parts) - 1 else ()
 
 
 def turn_outbox(
@@ -62,10 +73,18 @@ def turn_outbox(
         channel, thread = address.channel, address.thread
         cid, result, escalation_id = commit.conversation_id, commit.result, commit.result.escalation_id
         owed: list[Delivery] = []
-        if style.handoff_notice:
-            for handoff in result.handoffs:
-                notice = style.handoff_notice.format(agent=roster.get(handoff.to_agent).title)
-                owed += posts(customer, conversation_id=cid, address=address, body=notice)
+        notices = [
+            style.handoff_notice.format(agent=roster.get(handoff.to_agent).title)
+            for handoff in result.handoffs
+            if style.handoff_notice
+        ]
+        reply = result.reply
+        if notices and reply and result.kind == ResultKind.REPLY and await _streamed(s, customer, cid):
+            # The customer watched the notices and the answer grow in one message (`bot.channels.previews.Words`):
+            # the answer of record is that message.
+            reply, notices = "\n\n".join([*notices, reply]), []
+        for notice in notices:
+            owed += posts(customer, conversation_id=cid, address=address, body=notice)
         if result.kind == ResultKind.STAFF:
             if escalation_id is not None:
                 source = commit.external_id
@@ -76,8 +95,8 @@ def turn_outbox(
                 if commit.files and source:
                     owed.append(FilesToCustomer(cid, escalation_id, channel, thread, commit.author, source))
                 owed.append(CaseUpdate(cid, escalation_id))
-        elif result.reply and result.kind == ResultKind.REPLY:
-            owed += answers(customer, conversation_id=cid, address=address, body=result.reply)
+        elif reply and result.kind == ResultKind.REPLY:
+            owed += answers(customer, conversation_id=cid, address=address, body=reply, sources=result.sources)
         elif result.reply:  # a notice: escalated, over a limit
             owed += posts(customer, conversation_id=cid, address=address, body=result.reply)
         if result.kind == ResultKind.ESCALATED and escalation_id is not None and policy.staff_channel:
@@ -108,3 +127,11 @@ def turn_outbox(
         await enqueue(s, owed)
 
     return after_turn
+
+
+_OPEN_PREVIEW = text("SELECT EXISTS (SELECT FROM previews WHERE conversation_id = :c AND state = 'open')")
+
+
+async def _streamed(s: AsyncSession, channel: Channel, conversation_id: int) -> bool:
+    """The conversation has a preview open: its answer finishes it in place (`bot.delivery.sender`)."""
+    return channel.capabilities.streaming and bool(await s.scalar(_OPEN_PREVIEW, {"c": conversation_id}))

@@ -334,11 +334,15 @@ class OutboxSender:
         self, row: Row[Any], delivery: NewMessage, messenger: Messenger, where: Where
     ) -> PreviewRef | None:
         """The open preview this message finishes in place: the conversation's, in the customer's thread, where the
-        channel streams."""
+        channel streams. The turn's answer finishes it; a notice only when no answer follows it (an escalation's,
+        whose words stand where the model had begun to write)."""
         if not isinstance(delivery, Answer | Post) or not isinstance(messenger, Previewing):
             return None
         if not self.channels.of(messenger.platform).capabilities.streaming:
             return None
+        answer = isinstance(delivery, Answer) or (isinstance(delivery, Post) and delivery.answer)
+        if not answer and await self.ledger.answer_follows(row):
+            return None  # a handoff's notice: the answer after it takes the place the customer watched
         preview = await self.ledger.open_preview(row)
         if preview is None or (preview.platform, preview.channel, preview.thread) != (
             messenger.platform,

@@ -41,6 +41,7 @@ from bot.csat import (
     csat_comment_of,
 )
 from bot.feedback import ACTION_FEEDBACK, Feedback, feedback_click_of
+from bot.slack.agent_view import AgentView
 from bot.slack.events import Policy, case_action_of, classify, delivery_of, trigger_of
 from bot.slack.home import Home
 from bot.staff import Member, Standing
@@ -164,8 +165,9 @@ def _member_of(user: str, found: Mapping[str, Any]) -> Member:
 
 _MEMBER_FLAGS = ("is_restricted", "is_ultra_restricted", "is_stranger", "is_admin", "is_owner", "is_primary_owner")
 USERGROUP_CACHE_S = 60.0
-DIRECT_EVENTS = frozenset({"app_home_opened"})
-"""Events answered by a listener at once, not stored in the durable inbox: a view to refresh, nothing to lose."""
+DIRECT_EVENTS = frozenset({"app_home_opened", "assistant_thread_started"})
+"""Events answered by a listener at once, not stored in the durable inbox: a view to refresh or prompts to offer,
+nothing to lose."""
 
 
 class SlackUnavailable(Exception):
@@ -231,6 +233,7 @@ def build_app(
     feedback: Feedback | None = None,
     csat: Csat | None = None,
     home: Home | None = None,
+    view: AgentView | None = None,
 ) -> AsyncApp:
     """The Bolt app: intake's two middlewares, then a listener per feature the bot was given."""
 
@@ -247,8 +250,9 @@ def build_app(
     listen_for_cases(app, intake)
     listen_for_feedback(app, feedback)
     listen_for_csat(app, csat)
-    listen_for_home(app, home)
-    store_first(app, intake, policy, directory)
+    listen_for_home(app, home, view)
+    listen_for_threads(app, view)
+    store_first(app, intake, policy, directory, view)
     return app
 
 
@@ -318,11 +322,14 @@ def listen_for_csat(app: AsyncApp, csat: Csat | None) -> None:
             await ack(response_action="errors", errors={COMMENT_BLOCK: problem})
 
 
-def listen_for_home(app: AsyncApp, home: Home | None) -> None:
+def listen_for_home(app: AsyncApp, home: Home | None, view: AgentView | None) -> None:
     @app.event("app_home_opened")
     async def home_opened(event: dict[str, Any], body: dict[str, Any]) -> None:
-        user = event.get("user")
-        if home is None or event.get("tab", "home") != "home" or not user:
+        user, tab = event.get("user"), event.get("tab", "home")
+        if tab == "messages" and view is not None and isinstance(event.get("channel"), str):
+            view.opened(event["channel"])  # the agent messaging experience's "a DM was opened"
+            return
+        if home is None or tab != "home" or not user:
             return
         try:
             await home.publish(str(user), team=body.get("team_id"))
@@ -330,7 +337,19 @@ def listen_for_home(app: AsyncApp, home: Home | None) -> None:
             log.exception("could not publish the App Home of %s", user)
 
 
-def store_first(app: AsyncApp, intake: Intake, policy: Policy, directory: SlackDirectory) -> None:
+def listen_for_threads(app: AsyncApp, view: AgentView | None) -> None:
+    @app.event("assistant_thread_started")
+    async def thread_started(event: dict[str, Any]) -> None:
+        """The assistant messaging experience's "a DM was opened", which names the thread it started."""
+        thread = event.get("assistant_thread") or {}
+        channel, ts = thread.get("channel_id"), thread.get("thread_ts")
+        if view is not None and isinstance(channel, str) and isinstance(ts, str):
+            view.opened(channel, thread=ts)
+
+
+def store_first(
+    app: AsyncApp, intake: Intake, policy: Policy, directory: SlackDirectory, view: AgentView | None = None
+) -> None:
     """Slash commands and clicks acted on once; events stored (or known as duplicates) before Slack's ack."""
 
     @app.middleware
@@ -363,8 +382,10 @@ def store_first(app: AsyncApp, intake: Intake, policy: Policy, directory: SlackD
             envelope = sanitised(req.body)
             delivery = delivery_of(envelope)
             message = classify(envelope, policy if bot_user is None else replace(policy, bot_user_id=bot_user))
-            await intake.accept(delivery, message, writers=directory, ours=delivery.team_id)
+            disposition = await intake.accept(delivery, message, writers=directory, ours=delivery.team_id)
         except Exception:
             log.exception("could not store event %s; answering 503 so Slack retries", req.body.get("event_id"))
             return BoltResponse(status=503, body="inbox unavailable")
+        if view is not None and isinstance(message, CustomerMessage) and disposition == "stored":
+            view.stored(message)  # once: a redelivery or the same message's app_mention is no longer "stored"
         return BoltResponse(status=200, body="")

@@ -82,12 +82,14 @@ class SlackMessenger:
         markdown = "".join(b["text"] for b in message.blocks or () if b.get("type") == "markdown")
         others = [b for b in message.blocks or () if b.get("type") != "markdown"] or None
         whole = bool(markdown) and markdown.startswith(preview.shown) and message.shown_as is None
+        rest = markdown[len(preview.shown) :] if whole else ""
         try:
             stopped = await self._call(
                 self.client.chat_stopStream(
                     channel=where.channel,
                     ts=ts,
-                    markdown_text=markdown[len(preview.shown) :] or None if whole else None,
+                    # A chunk, as the stream's own words went (`bot.slack.streaming`): Slack refuses the other mode.
+                    chunks=[{"type": "markdown_text", "text": rest}] if rest else None,
                     blocks=others if whole else None,
                     metadata=mark if whole else None,
                 )

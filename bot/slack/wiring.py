@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -14,9 +14,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.admin.command import AdminCommands
 from bot.channels.intake import Intake
+from bot.channels.previews import Notice
 from bot.csat import Csat
 from bot.feedback import Feedback
 from bot.settings import Settings
+from bot.slack.agent_view import AgentView, Prompt
 from bot.slack.ai_status import SlackStatus
 from bot.slack.app import Authorisation, SlackDirectory, build_app, slack_client
 from bot.slack.events import Policy
@@ -49,10 +51,10 @@ class SlackSide:
         # Its own client that retries nothing: a status late is a status wrong.
         return SlackStatus(self.client_without_retries(), failures=failures, title=title)
 
-    def streams(self, sessions: async_sessionmaker[AsyncSession]) -> SlackStreams:
+    def streams(self, sessions: async_sessionmaker[AsyncSession], *, notice: Notice) -> SlackStreams:
         """Answers streamed in the customer's thread, on a client that retries nothing (a start retried after a
         lost answer would show twice)."""
-        return SlackStreams(self.client_without_retries(), sessions)
+        return SlackStreams(self.client_without_retries(), sessions, notice=notice)
 
     async def staff_channel_check(self, listed: StaffList) -> Callable[[], Awaitable[str | None]]:
         """`/support status`'s look at the staff channel; looked at once now, and a problem said loudly."""
@@ -63,9 +65,17 @@ class SlackSide:
         return partial(staff_channel_status, self.client, channel, allow_list=listed.restricts)
 
     async def app(
-        self, *, intake: Intake, staff: StaffGate, feedback: Feedback, csat: Csat, admin: AdminCommands
+        self,
+        *,
+        intake: Intake,
+        staff: StaffGate,
+        feedback: Feedback,
+        csat: Csat,
+        admin: AdminCommands,
+        prompts: Sequence[Prompt] = (),
     ) -> AsyncApp | None:
-        """The Bolt app, its identity asked now (`Authorisation`); None without a signing secret (no events)."""
+        """The Bolt app, its identity asked now (`Authorisation`); None without a signing secret (no events).
+        `prompts`: the operator's suggested prompts for a customer's DM with the app."""
         settings = self.settings
         if settings.slack_signing_secret is None:
             return None
@@ -81,6 +91,8 @@ class SlackSide:
             feedback=feedback,
             csat=csat,
             home=Home(client=self.client, admin=admin, staff=staff),
+            # Its own client that retries nothing: a title or a prompt late is as good as none.
+            view=AgentView(self.client_without_retries(), prompts=prompts),
         )
         register_admin(app, admin, name=settings.admin_command)
         return app

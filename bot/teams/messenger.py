@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from aiohttp import ClientConnectorError, ClientResponseError, ClientSession, ClientTimeout, ConnectionTimeoutError
-from microsoft_agents.activity import Activity, AIEntity, ChannelAccount, ConversationParameters, Entity
+from microsoft_agents.activity import Activity, ChannelAccount, ConversationParameters, Entity
 from microsoft_agents.hosting.core.authorization import AccessTokenProviderBase
 from microsoft_agents.hosting.core.connector.client import ConnectorClient
 from sqlalchemy import select, text
@@ -28,6 +28,7 @@ from agents.address import Platform
 from agents.db import models as m
 from bot.channels.messenger import PreviewRef, Refused, Where
 from bot.teams.cards import adaptive_card
+from bot.teams.citations import labelled
 from bot.teams.text import from_mrkdwn
 from escalation.views import Message
 
@@ -121,7 +122,7 @@ class TeamsMessenger:
     ) -> None:
         self.credentials = credentials
         self.feedback_loop = feedback_loop
-        """Teams' 👍/👎 under a streamed answer's final message (recorded by `bot.feedback`, as Slack's buttons)."""
+        """Teams' 👍/👎 under each agent's answer (recorded by `bot.feedback`, as Slack's buttons)."""
         self.urls = urls
         self.tenant = tenant
         self.bot = ChannelAccount(id=bot_id, name=bot_name)
@@ -168,14 +169,24 @@ class TeamsMessenger:
 
     def activity(self, message: Message) -> Activity:
         """A message as Teams shows it: our views' Slack mrkdwn turned into Teams markdown, blocks into an Adaptive
-        Card; a relay shows whose words they are in its text (a bot cannot post under another name in Teams)."""
+        Card; a relay shows whose words they are in its text (a bot cannot post under another name in Teams). An
+        agent's answer carries the AI label, its citations and Teams' feedback control (`bot.teams.citations`)."""
         words = message.text if message.native else from_mrkdwn(message.text)
         if message.shown_as is not None:
             words = f"**{from_mrkdwn(message.shown_as.name)}**: {words}"
         if message.blocks:
             card = adaptive_card(message.blocks, fallback=message.text)
-            return Activity(type="message", summary=words[:200], attachments=[card])
-        return Activity(type="message", text=words, text_format="markdown")
+            activity = Activity(type="message", summary=words[:200], attachments=[card])
+        else:
+            activity = Activity(type="message", text=words, text_format="markdown")
+        if message.ai:
+            marked, label = labelled(words, message.sources)
+            activity.entities = [label]
+            if not message.blocks:
+                activity.text = marked
+            if self.feedback_loop:
+                activity.channel_data = {"feedbackLoopEnabled": True}
+        return activity
 
     async def post(self, where: Where, message: Message, *, outbox_id: int) -> str:
         activity = self.activity(message)
@@ -221,16 +232,15 @@ class TeamsMessenger:
         return str(sent.id or stream_id)
 
     async def finish_preview(self, preview: PreviewRef, where: Where, message: Message, *, outbox_id: int) -> str:
-        """The stream's final message, `message` with the AI label (and Teams' feedback control), in place of what
-        the stream showed. A stream whose start went unanswered, or that Teams ended (its two minutes passed, the
-        person stopped it), cannot be finished: the message is posted instead."""
+        """The stream's final message, `message` as it would be posted (an answer with its AI label, citations and
+        Teams' feedback control; a notice without), in place of what the stream showed. A stream whose start went
+        unanswered, or that Teams ended (its two minutes passed, the person stopped it), cannot be finished: the
+        message is posted instead."""
         if preview.stream_id is None:
             return await self.post(where, message, outbox_id=outbox_id)
-        info: dict[str, object] = {"streamId": preview.stream_id, "streamType": "final"}
-        if self.feedback_loop:
-            info["feedbackLoopEnabled"] = True
         activity = self.activity(message)
-        activity.entities = [_stream_info(info), _AI_GENERATED]
+        info: dict[str, object] = {"streamId": preview.stream_id, "streamType": "final"} | (activity.channel_data or {})
+        activity.entities = [_stream_info(info), *(activity.entities or [])]
         activity.channel_data = info
         client = await self.client(where.channel)
         for attempt in range(2):
@@ -297,8 +307,6 @@ class TeamsMessenger:
 
 _FINAL_WAIT_S = 2.0
 """A stream's final message refused as too fast is sent again after Teams' Retry-After up to this long."""
-_AI_GENERATED = AIEntity(type="https://schema.org/Message", id="", additional_type=["AIGeneratedContent"])
-"""Teams' "AI generated" label (learn.microsoft.com, "Bot messages with AI-generated content")."""
 
 
 def _stream_info(fields: dict[str, object]) -> Entity:

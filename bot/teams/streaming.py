@@ -22,9 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from agents.address import Address, Platform
 from agents.conversations import MessageResult
 from agents.logcontext import current_conversation
-from agents.loop import Escalate, Event, Reply, TextDelta
+from agents.loop import Escalate, Event, HandoffRecord, Reply, TextDelta
 from bot.channels.messenger import Where
-from bot.channels.previews import Previews, Pumps, Words
+from bot.channels.previews import Notice, Previews, Pumps, Words
 from bot.teams.limits import POST_TEXT
 from bot.teams.messenger import TeamsMessenger, is_personal
 from bot.teams.text import from_markdown
@@ -47,8 +47,10 @@ class TeamsStreams:
         *,
         every_s: float = UPDATE_EVERY_S,
         informative: str = INFORMATIVE,
+        notice: Notice = lambda agent: None,
     ) -> None:
         self.messenger = messenger
+        self.notice = notice
         self.previews = Previews(sessions)
         self.every_s = every_s
         self.informative = informative
@@ -83,6 +85,8 @@ class TurnStream:
 
     async def on_event(self, event: Event) -> None:
         match event:
+            case HandoffRecord(to_agent=agent):
+                self.words.lead(self.streams.notice(agent))
             case TextDelta() if not self.over:
                 self.words.add(event)
                 if not self.started:

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from bot.admin.command import AdminCommands
 from bot.channels.intake import Intake
+from bot.channels.previews import Notice
 from bot.feedback import Feedback
 from bot.settings import Settings
 from bot.teams.app import TeamsAuth, TeamsDirectory, TeamsEdge, TeamsMembers, TeamsPeople
@@ -35,9 +36,9 @@ class TeamsSide:
         """TEAMS_ADMIN_IDS as the people the sender writes to when something needs an admin."""
         return frozenset(f"{ENTRA_USER}{admin}" for admin in self.policy.admins)
 
-    def streams(self, sessions: async_sessionmaker[AsyncSession]) -> TeamsStreams:
+    def streams(self, sessions: async_sessionmaker[AsyncSession], *, notice: Notice) -> TeamsStreams:
         """Answers streamed in personal chats (channels and group chats keep typing)."""
-        return TeamsStreams(self.messenger, sessions)
+        return TeamsStreams(self.messenger, sessions, notice=notice)
 
     def staff_members(self) -> TeamsMembers:
         """Who is in the Teams staff channel (the staff gate asks there)."""
