@@ -1,7 +1,7 @@
 """Where a conversation lives, as one typed value: the one place that builds and reads a conversation's key.
 
-A conversation is a thread of a channel of a workspace on a platform (a Slack thread, a Teams reply chain), or a
-whole direct-message channel (a Slack DM, a Teams personal or group chat), which is answered without threads. The
+A conversation is a thread of a channel of a workspace on a platform (a Slack thread, in a channel or a DM; a Teams
+reply chain), or a whole chat without threads (a Teams personal or group chat), which is answered in the chat. The
 database stores the key string (`platform:workspace:channel:thread`, `dm` for a direct message); every edge builds
 it with `Address` and reads it back with `parse`. Parts are stored with `%` and `:` percent-encoded, since Teams ids
 contain colons (`19:abc@thread.tacv2`, `a:1x2`); Slack's ids have neither, so their keys read as they always did.
@@ -48,7 +48,7 @@ class Address:
     workspace: str
     channel: str
     thread: str | None
-    """The thread's root id; None for a direct message (one conversation per channel, no threads)."""
+    """The thread's root id; None for a chat without threads (one conversation per chat)."""
 
     @property
     def key(self) -> str:

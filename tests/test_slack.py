@@ -180,14 +180,18 @@ async def test_file_share_and_direct_message(slack_bot: Any, emulator: SlackEmul
         "C_SUPPORT", "here is a photo of the crack", files=[{"id": "F1", "name": "a.jpg"}]
     )
     assert await replies_in(emulator, "C_SUPPORT", shared.ts, 1) == ["got: here is a photo of the crack"]
-    # A direct message is one conversation, answered in the DM itself rather than in threads.
-    await emulator.user_says("D_CASEY", "hi in private")
-    await emulator.wait_for(lambda: len(emulator.posts("D_CASEY")) == 1)
-    await emulator.user_says("D_CASEY", "second message")
-    posts = await emulator.wait_for(lambda: (p := emulator.posts("D_CASEY")) and len(p) == 2 and p)
-    assert [(p.text, p.thread_ts) for p in posts] == [("got: hi in private", None), ("got: second message", None)]
+    # A direct message is a conversation of its own thread (the agent messaging experience's), answered in it; a
+    # reply in that thread continues it, and a new message in the DM starts another.
+    first = await emulator.user_says("D_CASEY", "hi in private")
+    assert await replies_in(emulator, "D_CASEY", first.ts, 1) == ["got: hi in private"]
+    await emulator.user_says("D_CASEY", "second message", thread_ts=first.ts)
+    assert await replies_in(emulator, "D_CASEY", first.ts, 2) == ["got: hi in private", "got: second message"]
     users = [msg["content"] for msg in fake_llm.requests[-1].messages if msg["role"] == "user"]
     assert users == ["hi in private", "second message"]
+    other = await emulator.user_says("D_CASEY", "a new question")
+    assert await replies_in(emulator, "D_CASEY", other.ts, 1) == ["got: a new question"]
+    users = [msg["content"] for msg in fake_llm.requests[-1].messages if msg["role"] == "user"]
+    assert users == ["a new question"]
 
 
 async def test_many_threads_rapid_messages_answered_once_in_order(

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from agents.address import DM, Platform
+from agents.address import Platform
 from bot.channels.incoming import CustomerMessage
 from bot.playground.slack_emulator import SlackEmulator, SuggestedPrompts
 from bot.slack.agent_view import TITLE_CHARS, AgentView
 from bot.slack.app import slack_client
-from fakes.openai_server import FakeOpenAI, reply
+from fakes.openai_server import FakeOpenAI, slow_words
 from harness.bot import BOT_TOKEN, bot_settings, serving
+from harness.database import settle
 
 Sessions = async_sessionmaker[AsyncSession]
 PROMPTS = (("Track a parcel", "Where is my parcel?"), ("Talk to a person", "I'd like to talk to a person."))
@@ -96,16 +97,19 @@ async def test_a_dm_thread_is_titled_once_from_its_first_message(view: AgentView
     assert len(title) <= TITLE_CHARS and title.endswith("…")
 
 
-async def test_a_dm_answered_as_one_conversation_has_no_thread_title(
-    view: AgentView, database_url: str, sessions: Sessions, fake_llm: FakeOpenAI, emulator: SlackEmulator
+async def test_a_dm_is_a_thread_answered_streamed_and_titled_in_it(
+    database_url: str, sessions: Sessions, fake_llm: FakeOpenAI, emulator: SlackEmulator
 ) -> None:
-    """Today's DMs: one conversation per DM, answered outside threads, so there is no thread of the bot's to title."""
-    root = emulator.add_message("D_CASEY", "hello")
-    view.stored(dm("hello", ts=root.ts, thread=DM))
-    await view.drain()
-    fake_llm.script(reply("Hello! How can I help?"))
+    """Through the bot: a customer's DM starts a conversation of its own thread, as the agent messaging experience
+    shows it; the answer goes in that thread (streamed there, when it is long in the writing) and the thread is
+    titled from the message."""
+    emulator.add_channel("D_CASEY", "casey-dm", is_im=True)
+    answer = " ".join(f"word{i}" for i in range(1, 21)) + "."
+    fake_llm.script(slow_words(answer, first_s=0.1, each_s=0.1))
     async with serving(bot_settings(database_url, fake_llm, emulator), emulator):
-        await emulator.user_says("D_CASEY", "hi there")
-        [answer] = await emulator.wait_for(lambda: emulator.posts("D_CASEY") or None)
-    assert answer.thread_ts is None
-    assert emulator.calls_to("assistant.threads.setTitle") == []
+        said = await emulator.user_says("D_CASEY", "Where is my parcel?")
+        await settle(sessions, timeout_s=20)
+    assert [p.text for p in emulator.posts("D_CASEY", said.ts)] == [answer]  # in the DM's thread
+    [stream] = emulator.streams("D_CASEY")
+    assert stream.texts[-1] == answer
+    assert emulator.titles[("D_CASEY", said.ts)] == "Where is my parcel?"

@@ -66,5 +66,8 @@ def test_served_channels_and_dms() -> None:
     assert isinstance(classify(envelope(), policy), Ignored)
     dm = classify(envelope(channel="D1", channel_type="im"), policy)
     assert isinstance(dm, CustomerMessage) and dm.is_dm
-    assert Address.parse(dm.conversation_key) == Address("slack", "T1", "D1", None) == dm.address
-    assert dm.conversation_key == "slack:T1:D1:dm" and Address.parse("cli:ada") is None
+    # A DM is one conversation per thread, as the agent messaging experience shows it: answered in its thread.
+    assert Address.parse(dm.conversation_key) == Address("slack", "T1", "D1", dm.ts) == dm.address
+    reply = classify(envelope(channel="D1", channel_type="im", ts="200.000002", thread_ts=dm.ts), policy)
+    assert isinstance(reply, CustomerMessage) and reply.conversation_key == dm.conversation_key
+    assert Address.parse("cli:ada") is None

@@ -26,7 +26,7 @@ class CustomerMessage:
     channel: str
     thread_ts: str
     """The thread's root: the conversation is (team, channel, thread_ts), since a ts is unique per channel.
-    `DM` for direct messages, which are one conversation per DM channel."""
+    `DM` for a chat without threads (Teams' personal and group chats), one conversation per chat."""
     ts: str
     user: str
     text: str

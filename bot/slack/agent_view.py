@@ -11,7 +11,7 @@ thread: under agent_view a call that names one "will silently fail" (docs.slack.
 assistant.threads.setSuggestedPrompts).
 
 A title is set once per thread, from the customer's first message in it (when intake first stores that message),
-and only where the bot answers in a DM thread: a DM answered as one conversation, outside threads, has none.
+where the bot answers in a DM thread (every DM conversation is one, as `bot.slack.events` keys them).
 """
 
 from __future__ import annotations

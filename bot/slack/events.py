@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agents.address import DM, Platform
+from agents.address import Platform
 from agents.attachments import FileRef
 from bot.channels.incoming import (
     CaseAction,
@@ -144,7 +144,9 @@ def classify(envelope: Mapping[str, Any], policy: Policy) -> Incoming:
     files = files_of(event)
     if not text and not files:
         return Ignored("no text")
-    thread_ts = DM if is_dm else event.get("thread_ts") or ts
+    # A direct message is a thread too: the agent messaging experience (the manifests' agent_view) shows each of a
+    # customer's conversations with the app as a thread of its own, answered (and streamed, and titled) in it.
+    thread_ts = event.get("thread_ts") or ts
     user_team = str(event.get("user_team") or team)
     shared = envelope.get("is_ext_shared_channel") is True and not is_dm
     return CustomerMessage(
