@@ -22,6 +22,7 @@ from microsoft_agents.activity import (
 )
 from microsoft_agents.authentication.msal import MsalAuth
 from microsoft_agents.hosting.core.authorization import AgentAuthConfiguration, JwtTokenValidator
+from microsoft_agents.hosting.core.authorization.jwt_token_validator import _JwkClientManager
 from microsoft_agents.hosting.core.connector.client import ConnectorClient
 
 from fakes.teams_api import CARD_TYPE, Op, TeamsEmulator, UserRole
@@ -88,7 +89,12 @@ async def bot(teams: TeamsEmulator) -> AsyncIterator[RecordingBot]:
 # -- the sign-in side, through the SDK -------------------------------------------------------------------------
 
 
-async def test_the_sdk_validator_accepts_the_emulators_token_and_refuses_broken_ones(teams: TeamsEmulator) -> None:
+async def test_the_sdk_validator_accepts_the_emulators_token_and_refuses_broken_ones(
+    teams: TeamsEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The SDK keeps the key sets it fetched for the whole process (a class attribute): a test that ran a Teams bot
+    # before this one would leave them cached, and the fetch through the proxy checked below would not happen.
+    monkeypatch.setattr(JwtTokenValidator, "_jwk_client_manager", _JwkClientManager())
     claims = await validator().validate_token(teams.login.channel_token(TokenKind.VALID, service_url="http://x/"))
     assert (claims.claims["aud"], claims.claims["iss"], claims.claims["serviceurl"]) == (
         h.APP_ID,

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from agents.address import Address, Platform
 from agents.conversations import MessageResult
 from agents.logcontext import current_conversation
-from agents.loop import Escalate, Event, HandoffRecord, Reply, TextDelta
+from agents.loop import Escalate, Event, HandoffRecord, Reply, TextDelta, TurnStarted
 from bot.channels.messenger import Where
 from bot.channels.previews import Notice, Previews, Pumps, Words
 from bot.teams.limits import POST_TEXT
@@ -87,21 +87,29 @@ class TurnStream:
         match event:
             case HandoffRecord(to_agent=agent):
                 self.words.lead(self.streams.notice(agent))
+            case TurnStarted():
+                # The informative update goes out as the turn starts: Teams takes one activity a second per stream,
+                # so the first words can follow the model's first token at once instead of a second after it.
+                self._begin()
             case TextDelta() if not self.over:
                 self.words.add(event)
-                if not self.started:
-                    self.started = True
-                    address = Address.parse(current_conversation.get())
-                    if address is None or address.platform != Platform.TEAMS or not is_personal(address.channel):
-                        self.over = True
-                        return
-                    self.address = address
-                    self.streams.run(self)
+                self._begin()
                 self.changed.set()
             case Reply() | Escalate():
                 # The answer of record is written: its final message comes through the outbox, which an update
                 # sent now would only delay (one activity a second per stream).
                 self._stop()
+
+    def _begin(self) -> None:
+        if self.started or self.over:
+            return
+        self.started = True
+        address = Address.parse(current_conversation.get())
+        if address is None or address.platform != Platform.TEAMS or not is_personal(address.channel):
+            self.over = True  # channels and group chats cannot stream: the typing indicator stays their signal
+            return
+        self.address = address
+        self.streams.run(self)
 
     def finish(self, results: Sequence[MessageResult]) -> None:
         """The run committed (or failed): whatever is owed now goes through the outbox, which finishes the preview."""
