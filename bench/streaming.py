@@ -1,13 +1,15 @@
-"""`python -m bench streaming`: how soon a customer sees the answer streamed into the Slack thread (issue 28), against
-the answer posted whole (`STREAM_ANSWERS=false`, today's), and what a kill -9 mid-stream leaves in the thread.
+"""`python -m bench streaming`: how soon a customer sees the answer streamed into the Slack thread and into the Teams
+personal chat (issue 28), against the answer posted whole (`STREAM_ANSWERS=false`, today's), and what a kill -9
+mid-stream leaves there.
 
 The fake model takes 1 s to its first token and writes a word every 150 ms (answers of 40 words: about 6 s of
-writing). Conversations one after another, each in a thread of its own, on a fresh `python -m bot serve` per mode
-(`bench.live`). Per answer, from its event's delivery: the first words visible (the stream's first text, or the
-post) and the whole answer standing (the message final with the answer's text), both from the emulator's record;
-the Slack calls each answer cost. Then conversations killed -9 once their stream shows words, a new process started
-each time: how many messages the thread ends with, and whether the one left is the answer of record (the new
-process's)."""
+writing). Per mode, one `python -m bot serve` serving both platforms (`bench.live`): conversations one after
+another, first in Slack (each in a thread of its own), then in Teams (each in a new customer's personal chat). Per
+answer, from the customer's message's delivery: the first words visible (the stream's first text, not Teams'
+informative line, or the post) and the whole answer standing (the message final with the answer's text), both from
+the emulators' records; the platform calls each answer cost. Then conversations killed -9 once their stream shows
+words, a new process started each time: how many messages the thread or chat ends with, and whether the one left is
+the answer of record (the new process's)."""
 
 from __future__ import annotations
 
@@ -19,16 +21,19 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bench import tables
 from bench.live import UNLIMITED, Live, live_bot, print_afterwards
 from bench.setup import DATABASE_PREFIX, RESULTS, run_benchmark, section, summary, table
 from bot.playground.slack_emulator import SlackEmulator
+from bot.playground.waiting import poll
 from fakes.openai_server import FakeOpenAI, FakeReply, RecordedRequest, reply, slow_words
+from fakes.teams_api import ConnectorCall, StreamType, TeamsEmulator
+from harness import teams as th
 from harness.bot import BotProcess, bot_env, bot_process, emulator
 from harness.database import throwaway_database
-from harness.slack import Sent, say
+from harness.slack import say
 
 CHANNEL = "C_SUPPORT"
 FIRST_TOKEN_S = 1.0
@@ -37,6 +42,9 @@ LEASE_S = 2.0
 """A killed process's turn is taken over when its lease runs out: soon, here."""
 QUIET_S = 1.0
 """How long a settled thread is watched for a second message, if one were coming."""
+
+Seen = tuple[float, str, bool]
+"""(when, text, final): what a thread or chat showed of the bot's answer at one moment."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,15 @@ class Params:
 
 
 @dataclass(frozen=True)
+class Asked:
+    """A customer's question, delivered: `where` names its thread (Slack) or personal chat (Teams)."""
+
+    text: str
+    where: str
+    sent: float
+
+
+@dataclass(frozen=True)
 class Killed:
     """What a thread killed mid-stream ended with."""
 
@@ -60,7 +77,119 @@ class Killed:
     recovery_s: float | None
     """From the kill to the answer of record standing."""
     finished_by: str | None
-    """How the preview ended: "stopped" (chat.stopStream), "updated" (chat.update), None (left open)."""
+    """How the preview ended: Slack's "stopped" (chat.stopStream) or "updated" (chat.update); Teams' "final" (the
+    stream's final message) or "posted" (a message of its own); None (left open)."""
+
+
+class Surface(Protocol):
+    """One platform as the benchmark drives and reads it: a question in a conversation of its own, and what the
+    customer saw there, from the emulator's record."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def ask(self, question: str, n: int) -> Asked:
+        """`question` from customer `n` in a conversation of its own."""
+        ...
+
+    def seen(self, where: str) -> list[Seen]: ...
+
+    def standing_messages(self, where: str) -> list[tuple[str, bool]]:
+        """The bot's messages that stand in the conversation: (text, final)."""
+        ...
+
+    def finished_by(self, where: str) -> str | None: ...
+
+    def call_kinds(self) -> list[str]:
+        """Every platform call so far, by kind."""
+        ...
+
+
+@dataclass
+class SlackSurface:
+    slack: SlackEmulator
+    name: str = "Slack"
+
+    async def ask(self, question: str, n: int) -> Asked:
+        sent = await say(self.slack, CHANNEL, question)
+        return Asked(question, sent.ts, sent.sent)
+
+    def seen(self, where: str) -> list[Seen]:
+        """From streams (their chat.update included) and chat.postMessage calls."""
+        streamed = [
+            (s.at, s.text, s.state == "completed")
+            for stream in self.slack.streams(CHANNEL)
+            if (msg := self.slack.message(CHANNEL, stream.ts)) is not None and msg.thread_ts == where
+            for s in stream.shown
+        ]
+        posted = [
+            (c.at, str(c.params.get("text")), True)
+            for c in self.slack.calls_to("chat.postMessage")
+            if not c.failed and c.params.get("thread_ts") == where
+        ]
+        return sorted(streamed + posted)
+
+    def standing_messages(self, where: str) -> list[tuple[str, bool]]:
+        return [
+            (p.text, self.slack.stream_state(CHANNEL, p.ts) in (None, "completed"))
+            for p in self.slack.posts(CHANNEL, where)
+        ]
+
+    def finished_by(self, where: str) -> str | None:
+        posts = {p.ts for p in self.slack.posts(CHANNEL, where)}
+        return next((s.ended for s in self.slack.streams(CHANNEL) if s.ts in posts), None)
+
+    def call_kinds(self) -> list[str]:
+        return [c.method for c in self.slack.calls if c.method.startswith(("chat.", "assistant."))]
+
+
+@dataclass
+class TeamsSurface:
+    teams: TeamsEmulator
+    name: str = "Teams"
+
+    async def ask(self, question: str, n: int) -> Asked:
+        customer = self.teams.add_user(f"29:stream-{n}", f"Customer{n} Streaming")
+        sent = await th.personal(self.teams, question, user=customer.id)
+        if sent.status != 200:
+            raise RuntimeError(f"the bot answered the activity {sent.status} ({sent.error})")
+        return Asked(question, sent.conversation_id, sent.sent)
+
+    def seen(self, where: str) -> list[Seen]:
+        """From the chat's streams (their informative lines aside: no answer in them) and the messages posted
+        whole (a stream's final message is one of its updates, and has the stream's id)."""
+        streamed = [
+            (s.at, s.text, s.kind == StreamType.FINAL)
+            for s in self.teams.shown_in(where)
+            if s.kind != StreamType.INFORMATIVE
+        ]
+        posted = [(m.at, m.text, True) for m in self.teams.posts(where) if m.id not in self.teams.streams]
+        return sorted(streamed + posted)
+
+    def standing_messages(self, where: str) -> list[tuple[str, bool]]:
+        """Its messages, and a stream never finished that showed words: Teams leaves what it showed."""
+        posted = [(m.text, True) for m in self.teams.posts(where) if not m.deleted]
+        streams = self.teams.streams.values()
+        left = [(s.text, False) for s in streams if s.conversation_id == where and not s.final and s.text]
+        return posted + left
+
+    def finished_by(self, where: str) -> str | None:
+        posts = self.teams.posts(where)
+        if any(m.id in self.teams.streams for m in posts):
+            return "final"
+        return "posted" if posts else None
+
+    def call_kinds(self) -> list[str]:
+        return [teams_call(c) for c in self.teams.calls]
+
+
+def teams_call(call: ConnectorCall) -> str:
+    """A Bot Connector call's kind: the operation, with a sent activity's stream type (or its own type), and the
+    status when refused (`send streaming 429`)."""
+    data = call.body.get("channelData")
+    stream = data.get("streamType") if isinstance(data, dict) else None
+    kind = f"{call.op} {stream or call.body.get('type')}" if call.body.get("type") else str(call.op)
+    return f"{kind} {call.status}" if call.failed else kind
 
 
 def answer_to(question: str, words: int, attempt: int = 1) -> str:
@@ -68,29 +197,12 @@ def answer_to(question: str, words: int, attempt: int = 1) -> str:
     return " ".join([f"Answer {attempt} to {question}:", *(f"word{i}" for i in range(words - 5))]) + "."
 
 
-def shown(slack: SlackEmulator, thread: str) -> list[tuple[float, str, bool]]:
-    """What the thread's bot messages showed, in order: (when, text, final), from streams (their chat.update
-    included) and chat.postMessage calls."""
-    seen = [
-        (s.at, s.text, s.state == "completed")
-        for stream in slack.streams(CHANNEL)
-        if (msg := slack.message(CHANNEL, stream.ts)) is not None and msg.thread_ts == thread
-        for s in stream.shown
-    ]
-    posted = [
-        (c.at, str(c.params.get("text")), True)
-        for c in slack.calls_to("chat.postMessage")
-        if not c.failed and c.params.get("thread_ts") == thread
-    ]
-    return sorted(seen + posted)
+def first_words(seen: list[Seen]) -> float | None:
+    return next((at for at, text, _ in seen if text), None)
 
 
-def first_words(slack: SlackEmulator, thread: str) -> float | None:
-    return next((at for at, text, _ in shown(slack, thread) if text), None)
-
-
-def standing(slack: SlackEmulator, thread: str, answer: str) -> float | None:
-    return next((at for at, text, final in shown(slack, thread) if final and text == answer), None)
+def standing(seen: list[Seen], answer: str) -> float | None:
+    return next((at for at, text, final in seen if final and text == answer), None)
 
 
 def rule(words: int, asked: dict[str, list[float]]) -> Callable[[RecordedRequest], FakeReply]:
@@ -107,20 +219,33 @@ def rule(words: int, asked: dict[str, list[float]]) -> Callable[[RecordedRequest
 
 
 async def answers(server_url: str, params: Params, *, stream: bool) -> dict[str, Any]:
+    """Slack's figures, then Teams' (under "teams"), from one process serving both."""
     asked: dict[str, list[float]] = {}
-    async with live_bot(server_url, rule(params.words, asked), {"stream_answers": stream}) as live:
-        slack = live.emulator
-        warm = await say(slack, CHANNEL, "warm up")
-        await live.until(lambda: slack.posts(CHANNEL, warm.ts) != [], 30, "the warm-up's answer")
-        calls_before = len(slack.calls)
-        said = [await answered(live, f"question {i}", params.words) for i in range(params.conversations)]
-        await asyncio.sleep(QUIET_S)
-        calls = Counter(c.method for c in slack.calls[calls_before:] if c.method.startswith(("chat.", "assistant.")))
-        rows = [
-            (s, first_words(slack, s.ts), standing(slack, s.ts, answer_to(s.text, params.words)), asked[s.text][0])
-            for s in said
-        ]
-        messages = sum(len(slack.posts(CHANNEL, s.ts)) for s in said)
+    async with live_bot(server_url, rule(params.words, asked), {"stream_answers": stream}, teams=True) as live:
+        assert live.teams is not None
+        slack, teams = SlackSurface(live.emulator), TeamsSurface(live.teams)
+        result = await figures(live, slack, params, asked)
+        result["teams"] = await figures(live, teams, params, asked)
+    return result | {"afterwards": live.afterwards}
+
+
+async def figures(live: Live, surface: Surface, params: Params, asked: dict[str, list[float]]) -> dict[str, Any]:
+    """`params.conversations` answers one after another, after a warm-up (the first call to a platform pays for
+    its clients and tokens)."""
+    warm = await surface.ask(f"warm up {surface.name}", 0)
+    await live.until(lambda: surface.standing_messages(warm.where) != [], 30, f"the {surface.name} warm-up's answer")
+    calls_before = len(surface.call_kinds())
+    said = [
+        await answered(live, surface, f"{surface.name} question {i}", i + 1, params.words)
+        for i in range(params.conversations)
+    ]
+    await asyncio.sleep(QUIET_S)
+    calls = Counter(surface.call_kinds()[calls_before:])
+    rows = []
+    for s in said:
+        seen = surface.seen(s.where)
+        rows.append((s, first_words(seen), standing(seen, answer_to(s.text, params.words)), asked[s.text][0]))
+    messages = sum(len(surface.standing_messages(s.where)) for s in said)
     done = [(s, first, whole, at) for s, first, whole, at in rows if first is not None and whole is not None]
     return {
         "answers": len(done),
@@ -130,80 +255,98 @@ async def answers(server_url: str, params: Params, *, stream: bool) -> dict[str,
         "first_token_to_first_words_s": summary([first - at - FIRST_TOKEN_S for _, first, _, at in done]),
         "calls_per_answer": {m: round(n / len(said), 2) for m, n in sorted(calls.items())},
         "messages_per_answer": round(messages / len(said), 2),
-        "afterwards": live.afterwards,
     }
 
 
-async def answered(live: Live, question: str, words: int) -> Sent:
-    """A question in a thread of its own, once its answer stands."""
-    sent, answer = await say(live.emulator, CHANNEL, question), answer_to(question, words)
-    await live.until(lambda: standing(live.emulator, sent.ts, answer) is not None, 60, f"the answer in {sent.ts}")
-    return sent
+async def answered(live: Live, surface: Surface, question: str, n: int, words: int) -> Asked:
+    """A question in a conversation of its own, once its answer stands."""
+    asked, answer = await surface.ask(question, n), answer_to(question, words)
+
+    def done() -> bool:
+        return standing(surface.seen(asked.where), answer) is not None
+
+    await live.until(done, 60, f"the answer in {asked.where}")
+    return asked
 
 
 async def killed(server_url: str, params: Params) -> dict[str, Any]:
-    """Each conversation: its stream shows words, the process is killed -9, a new one takes the turn over."""
+    """Each conversation (Slack's, then Teams'): its stream shows words, the process is killed -9, a new one takes
+    the turn over. Slack's figures, with Teams' under "teams"."""
     asked: dict[str, list[float]] = {}
-    outcomes: list[Killed] = []
     async with (
         throwaway_database(server_url, DATABASE_PREFIX) as url,
         FakeOpenAI() as fake,
         emulator() as slack,
+        th.emulator() as teams,
         AsyncExitStack() as bots,
     ):
         fake.rule = rule(params.words, asked)
-        env = bot_env(url, fake, slack, lease_seconds=LEASE_S, **UNLIMITED)
+        settings = UNLIMITED | th.teams_settings(teams)
+        env = bot_env(url, fake, slack, lease_seconds=LEASE_S, **settings) | teams.env()
 
         async def start() -> BotProcess:
-            return await bots.enter_async_context(bot_process(env, slack))
+            bot = await bots.enter_async_context(bot_process(env, slack))
+            teams.messaging_url = f"{bot.url}/api/messages"
+            return bot
 
         bot = await start()
-        for i in range(params.kills):
-            outcome, bot = await kill_mid_stream(slack, bot, start, f"kill question {i}", asked, params.words)
-            outcomes.append(outcome)
-        calls = Counter(c.method for c in slack.calls if c.method.startswith(("chat.", "assistant.")))
+        result: dict[str, dict[str, Any]] = {}
+        for surface in (SlackSurface(slack), TeamsSurface(teams)):
+            outcomes: list[Killed] = []
+            for i in range(params.kills):
+                question = f"{surface.name} kill question {i}"
+                outcome, bot = await kill_mid_stream(surface, bot, start, question, i + 1, asked, params.words)
+                outcomes.append(outcome)
+            result[surface.name] = outcomes_of(outcomes, Counter(surface.call_kinds()), params.kills)
+    return result["Slack"] | {"teams": result["Teams"]}
+
+
+def outcomes_of(outcomes: list[Killed], calls: Counter[str], kills: int) -> dict[str, Any]:
     counts = Counter(o.kind for o in outcomes)
     return {
-        "conversations": params.kills,
+        "conversations": kills,
         **{k: counts[k] for k in ("once", "twice_or_more", "half", "none")},
         "kill_to_answer_s": summary([o.recovery_s for o in outcomes if o.recovery_s is not None]),
         "previews_finished_by": dict(Counter(str(o.finished_by) for o in outcomes)),
-        "calls_per_answer": {m: round(n / params.kills, 2) for m, n in sorted(calls.items())},
+        "calls_per_answer": {m: round(n / kills, 2) for m, n in sorted(calls.items())},
         "lease_seconds": LEASE_S,
     }
 
 
 async def kill_mid_stream(
-    slack: SlackEmulator,
+    surface: Surface,
     bot: BotProcess,
     start: Callable[[], Awaitable[BotProcess]],
     question: str,
+    n: int,
     asked: dict[str, list[float]],
     words: int,
 ) -> tuple[Killed, BotProcess]:
-    """What the thread ended with, and the new process."""
-    sent = await say(slack, CHANNEL, question)
-    await slack.wait_for(lambda: first_words(slack, sent.ts) is not None, timeout=30)
+    """What the conversation ended with, and the new process."""
+    said = await surface.ask(question, n)
+    await settled(lambda: first_words(surface.seen(said.where)) is not None, 30)
     await bot.kill()
     kill_at = time.monotonic()
     bot = await start()
-    with contextlib.suppress(TimeoutError):
-        await slack.wait_for(lambda: len(asked[question]) > 1, timeout=30)
+    await settled(lambda: len(asked[question]) > 1, 30)
     record = answer_to(question, words, len(asked[question]))
-    with contextlib.suppress(TimeoutError):
-        await slack.wait_for(lambda: standing(slack, sent.ts, record) is not None, timeout=60)
+    await settled(lambda: standing(surface.seen(said.where), record) is not None, 60)
     await asyncio.sleep(QUIET_S)
-    at = standing(slack, sent.ts, record)
-    posts = slack.posts(CHANNEL, sent.ts)
-    final = all(slack.stream_state(CHANNEL, p.ts) in (None, "completed") for p in posts)
-    if len(posts) > 1:
+    at = standing(surface.seen(said.where), record)
+    messages = surface.standing_messages(said.where)
+    if len(messages) > 1:
         kind = "twice_or_more"
-    elif not posts:
+    elif not messages:
         kind = "none"
     else:
-        kind = "once" if posts[0].text == record and final else "half"
-    ended = next((s.ended for s in slack.streams(CHANNEL) if s.ts in {p.ts for p in posts}), None)
-    return Killed(kind, None if at is None else at - kill_at, ended), bot
+        kind = "once" if messages[0] == (record, True) else "half"
+    return Killed(kind, None if at is None else at - kill_at, surface.finished_by(said.where)), bot
+
+
+async def settled(done: Callable[[], bool], timeout_s: float) -> None:
+    """Until `done()` or the timeout, which the outcome then shows."""
+    with contextlib.suppress(TimeoutError):
+        await poll(done, timeout_s, lambda: "")
 
 
 async def run(server_url: str, params: Params) -> dict[str, Any]:
@@ -211,21 +354,28 @@ async def run(server_url: str, params: Params) -> dict[str, Any]:
         "parameters": asdict(params) | {"first_token_s": FIRST_TOKEN_S, "each_word_s": EACH_WORD_S}
     }
     for key, stream, title in (("streamed", True, "streamed"), ("today", False, "posted whole (STREAM_ANSWERS=false)")):
-        section(f"{params.conversations} answers {title}")
+        section(f"{params.conversations} answers {title}, in Slack and in Teams")
         result[key] = await answers(server_url, params, stream=stream)
         print_afterwards(result[key]["afterwards"])
-        figures = {k: v for k, v in result[key].items() if k != "afterwards"}
-        print(figures, flush=True)
-    section(f"{params.kills} conversations killed -9 mid-stream")
+        print({k: v for k, v in result[key].items() if k != "afterwards"}, flush=True)
+    section(f"{params.kills} conversations killed -9 mid-stream, in Slack and in Teams")
     result["killed"] = await killed(server_url, params)
     print(result["killed"], flush=True)
-    streamed, today = result["streamed"], result["today"]
-    result["first_words_vs_first_token"] = round(streamed["first_words_s"]["p50"] / FIRST_TOKEN_S, 2)
-    result["first_words_vs_whole_today"] = round(streamed["first_words_s"]["p50"] / today["whole_answer_s"]["p50"], 2)
+    teams = {k: result[k].pop("teams") for k in ("streamed", "today", "killed")}
+    result["teams"] = teams | ratios(teams)
+    result |= ratios(result)
     section("summary")
     summed = tables.streaming(result)
     print(table(summed.headers, summed.rows))
     return result
+
+
+def ratios(result: dict[str, Any]) -> dict[str, float]:
+    streamed, today = result["streamed"], result["today"]
+    return {
+        "first_words_vs_first_token": round(streamed["first_words_s"]["p50"] / FIRST_TOKEN_S, 2),
+        "first_words_vs_whole_today": round(streamed["first_words_s"]["p50"] / today["whole_answer_s"]["p50"], 2),
+    }
 
 
 def main(*, quick: bool = False, results: Path = RESULTS) -> dict[str, Any]:

@@ -234,34 +234,48 @@ def install(result: Result, before: Result | None = None) -> Table:
 
 
 def streaming(result: Result) -> Table:
-    """`python -m bench streaming`: answers streamed against posted whole, and a kill -9 mid-stream."""
-    streamed, today, killed = result["streamed"], result["today"], result["killed"]
+    """`python -m bench streaming`: answers streamed against posted whole, and a kill -9 mid-stream, in Slack and (in
+    a result that has them) in Teams' personal chats."""
     first_token = result["parameters"]["first_token_s"]
+    platforms = [("Slack", result), *([("Teams", result["teams"])] if "teams" in result else [])]
+    headers = [""]
+    columns: list[tuple[Result, Result | None, Result]] = []  # (the mode's figures, the kills or None, the platform's)
+    for name, figures in platforms:
+        headers += [f"{name}, streamed", f"{name}, posted whole (`STREAM_ANSWERS=false`, today's)"]
+        columns += [(figures["streamed"], figures["killed"], figures), (figures["today"], None, figures)]
 
-    def both(key: str) -> list[str]:
-        return [f"{_number(r[key]['p50'])} / {_number(r[key]['p90'])}" for r in (streamed, today)]
+    def each(cell: Callable[[Result, Result | None, Result], object]) -> list[object]:
+        return [cell(mode, kills, figures) for mode, kills, figures in columns]
 
-    def calls(r: Result) -> str:
-        per = r["calls_per_answer"]
+    def spread(figures: Result, p: str = "p90") -> str:
+        return f"{_number(figures['p50'])} / {_number(figures[p])}"
+
+    def calls(per: Result) -> str:
         return f"{_number(sum(per.values()))} ({', '.join(f'`{m}` {_number(n)}' for m, n in per.items())})"
 
-    once = " / ".join(str(killed[k]) for k in ("once", "twice_or_more", "half", "none"))
+    def once(kills: Result) -> str:
+        return " / ".join(str(kills[k]) for k in ("once", "twice_or_more", "half", "none"))
+
+    kills = result["killed"]
     rows = [
-        ["first words, p50 / p90 s", *both("first_words_s")],
-        ["whole answer standing, p50 / p90 s", *both("whole_answer_s")],
+        ["first words, p50 / p90 s", *each(lambda r, _, __: spread(r["first_words_s"]))],
+        ["whole answer standing, p50 / p90 s", *each(lambda r, _, __: spread(r["whole_answer_s"]))],
         [f"first words / the model's {_number(first_token)} s to its first token, p50 (goal 1.5 at most)",
-         *(r["first_words_s"]["p50"] / first_token for r in (streamed, today))],
-        ["first words streamed / the whole answer today's, p50", result["first_words_vs_whole_today"], None],
-        ["Slack calls per answer (`chat.*`, `assistant.*`)", calls(streamed), calls(today)],
-        ["bot messages per answer", streamed["messages_per_answer"], today["messages_per_answer"]],
-        [f"killed -9 once words show, a new process started ({killed['conversations']}; lease "
-         f"{_number(killed['lease_seconds'])} s): the answer stands once / twice or more / half / not at all",
-         once, None],
+         *each(lambda r, _, __: r["first_words_s"]["p50"] / first_token)],
+        ["first words streamed / the whole answer today's, p50",
+         *each(lambda _, k, p: None if k is None else p["first_words_vs_whole_today"])],
+        ["platform calls per answer (Slack's `chat.*`, `assistant.*`; Teams' Bot Connector calls by kind)",
+         *each(lambda r, _, __: calls(r["calls_per_answer"]))],
+        ["bot messages per answer", *each(lambda r, _, __: r["messages_per_answer"])],
+        [f"killed -9 once words show, a new process started ({kills['conversations']} each; lease "
+         f"{_number(kills['lease_seconds'])} s): the answer stands once / twice or more / half / not at all",
+         *each(lambda _, k, __: None if k is None else once(k))],
         ["killed -9: from the kill to the answer standing, p50 / max s",
-         f"{_number(killed['kill_to_answer_s']['p50'])} / {_number(killed['kill_to_answer_s']['max'])}", None],
-        ["killed -9: Slack calls per answer, both processes'", calls(killed), None],
+         *each(lambda _, k, __: None if k is None else spread(k["kill_to_answer_s"], "max"))],
+        ["killed -9: platform calls per answer, both processes'",
+         *each(lambda _, k, __: None if k is None else calls(k["calls_per_answer"]))],
     ]  # fmt: skip
-    return Table(["", "streamed", "posted whole (`STREAM_ANSWERS=false`, today's)"], rows)
+    return Table(headers, rows)
 
 
 RENDERERS: dict[str, Callable[[Result, Result | None], Table]] = {

@@ -241,6 +241,8 @@ class Preview(Base):
     shown: Mapped[str] = mapped_column(Text, server_default="")
     """What the stream has shown so far, as the customer sees it: the finisher replaces it only if it differs."""
     started_at: Mapped[datetime] = _now()
+    shown_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    """When the stream last showed something: its finisher waits out the platform's pace from there."""
 
 
 class Outbox(Base):

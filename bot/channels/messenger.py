@@ -119,6 +119,8 @@ class PreviewRef:
     shown: str
     """What the stream has shown: a finisher replaces the text only where it differs."""
     started_at: datetime
+    shown_at: datetime | None = None
+    """When the stream last showed something (the platform may want a pause before the next activity)."""
 
 
 @runtime_checkable

@@ -8,7 +8,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import text, update
+from sqlalchemy import func, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.address import Address
@@ -37,10 +37,10 @@ class Previews:
     async def record(self, preview: int, **values: str) -> None:
         """What the stream is (`stream_id`), what it showed (`shown`), or that it showed nothing (`state`); never
         on a preview the outbox has finished."""
+        shown_at = {"shown_at": func.now()} if "shown" in values or "stream_id" in values else {}
         async with self.sessions() as s, s.begin():
-            await s.execute(
-                update(m.Preview).where(m.Preview.id == preview, m.Preview.state == "open").values(**values)
-            )
+            still_open = update(m.Preview).where(m.Preview.id == preview, m.Preview.state == "open")
+            await s.execute(still_open.values(**values, **shown_at))
 
 
 Notice = Callable[[str], str | None]

@@ -35,7 +35,7 @@ _CLAIM_AND_DONE = text(
 )
 """A post's id claimed for its row (`Ledger.claim`); the second also marks the row sent, unless it already ended."""
 _OPEN_PREVIEW = text(
-    "SELECT id, platform, channel, thread, stream_id, shown, started_at FROM previews "
+    "SELECT id, platform, channel, thread, stream_id, shown, started_at, shown_at FROM previews "
     "WHERE conversation_id = :c AND state = 'open' AND started_at <= :before"
 )
 """The conversation's open preview, if a run began it before the row was written (a later run's preview is its
