@@ -36,7 +36,6 @@ from bot.channels.capabilities import Channels, ReplyStyle
 from bot.channels.directories import Directories
 from bot.channels.intake import Intake
 from bot.channels.messenger import Messenger
-from bot.channels.previews import Notice
 from bot.csat import Csat, CsatPolicy
 from bot.declaration.build import helpdesk as declared_helpdesk
 from bot.delivery.owed import turn_outbox
@@ -105,11 +104,21 @@ class Sides:
         return directories
 
     def progress(
-        self, settings: Settings, db: runtime.Database, metrics: Metrics, *, title: Callable[[str], str]
+        self,
+        settings: Settings,
+        db: runtime.Database,
+        metrics: Metrics,
+        style: ReplyStyle,
+        *,
+        title: Callable[[str], str],
     ) -> list[Progress]:
-        """What shows a turn while it works, in each channel that can: Slack's AI status, answers streamed."""
+        """What shows a turn while it works, in each channel that can: Slack's AI status, answers streamed (led by
+        the handoff notices the outbox would post, `ReplyStyle.notice`)."""
         shown: list[Progress] = []
-        notice = handoff_notice(settings, title)
+
+        def notice(agent: str) -> str | None:
+            return style.notice(title(agent))
+
         if self.slack is not None and SLACK.capabilities.ai_status:
             shown.append(self.slack.ai_status(failures=metrics.status_failures, title=title))
         if self.slack is not None and SLACK.capabilities.streaming and settings.stream_answers:
@@ -179,7 +188,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             listen_url=runtime.listen_url(settings, db.url),
             housekeeping=[(intake.prune, 600), (lambda: takeover.desk.remind(now=now()), 30)],
             enabled=settings.process_role != "web",
-            progress=sides.progress(settings, db, metrics, title=lambda name: brain.roster.get(name).title),
+            progress=sides.progress(settings, db, metrics, style, title=lambda name: brain.roster.get(name).title),
             doorbell=doorbell,
         )
         await watch_monitoring(settings, db, brain, metrics, closing)
@@ -314,11 +323,6 @@ async def watch_monitoring(
     closing.push_async_callback(pooled.dispose)
     metrics.watch(pooled)
     metrics.watch_sources(lambda: tool_statuses(brain))
-
-
-def handoff_notice(settings: Settings, title: Callable[[str], str]) -> Notice:
-    """The notice each handoff shows (HANDOFF_NOTICE), as `bot.delivery.owed` writes it."""
-    return lambda agent: settings.handoff_notice.format(agent=title(agent)) if settings.handoff_notice else None
 
 
 def escalation_policy(settings: Settings) -> EscalationPolicy:

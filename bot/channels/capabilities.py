@@ -44,6 +44,11 @@ class ReplyStyle:
     working_reaction: str = "eyes"
     done_reaction: str = "white_check_mark"
 
+    def notice(self, title: str) -> str | None:
+        """The notice of a handoff to the agent titled `title`, as the customer is shown it (posted, or leading a
+        streamed answer: the two must read the same); None when there is none."""
+        return self.handoff_notice.format(agent=title) if self.handoff_notice else None
+
 
 class Format(Protocol):
     def posts(self, body: str) -> list[str]:

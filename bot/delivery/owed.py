@@ -74,9 +74,7 @@ def turn_outbox(
         cid, result, escalation_id = commit.conversation_id, commit.result, commit.result.escalation_id
         owed: list[Delivery] = []
         notices = [
-            style.handoff_notice.format(agent=roster.get(handoff.to_agent).title)
-            for handoff in result.handoffs
-            if style.handoff_notice
+            notice for handoff in result.handoffs if (notice := style.notice(roster.get(handoff.to_agent).title))
         ]
         reply = result.reply
         if notices and reply and result.kind == ResultKind.REPLY and await _streamed(s, customer, cid):

@@ -340,9 +340,6 @@ class OutboxSender:
             return None
         if not self.channels.of(messenger.platform).capabilities.streaming:
             return None
-        answer = isinstance(delivery, Answer) or (isinstance(delivery, Post) and delivery.answer)
-        if not answer and await self.ledger.answer_follows(row):
-            return None  # a handoff's notice: the answer after it takes the place the customer watched
         preview = await self.ledger.open_preview(row)
         if preview is None or (preview.platform, preview.channel, preview.thread) != (
             messenger.platform,
@@ -350,6 +347,9 @@ class OutboxSender:
             where.thread,
         ):
             return None
+        answer = isinstance(delivery, Answer) or (isinstance(delivery, Post) and delivery.answer)
+        if not answer and await self.ledger.answer_follows(row):
+            return None  # a handoff's notice: the answer after it takes the place the customer watched
         return preview
 
     async def _claim_post(

@@ -26,13 +26,11 @@ from agents.loop import Escalate, Event, HandoffRecord, Reply, TextDelta, TurnSt
 from bot.channels.messenger import Where
 from bot.channels.previews import Notice, Previews, Pumps, Words
 from bot.teams.limits import POST_TEXT
-from bot.teams.messenger import TeamsMessenger, is_personal
+from bot.teams.messenger import STREAM_PACE_S, TeamsMessenger, is_personal
 from bot.teams.text import from_markdown
 
 log = logging.getLogger(__name__)
 
-UPDATE_EVERY_S = 1.0
-"""Teams takes one activity a second per stream."""
 INFORMATIVE = "Writing an answer…"
 """The progress line the stream starts with (shown until the first words)."""
 
@@ -45,7 +43,7 @@ class TeamsStreams:
         messenger: TeamsMessenger,
         sessions: async_sessionmaker[AsyncSession],
         *,
-        every_s: float = UPDATE_EVERY_S,
+        every_s: float = STREAM_PACE_S,
         informative: str = INFORMATIVE,
         notice: Notice = lambda agent: None,
     ) -> None:
