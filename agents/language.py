@@ -1,0 +1,98 @@
+"""The languages the bot speaks in its own words and searches in: one closed set, and how a text's is told.
+
+Detection is py3langid (a naive Bayes model over byte n-grams, shipped inside its package: nothing is
+downloaded) restricted to `Language`, so a word of another language cannot pull a text outside the set. A short
+or ambiguous text ("ok", "hi", an order number) has no language: `detect` returns None and the caller keeps what it
+knew (the conversation's language, the platform's locale, the operator's default).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import re
+import unicodedata
+from typing import Any
+
+
+class Language(enum.StrEnum):
+    """ISO 639-1 codes; the bot's own texts exist in each (bot.texts), and each has a Postgres text-search
+    configuration (`pg_config`)."""
+
+    EN = "en"
+    ES = "es"
+    DE = "de"
+    FR = "fr"
+    PT = "pt"
+
+    @property
+    def pg_config(self) -> str:
+        """Postgres's built-in text-search configuration (a Snowball stemmer and stop words) for the language."""
+        return _PG_CONFIG[self]
+
+    @property
+    def english_name(self) -> str:
+        return _NAMES[self]
+
+    @classmethod
+    def parse(cls, value: str | None) -> Language | None:
+        """A code or a locale ("es", "es-MX", "pt_BR", "de-DE") as one of ours; None for any other."""
+        if not value:
+            return None
+        code = re.split(r"[-_]", value.strip().lower(), maxsplit=1)[0]
+        try:
+            return cls(code)
+        except ValueError:
+            return None
+
+
+_PG_CONFIG = {
+    Language.EN: "english",
+    Language.ES: "spanish",
+    Language.DE: "german",
+    Language.FR: "french",
+    Language.PT: "portuguese",
+}
+_NAMES = {
+    Language.EN: "English",
+    Language.ES: "Spanish",
+    Language.DE: "German",
+    Language.FR: "French",
+    Language.PT: "Portuguese",
+}
+
+CONFIDENCE = 0.8
+"""py3langid's normalised probability below which a text counts as undecided: at 0.8, "como cambio la bateria"
+(0.87) and "Akku lädt nicht mehr" (1.0) are told, "hi" (0.2), "ok" (0.2) and "thanks!" (0.65) are not."""
+MIN_LETTERS = 4
+
+
+@functools.cache
+def _identifier() -> Any:
+    from py3langid.langid import MODEL_DIR, MODEL_FILE, LanguageIdentifier  # type: ignore[import-untyped]
+
+    identifier = LanguageIdentifier.from_modelpath(MODEL_DIR / MODEL_FILE, norm_probs=True)
+    identifier.set_languages([language.value for language in Language])
+    return identifier
+
+
+def warm() -> None:
+    """Load the model (about half a second) at start-up rather than in the first customer's turn."""
+    _identifier()
+
+
+def detect(text: str, *, confidence: float = CONFIDENCE) -> Language | None:
+    """The language of `text` among ours, or None when the text is too short or the model unsure."""
+    if sum(ch.isalpha() for ch in text) < MIN_LETTERS:
+        return None
+    code, probability = _identifier().classify(text)
+    if probability < confidence:
+        return None
+    return Language(code)
+
+
+def fold(text: str) -> str:
+    """Accents dropped ("bateria" for "batería", "laedt" is not made of "lädt": only the marks go), as Postgres's
+    `unaccent` does for the letters of these five languages; used where the database is not."""
+    decomposed = unicodedata.normalize("NFKD", text)
+    return "".join(ch for ch in decomposed if not unicodedata.combining(ch))
