@@ -9,6 +9,7 @@ was sent. Image bytes go to the model in the turn of the message that carried th
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -74,3 +75,20 @@ class AttachmentReader(Protocol):
 def with_attachments(text: str, attachments: Sequence[Attachment]) -> str:
     """The message's text followed by what each attachment says, as the model and the transcript see it."""
     return "\n\n".join([t for t in (text, *(a.as_text() for a in attachments)) if t])
+
+
+_PART = re.compile(r"\n\n(?=\[Attached file |\[Image sent: )")
+_FILE_TEXT = re.compile(r"\[Attached file ([^\n]*)\]\n(?=.)", re.DOTALL)
+
+
+def without_file_text(content: str) -> str:
+    """A transcript message with what its files said taken out (a retention period ended, `bot.retention`): the
+    message's own text stays, and each file is named, so the transcript still shows that one was sent. The parts are
+    found as `with_attachments` joins them."""
+    parts = _PART.split(content)
+    return "\n\n".join(
+        f"[Attached file {found[1]}: its text was erased after the retention period]"
+        if (found := _FILE_TEXT.match(part))
+        else part
+        for part in parts
+    )

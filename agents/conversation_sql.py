@@ -11,7 +11,7 @@ from agents.db.notify import TURNS
 from agents.summary import UNSUMMARISED, VALID_SUMMARY
 
 STORE_MESSAGE = """
-found AS (SELECT id FROM conversations WHERE key = :key),
+found AS (SELECT id FROM conversations WHERE key = :key FOR KEY SHARE),
 created AS (
     INSERT INTO conversations (key, active_agent)
     SELECT CAST(:key AS text), CAST(:entry AS text) WHERE {guard} AND NOT EXISTS (SELECT FROM found)
@@ -30,8 +30,10 @@ stored AS (
 """Storing a message, as common table expressions that another statement can include (the Slack inbox stores
 an event id and its message in one statement), written only where `{guard}` holds: `conversation` yields the
 conversation's id, `stored` the new message's (none for a duplicate external_id). The existing row is read
-first, so storing never waits on it; two first messages of one conversation at once meet in the upsert, whose
-no-op update of a non-key column returns the row without the key lock that would hold up other inserts."""
+first, FOR KEY SHARE: storing waits only on a transaction that locks it FOR UPDATE (a forget renaming it,
+`agents.personal`, after which it is no longer under the key and a fresh conversation starts; a retention batch);
+two first messages of one conversation at once meet in the upsert, whose no-op update of a non-key column returns
+the row without the key lock that would hold up other inserts."""
 
 SUBMIT = text(
     f"WITH {STORE_MESSAGE.format(guard='true')} "
@@ -42,7 +44,7 @@ _START_TEMPLATE = """
 WITH lease AS (
     UPDATE conversations SET {lease_set}
     WHERE id = :id AND {lease_where}
-    RETURNING key, mode, active_agent, context, history_from, summary, summary_through, lease_token
+    RETURNING key, mode, active_agent, context, history_from, summary, summary_through, lease_token, language
 ), next AS (
     UPDATE inbound SET attempts = attempts + CASE WHEN id = ANY(CAST(:uncounted AS bigint[])) THEN 0 ELSE 1 END
     WHERE id = (
@@ -51,7 +53,7 @@ WITH lease AS (
     ) AND processed_at IS NULL AND EXISTS (SELECT FROM lease)
     RETURNING id, kind, text, author, identity, external_id, attempts, deleted_at IS NOT NULL AS deleted, files
 )
-SELECT l.lease_token, l.key, l.mode, l.active_agent, l.context, {summary} AS summary,
+SELECT l.lease_token, l.key, l.mode, l.active_agent, l.context, {summary} AS summary, l.language,
        n.id AS inbound_id, n.kind, n.text, n.author, n.identity, n.external_id, n.attempts, n.deleted, n.files,
        EXISTS (SELECT FROM pauses p WHERE l.key LIKE p.scope) AS paused,
        c.id AS case_id, c.claimed_by, c.first_response_at IS NOT NULL AS answered,
@@ -89,6 +91,7 @@ WITH others AS (
 ), conv AS (
     UPDATE conversations
     SET mode = :mode, active_agent = :agent, context = CAST(:context AS jsonb), updated_at = now(),
+        language = coalesce(CAST(:language AS text), language),
         lease_owner = CASE WHEN (SELECT waiting FROM more) THEN lease_owner END,
         lease_until = CASE WHEN (SELECT waiting FROM more) THEN now() + make_interval(secs => :ttl) ELSE now() END
     WHERE id = :id AND lease_token = :token AND lease_owner = :owner

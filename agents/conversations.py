@@ -36,6 +36,7 @@ from agents.db import models as m
 from agents.db.deliveries import Source
 from agents.db.engine import database_unavailable
 from agents.identity import Author
+from agents.language import Language, heard
 from agents.leases import Lease, LeaseLost, Leases, process_owner
 from agents.limits import NO_LIMITS, Counts, Limit, Limits
 from agents.logcontext import current_conversation, current_message
@@ -54,6 +55,7 @@ from agents.messages import Message, message_from_json
 from agents.model import Model
 from agents.router import Router
 from agents.summary import Summaries, Summarising
+from agents.texts import Text
 
 log = logging.getLogger(__name__)
 UNCOUNTED_TIMES = 20
@@ -221,6 +223,9 @@ class TurnCommit:
     result: MessageResult
     files: tuple[FileRef, ...] = ()
     """The files it carried, for the host to relay."""
+    language: Language | None = None
+    """The conversation's language after this message (None: not known, the operator's default): what the host's
+    own words to the customer are in."""
 
 
 TurnHook = Callable[[AsyncSession, TurnCommit], Awaitable[None]]
@@ -513,7 +518,7 @@ class Conversations:
         counts = Counts(row.user_minute, row.channel_minute, row.user_day_tokens, row.told)
         return _Started(
             held, row.key, row.mode, row.active_agent, row.context, inbound, row.paused, case, history, counts,
-            row.summary,
+            row.summary, _language(inbound, Language.parse(row.language)),
         )  # fmt: skip
 
     async def _run(self, started: _Started, *, keep: bool, on_event: EventSink | None) -> _Done:
@@ -557,7 +562,7 @@ class Conversations:
                 raise
             log.exception("turn failed %d times; apologising", started.inbound.attempts)
             reason = Escalate("the bot failed repeatedly on this message", "error")
-            apology = self.config.texts.provider_failure
+            apology = self.config.texts.get(Text.PROVIDER_FAILURE_MESSAGE, started.language)
             failed = self._to_human(started, planned.agent, dict(planned.context), reason, apology)
             return await self._finish(started, failed, keep=keep)
         committed = self._turn_commit(started, turn)
@@ -588,16 +593,20 @@ class Conversations:
         agent, context = (self.roster.entry, {}) if route == "reopen" else (started.agent, dict(started.context))
         if inbound.attempts > self.max_attempts:
             reason = Escalate("the bot failed repeatedly on this message", "error")
-            return self._to_human(started, agent, context, reason, self.config.texts.provider_failure)
+            return self._to_human(started, agent, context, reason, self._told(Text.PROVIDER_FAILURE_MESSAGE, started))
         if started.paused:
             reason = Escalate("the bot is paused here by an admin", "paused")
-            return self._to_human(started, agent, context, reason, self.config.texts.paused)
+            return self._to_human(started, agent, context, reason, self._told(Text.PAUSED_MESSAGE, started))
         if (limit := self.limits.exceeded(started.counts)) is not None:
             return self._limited(started, limit, tell=not started.counts.told)
         history = (*started.history, user)
         return TurnInput(
-            started.lease.conversation_id, inbound.id, agent, context, history, inbound.asker, started.summary
-        )
+            started.lease.conversation_id, inbound.id, agent, context, history, inbound.asker, started.summary,
+            started.language,
+        )  # fmt: skip
+
+    def _told(self, key: Text, started: _Started) -> str:
+        return self.config.texts.get(key, started.language)
 
     def _set_aside(self, started: _Started, inbound: _Inbound) -> _Commit:
         """A message that failed every way it can be handled: marked done as set aside, with nothing else written
@@ -642,7 +651,7 @@ class Conversations:
         inbound = started.inbound
         assert inbound is not None
         user = inbound.message()
-        notice = self.config.texts.limited.format(when=limit.when) if tell else None
+        notice = self.config.texts.limited(limit.window, started.language) if tell else None
         said = (Message("assistant", notice, agent=started.agent),) if notice else ()
         result = MessageResult(inbound.id, 0, ResultKind.LIMITED, notice, started.agent, limited_by=limit)
         told = limit if tell else None
@@ -726,6 +735,7 @@ class Conversations:
             "claimed_by": change.claimed_by if change else None,
             "key": started.key,
             "counters": json.dumps(self.limits.counters(turn)),
+            "language": str(started.language) if started.language else None,
         }
         async with self.sessions() as s, s.begin():
             row = (await s.execute(sql.FINISH, params)).first()
@@ -744,6 +754,7 @@ class Conversations:
                         inbound.text,
                         result,
                         inbound.files,
+                        started.language,
                     ),
                 )
         return _Done(result, kept=bool(row.kept))
@@ -799,6 +810,8 @@ class _Started:
     """The messages after the summary."""
     counts: Counts
     summary: str | None = None
+    language: Language | None = None
+    """The conversation's language with this message (`_language`), written by the turn's commit."""
 
 
 @dataclass(frozen=True)
@@ -827,6 +840,16 @@ class _Done:
     result: MessageResult
     kept: bool
     """The lease is still held: another message waits."""
+
+
+def _language(inbound: _Inbound | None, stored: Language | None) -> Language | None:
+    """The conversation's language once `inbound` is read: the customer's words where they tell it (`heard`: a
+    short "thank you" keeps a Spanish conversation Spanish), else what was known, else the locale their platform
+    gave. A colleague's words change nothing."""
+    if inbound is None or inbound.kind != "customer":
+        return stored
+    locale = Language.parse(inbound.asker.locale) if inbound.asker is not None else None
+    return heard(inbound.text, stored) or locale
 
 
 def _message_json(msg: Message) -> dict[str, Any]:

@@ -29,6 +29,9 @@ class Author:
     email: str | None = None
     """An email vouched for by our own organisation or one the operator lists as a customer organisation
     (`vouched`); None otherwise, whatever the profile says. The usual key to a shop's customer record."""
+    locale: str | None = None
+    """The person's locale as their platform gives it ("de-DE": a Teams activity's, Slack's `users.info`): the
+    conversation's language until their words tell it (agents.conversations)."""
 
     @property
     def key(self) -> str:
@@ -53,6 +56,7 @@ class Author:
             str(raw["user"]),
             raw.get("name"),
             raw.get("email"),
+            raw.get("locale"),
         )
 
 

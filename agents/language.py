@@ -91,6 +91,39 @@ def detect(text: str, *, confidence: float = CONFIDENCE) -> Language | None:
     return Language(code)
 
 
+SWITCH_LETTERS = 15
+"""Letters a customer's message needs to change a language already known: "please", "thank you" or "firmware 2.1
+update" (told as English, and sure of it) do not turn a German conversation English; "como cambio la bateria" turns
+an English one (perhaps only the platform's locale) Spanish."""
+
+_NOT_PROSE = re.compile(
+    r"```.*?(?:```|\Z)"  # a code block
+    r"|`[^`\n]*`"  # inline code
+    r"|^[ \t]*(?:>|&gt;)[^\n]*"  # a quoted line (Slack escapes its `>`)
+    r"|<[^<>\n]+>"  # a Slack mention, channel or link (its label too)
+    r"|\b(?:https?://|www\.)\S+"  # a bare address
+    r"|[\w.%+-]+@[\w-]+(?:\.[\w-]+)+"  # an email address
+    r"|:[a-z0-9_+-]+:",  # an emoji's short name
+    re.DOTALL | re.MULTILINE,
+)
+
+
+def prose(text: str) -> str:
+    """`text` without what its writer did not write in their own words: code, quotes, links, addresses, emoji."""
+    return _NOT_PROSE.sub(" ", text)
+
+
+def heard(text: str, known: Language | None) -> Language | None:
+    """The language of a customer's message as the conversation's: told from its prose (a pasted error or a quoted
+    answer is not how the customer speaks), and changing a `known` one only when the message is long enough
+    (`SWITCH_LETTERS`); else `known`."""
+    words = prose(text)
+    told = detect(words)
+    if told is None or (known is not None and sum(ch.isalpha() for ch in words) < SWITCH_LETTERS):
+        return known
+    return told
+
+
 def fold(text: str) -> str:
     """Accents dropped ("bateria" for "batería", "laedt" is not made of "lädt": only the marks go), as Postgres's
     `unaccent` does for the letters of these five languages; used where the database is not."""

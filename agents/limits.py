@@ -20,6 +20,7 @@ from sqlalchemy import text
 from agents import leases
 from agents.address import Address
 from agents.loop import TurnResult
+from agents.texts import Window
 
 
 class Scope(StrEnum):
@@ -40,9 +41,9 @@ class Limit(StrEnum):
     """Prompt and completion tokens of one person's messages, per UTC day."""
 
     @property
-    def when(self) -> str:
-        """When the agents answer again: the notice's `{when}`."""
-        return "tomorrow" if self is Limit.DAILY_TOKENS else "in a minute"
+    def window(self) -> Window:
+        """When the agents answer again (the notice's `{when}`, in the customer's words: agents.texts.WHEN)."""
+        return "day" if self is Limit.DAILY_TOKENS else "minute"
 
 
 @dataclass(frozen=True)

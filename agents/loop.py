@@ -21,7 +21,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -30,36 +30,13 @@ from agents.agent import Agent, Roster
 from agents.db.deliveries import MAX_SOURCES, Source
 from agents.errors import ProviderError, ToolUnavailable
 from agents.identity import Author
+from agents.language import Language
 from agents.messages import PREPARED, Message, ToolCall
 from agents.model import Model, ModelResponse, Usage
 from agents.router import Routed, Router, acts_on
+from agents.texts import Text, Texts
 from agents.tools import Cited, EscalateTo, HandoffTo, Tool, ToolArgumentsError, ToolContext
-from agents.window import build_window, shared
-
-
-@dataclass(frozen=True)
-class Texts:
-    """What the customer is told when the turn ends without an agent's own words."""
-
-    escalated: str = "I've asked a colleague to join. A person will reply here shortly."
-    budget: str = (
-        "I'm sorry, I haven't managed to sort this out myself, so I've asked a colleague to take over. "
-        "A person will reply here shortly."
-    )
-    provider_failure: str = (
-        "I'm sorry, I'm having trouble answering right now. Your message is saved and I've passed it to a "
-        "colleague, who will reply here."
-    )
-    paused: str = (
-        "Our assistant is paused here for now, so I've passed your message to a colleague, who will reply here."
-    )
-    limited: str = (
-        "You've sent more messages than I can answer right now. Everything you wrote is kept: write again {when} "
-        "and I'll pick it up from there."
-    )
-    """Told once per window to a customer over a rate limit (agents.limits); `{when}` is "in a minute" or
-    "tomorrow"."""
-
+from agents.window import build_window, shared, speaks
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +55,8 @@ class LoopConfig:
     prefetch: bool = True
     """Run the look-ups the customer's message calls for (`Agent.prefetch`) before the agent's first call; off,
     the model calls them itself."""
-    texts: Texts = Texts()
+    texts: Texts = field(default_factory=Texts)
+    """What the customer is told when the turn ends without an agent's own words, in their language."""
     stream: bool = True
     """Ask the model to stream when someone listens to the turn's events: its words arrive as `TextDelta`s while it
     writes (a preview the channel may show); the committed answer is the same either way."""
@@ -96,6 +74,9 @@ class TurnInput:
     """Who wrote that message, as the platform verified it: the tools' `ToolContext.asker`."""
     summary: str | None = None
     """The running summary of the turns before `history` (agents.summary), or None."""
+    language: Language | None = None
+    """The conversation's language as far as it is known (told from the customer's words or their locale): the
+    agents are asked to answer in it, and the engine's own words are in it. None: the operator's default."""
 
 
 Trigger = Literal["agent", "budget", "ping_pong", "provider", "error", "paused", "colleague", "no_answer"]
@@ -142,6 +123,8 @@ class TurnStarted:
     agent: str
     asker: Author | None = None
     """Who wrote the message, as the platform vouched (a channel streams the answer to them)."""
+    language: Language | None = None
+    """The conversation's language (None: the operator's default), for the words a channel adds (handoff notices)."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +213,9 @@ async def run_turn(
     prepared: set[str] = set()  # agents given their look-ups for this message (once each, even after a hand-back)
     limit = asyncio.Semaphore(config.max_parallel_tools)
 
+    def told(key: Text) -> str:
+        return config.texts.get(key, turn.language)
+
     async def emit(event: Event) -> None:
         if on_event is not None:
             await on_event(event)
@@ -249,7 +235,7 @@ async def run_turn(
         visited.append(record.to_agent)
         return roster[record.to_agent]
 
-    await emit(TurnStarted(agent.name, turn.asker))
+    await emit(TurnStarted(agent.name, turn.asker, turn.language))
     while True:
         if router is not None and asked == 0 and not handoffs:  # once, before the turn's first call
             routed = await _route(router, agent, turn, roster)
@@ -259,7 +245,8 @@ async def run_turn(
                 # ping-pong.
                 visited[:] = [agent.name]
         if asked >= config.max_llm_calls:
-            return await finish(Escalate("LLM call budget for one message ran out", "budget"), config.texts.budget)
+            ran_out = Escalate("LLM call budget for one message ran out", "budget")
+            return await finish(ran_out, told(Text.BUDGET_MESSAGE))
         agent_tools, schemas = roster.listing(agent.name)
         if agent.name not in prepared:
             prepared.add(agent.name)
@@ -276,7 +263,7 @@ async def run_turn(
                     await emit(run)
         model_name = agent.model or config.default_model
         window = build_window(
-            system=_system_prompt(agent, context, turn.asker, shared=several_writers),
+            system=[*_system_prompt(agent, context, turn.asker, shared=several_writers), *speaks(turn.language)],
             history=(*turn.history, *new),
             tools=schemas,
             budget=config.token_budget,
@@ -291,7 +278,7 @@ async def run_turn(
         except ProviderError as exc:
             calls.append(LLMCallRecord(agent.name, model_name, False, str(exc), Usage(), 0.0))
             failure = Escalate(f"LLM provider failure ({exc.kind})", "provider")
-            return await finish(failure, config.texts.provider_failure)
+            return await finish(failure, told(Text.PROVIDER_FAILURE_MESSAGE))
         if response.fallback_from is not None:
             calls.append(LLMCallRecord(agent.name, model_name, False, response.fallback_from, Usage(), 0.0))
         answered_by = response.model or model_name
@@ -322,15 +309,16 @@ async def run_turn(
             nudged, nudged_at = True, asked
             outcome = RunAgain()
         else:
-            return await finish(Escalate("the model gave no usable answer twice", "no_answer"), config.texts.budget)
+            unusable = Escalate("the model gave no usable answer twice", "no_answer")
+            return await finish(unusable, told(Text.BUDGET_MESSAGE))
 
         match outcome:
             case Reply(text):
                 return await finish(outcome, text)
             case Escalate(trigger="agent"):
-                return await finish(outcome, config.texts.escalated)
+                return await finish(outcome, told(Text.ESCALATION_MESSAGE))
             case Escalate():
-                return await finish(outcome, config.texts.budget)
+                return await finish(outcome, told(Text.BUDGET_MESSAGE))
             case Handoff(target=target, reason=reason):
                 agent = await switch(HandoffRecord(agent.name, target, reason))
             case RunAgain():

@@ -24,8 +24,11 @@ from agents.errors import AgentsError, ProviderError
 from agents.knowledge.embedders import Embedder
 from agents.knowledge.store import KnowledgeBase
 from agents.knowledge.tool import NOTHING_FOUND, passages_in
+from agents.language import Language
 from agents.messages import ToolCall
 from agents.model import Model, ModelResponse, TextSink, Usage
+from agents.texts import Text, Texts
+from agents.window import spoken
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +85,7 @@ class SimilarityRouter:
         try:
             if self._vectors is None:
                 self._vectors = np.array(await self.embedder.embed([self.descriptions[n] for n in names]))
-            query = np.array((await self.embedder.embed([text]))[0])
+            query = np.array((await self.embedder.embed_query([text]))[0])
         except ProviderError:  # the stand-in for a failing provider must not fail with it
             return Route(names[0], 0.0, "description")
         scores = self._vectors @ query
@@ -102,26 +105,28 @@ def _reply(text: str) -> ModelResponse:
     return ModelResponse(text, (), Usage(), 0.0, OFFLINE)
 
 
-def _found_articles(passages: Sequence[tuple[str, str]]) -> str:
-    lines = ["Here is what I found in our help articles:"]
+def _found_articles(passages: Sequence[tuple[str, str]], texts: Texts, language: Language | None) -> str:
+    """The passages quoted with their articles, between the bot's own words in the customer's language (an empty
+    override leaves its line out)."""
+    lines = [texts.get(Text.OFFLINE_FOUND, language)]
+    cite = texts.get(Text.OFFLINE_SOURCE, language)
     for head, body in passages[:2]:
         excerpt = body.strip()
         excerpt = excerpt if len(excerpt) < 700 else excerpt[:700].rsplit(" ", 1)[0] + "…"
         source = re.sub(r"^\[\d+\] ", "", head)
-        lines.append(f"> {excerpt}\n_Source: {source}_")
-    lines.append("If this doesn't answer your question, say so and I'll bring in a colleague.")
-    return "\n\n".join(lines)
-
-
-GREETING = "Hello! I can answer from our help articles, or bring in a colleague. What can I do for you?"
+        lines.append(f"> {excerpt}\n{cite.format(source=source)}".rstrip())
+    lines.append(texts.get(Text.OFFLINE_MORE, language))
+    return "\n\n".join(line for line in lines if line)
 
 
 class OfflineModel:
     """Answers from the knowledge base; `min_route_score` is the similarity needed to transfer."""
 
-    def __init__(self, router: SimilarityRouter, *, greeting: str = GREETING, min_route_score: float = 0.15) -> None:
+    def __init__(self, router: SimilarityRouter, *, texts: Texts | None = None, min_route_score: float = 0.15) -> None:
         self.router = router
-        self.greeting = greeting
+        self.texts = texts or Texts()
+        """Its greeting and the words around the passages it quotes, in the language the window names
+        (agents.window.speaks)."""
         self.min_route_score = min_route_score
 
     async def complete(
@@ -151,7 +156,7 @@ class OfflineModel:
         outputs = [str(r.get("content", "")) for r in results]
         passages = [passage for output in outputs for passage in passages_in(output)]
         if passages:
-            return _reply(_found_articles(passages))
+            return _reply(_found_articles(passages, self.texts, spoken(messages)))
         if any(output.startswith(NOTHING_FOUND[:30]) for output in outputs):
             return _call("escalate_to_human", {"reason": "no help article matches the question"}, calls)
         if not any(str(r.get("content", "")).startswith("Transferred") for r in results):
@@ -167,7 +172,7 @@ class OfflineModel:
                 return _call(f"transfer_to_{route.agent}", {"reason": reason}, calls)
         if "search_knowledge" in available:
             return _call("search_knowledge", {"query": question}, calls)
-        return _reply(self.greeting)
+        return _reply(self.texts.get(Text.OFFLINE_GREETING, spoken(messages)))
 
 
 def _looked_up(turn: Sequence[dict[str, Any]]) -> set[str]:

@@ -6,6 +6,9 @@ travel in the request's `tools` field in a fixed order. History is cut into
 turns (a customer message and everything answered to it, so tool calls stay with their results) and the
 oldest turns are dropped first. The transcript in Postgres is never trimmed.
 
+The conversation's language, where it is known, is one short system line after the prefix (`speaks`): the customer
+writes in it, and the agents answer in it.
+
 Where more than one person has written in the conversation, every customer message is prefixed with its
 writer's name, so the model knows who asked what and whom it answers.
 """
@@ -17,7 +20,21 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
+from agents.language import Language
 from agents.messages import Message, estimate_tokens
+
+SPEAKS = "The customer writes in {name}: answer in {name}."
+
+
+def speaks(language: Language | None) -> list[str]:
+    """The system line naming the customer's language; none when it is not known."""
+    return [SPEAKS.format(name=language.english_name)] if language is not None else []
+
+
+def spoken(messages: Sequence[dict[str, Any]]) -> Language | None:
+    """The language a window's `speaks` line names (a stand-in model greets in it), or None."""
+    said = {SPEAKS.format(name=language.english_name): language for language in Language}
+    return next((said[m["content"]] for m in messages if m.get("role") == "system" and m.get("content") in said), None)
 
 
 class Said(Protocol):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agents.loop import Texts
+from agents.texts import Text, Texts
 from bench.live import CONNECTIONS, UNLIMITED
 from bench.setup import DATABASE_PREFIX
 from bot.playground.slack_emulator import SlackEmulator
@@ -27,7 +27,7 @@ LEASE_SECONDS = 10.0
 LLM_LATENCY_S = 1.0
 QUIET_S = 3.0
 """After the last expected reply: time enough for a duplicate to show up, if one were coming."""
-APOLOGY = Texts().provider_failure
+APOLOGY = Texts().get(Text.PROVIDER_FAILURE_MESSAGE)
 OVERLOADED = error(503, "overloaded")
 TIMEOUT_S = 2.0
 """The bot's OPENAI_TIMEOUT_S in the timeout scenario (60 s by default for a hosted provider)."""

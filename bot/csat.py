@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -22,6 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from agents.address import Address
 from agents.db import models as m
 from agents.db.deliveries import CsatAsk, enqueue
+from agents.language import Language
+from agents.texts import Text, Texts
 from bot.channels.capabilities import Channels
 from escalation.views import Message
 
@@ -31,17 +33,12 @@ ACTION_PREFIX = "csat_rate_"
 """The buttons' action ids: `csat_rate_1` to `csat_rate_5`; each button's value is the case's id."""
 RATINGS = range(1, 6)
 FACES = {1: "😞", 2: "🙁", 3: "😐", 4: "🙂", 5: "😄"}
-QUESTION = "How did we do? Please rate the help you got from our team."
-THANKS = "Thank you for your rating!"
-NOT_YOURS = "Only the customer whose conversation it was can rate it."
+"""The buttons are faces and numbers, words of no language."""
 COMMENT_CALLBACK = "csat_comment"
 """The comment modal's callback_id; its private_metadata is the case's id."""
 COMMENT_BLOCK, COMMENT_INPUT = "csat_comment", "comment"
-COMMENT_TITLE = "Thanks for rating us"
-COMMENT_LABEL = "Anything we could do better?"
 COMMENT_MAX = 2000
 """Characters a comment may have (the input refuses more; a longer one is cut, should it arrive)."""
-COMMENT_NOT_YOURS = "Only the customer who rated this case can comment on it."
 
 
 @dataclass(frozen=True)
@@ -51,9 +48,16 @@ class CsatPolicy:
     """The share of resolved cases whose customer is asked (0 to 1)."""
     cooldown: timedelta = timedelta(days=7)
     """No customer is asked twice within this."""
-    question: str = QUESTION
-    thanks: str = THANKS
-    """Said to a customer who rated, when the comment form cannot be shown."""
+    texts: Texts = field(default_factory=Texts)
+    """The question, the thanks (said when the comment form cannot be shown) and the form's words, in the
+    conversation's language."""
+
+
+@dataclass(frozen=True)
+class Rated:
+    """A rating stored: the customer's language, for what thanks them."""
+
+    language: Language | None
 
 
 @dataclass(frozen=True)
@@ -97,21 +101,25 @@ def csat_comment_of(body: Mapping[str, Any]) -> CsatComment | None:
     return CsatComment(int(metadata), str(user), text[:COMMENT_MAX])
 
 
-def comment_modal(escalation_id: int) -> dict[str, Any]:
-    """The modal that thanks the customer for their rating and asks for an optional comment."""
+def comment_modal(escalation_id: int, texts: Texts, language: Language | None) -> dict[str, Any]:
+    """The modal that thanks the customer for their rating and asks for an optional comment, in their language."""
+
+    def said(key: Text) -> dict[str, str]:
+        return {"type": "plain_text", "text": texts.get(key, language)}
+
     return {
         "type": "modal",
         "callback_id": COMMENT_CALLBACK,
         "private_metadata": str(escalation_id),
-        "title": {"type": "plain_text", "text": COMMENT_TITLE},
-        "submit": {"type": "plain_text", "text": "Send"},
-        "close": {"type": "plain_text", "text": "Skip"},
+        "title": said(Text.CSAT_COMMENT_TITLE),
+        "submit": said(Text.CSAT_COMMENT_SEND),
+        "close": said(Text.CSAT_COMMENT_SKIP),
         "blocks": [
             {
                 "type": "input",
                 "block_id": COMMENT_BLOCK,
                 "optional": True,
-                "label": {"type": "plain_text", "text": COMMENT_LABEL},
+                "label": said(Text.CSAT_COMMENT_LABEL),
                 "element": {
                     "type": "plain_text_input",
                     "action_id": COMMENT_INPUT,
@@ -183,22 +191,41 @@ class Csat:
             .returning(m.Csat.id)
         )
         if asked is not None:
-            await enqueue(s, [CsatAsk(conversation.id, case.id, address.channel, address.thread, policy.question)])
+            question = policy.texts.get(Text.CSAT_QUESTION, Language.parse(conversation.language))
+            await enqueue(s, [CsatAsk(conversation.id, case.id, address.channel, address.thread, question)])
 
     def _surveys(self, platform: str) -> bool:
         """Whether `platform` (a key's: the terminal chat's is none) is a channel that can ask."""
         return any(channel.platform == platform and channel.capabilities.surveys for channel in self.channels)
 
-    async def rate(self, click: CsatClick) -> bool:
-        """Store the customer's rating (the last click kept); False when the clicker is not the case's customer."""
+    async def rate(self, click: CsatClick) -> Rated | None:
+        """Store the customer's rating (the last click kept); None when the clicker is not the case's customer."""
+        spoken = select(m.Conversation.language).where(m.Conversation.id == m.Csat.conversation_id)
         async with self.sessions() as s, s.begin():
-            rated = await s.scalar(
-                update(m.Csat)
-                .where(m.Csat.escalation_id == click.escalation_id, m.Csat.customer == click.user)
-                .values(rating=click.rating, rated_at=func.now())
-                .returning(m.Csat.id)
-            )
-        return rated is not None
+            rated = (
+                await s.execute(
+                    update(m.Csat)
+                    .where(m.Csat.escalation_id == click.escalation_id, m.Csat.customer == click.user)
+                    .values(rating=click.rating, rated_at=func.now())
+                    .returning(m.Csat.id, spoken.scalar_subquery().label("language"))
+                )
+            ).first()
+        return None if rated is None else Rated(Language.parse(rated.language))
+
+    async def language(self, escalation_id: int) -> Language | None:
+        """The language of the case's conversation, for what is said to whoever clicked its rating or sent its
+        comment (a refusal, a failure); None when unknown or unreadable."""
+        try:
+            async with self.sessions() as s:
+                spoken = await s.scalar(
+                    select(m.Conversation.language)
+                    .join(m.Csat, m.Csat.conversation_id == m.Conversation.id)
+                    .where(m.Csat.escalation_id == escalation_id)
+                )
+        except Exception:  # the database that failed the rating: the refusal goes out in the default language
+            log.warning("no language for case %s", escalation_id, exc_info=True)
+            return None
+        return Language.parse(spoken)
 
     async def comment(self, comment: CsatComment) -> bool:
         """Store the comment on the row its author rated (the last one kept); False when the author is not the

@@ -35,6 +35,7 @@ from agents.conversations import Conversations, ResultKind
 from agents.db import models as m
 from agents.identity import Author
 from agents.loop import LLMCallRecord
+from agents.texts import CATALOG, Text
 from bot.declaration.build import helpdesk, test_customer
 from bot.runtime import startup as runtime
 from bot.settings import Settings
@@ -67,7 +68,7 @@ class Expect(BaseModel):
     contains: list[str] = Field(default_factory=list)
     """Words the last answer must contain (case-insensitive)."""
     cites: bool = False
-    """The last answer must cite a source (`[n]`, or the offline mode's `Source:`)."""
+    """The last answer must cite a source (`[n]`, or the offline mode's `Source:` in the customer's language)."""
 
 
 class Case(BaseModel):
@@ -143,8 +144,10 @@ def load(path: Path) -> EvalFile:
         raise BadFile("\n".join(lines)) from exc
 
 
-CITED = re.compile(r"\[\d+\]|(?<![A-Za-z0-9])Sources?:")  # the offline mode's is in italics: `_Source:`
-"""How the agents cite (`[n] Title`, as their instructions ask) and how the offline mode does (`_Source: …_`)."""
+_OFFLINE_CITES = sorted({words.split("{source}")[0].strip("_ ") for words in CATALOG[Text.OFFLINE_SOURCE].values()})
+CITED = re.compile(r"\[\d+\]|(?<![A-Za-z0-9])(?:Sources?:|" + "|".join(map(re.escape, _OFFLINE_CITES)) + ")")
+"""How the agents cite (`[n] Title`, as their instructions ask) and how the offline mode does, in each language
+(`_Source: …_`, `_Fuente: …_`, ...)."""
 
 
 @dataclass(frozen=True)

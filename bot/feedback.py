@@ -16,6 +16,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.db import models as m
+from agents.texts import Text
 from escalation.desk import CaseDesk
 
 log = logging.getLogger(__name__)
@@ -68,13 +69,10 @@ class Feedback:
         sessions: async_sessionmaker[AsyncSession],
         desk: CaseDesk,
         escalate_on_bad: bool = False,
-        escalated_notice: str = "",
     ) -> None:
         self.sessions = sessions
         self.desk = desk
         self.escalate_on_bad = escalate_on_bad
-        self.escalated_notice = escalated_notice
-        """What the customer is told when their 👎 opened a case."""
 
     async def record(self, click: FeedbackClick) -> Recorded | None:
         """Store the click; None when the message is not one of the bot's answers."""
@@ -148,6 +146,6 @@ class Feedback:
                 trigger=TRIGGER,
                 agent=agent,
                 customer=click.user,
-                notice=self.escalated_notice,
+                notice=Text.ESCALATION_MESSAGE,
             )
         return Recorded(post.conversation_id, click.rating, case)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from agents.knowledge.documents import SUFFIXES, find_documents
 from agents.knowledge.store import EmbedderMismatch, IngestFailed
+from agents.language import Language
 from bot.runtime import startup as runtime
 from bot.settings import Settings
 
@@ -22,6 +23,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     ingest.add_argument("paths", nargs="+", type=Path)
     ingest.add_argument("--collection", required=True)
     ingest.add_argument("--prune", action="store_true", help="remove documents that are no longer among PATHS")
+    ingest.add_argument(
+        "--language",
+        type=_language,
+        help=f"the documents' language ({', '.join(Language)}), kept for the collection's later ingestions; "
+        "unset: each document's is detected",
+    )
     kb.add_parser("list", help="collections and their documents")
     kb.add_parser("stats", help="documents and chunks per collection, and the embedder of each")
     delete = kb.add_parser("delete", help="delete a collection")
@@ -34,6 +41,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     search.add_argument("--k", type=int, default=5)
     search.add_argument("--mode", choices=["hybrid", "vector", "text"], default="hybrid")
     search.add_argument("--json", action="store_true")
+
+
+def _language(value: str) -> Language:
+    if (language := Language.parse(value)) is None:
+        raise argparse.ArgumentTypeError(f"{value!r}: one of {', '.join(Language)}")
+    return language
 
 
 class _Progress:
@@ -122,6 +135,7 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
                             # An embedder that worked at the start and fails now fails the run: an operator can
                             # run it again, and would not want working vectors replaced by none.
                             require_vectors=kb.unavailable is None,
+                            language=args.language,
                         )
                     except IngestFailed as exc:
                         progress.interrupted()

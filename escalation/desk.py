@@ -18,7 +18,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from agents.address import Address
 from agents.db import models as m
 from agents.db.deliveries import CasePost, CaseUpdate, Post, Reminder, enqueue
+from agents.language import Language
 from agents.leases import LeaseLost, Leases, fenced, process_owner
+from agents.texts import Text
 from escalation.machine import OPEN_CASE, TAKEOVER, CaseStatus, Mode, Moved, Refused, StaffAction
 from escalation.policy import EscalationPolicy
 from escalation.views import reminder_text
@@ -123,16 +125,16 @@ class CaseDesk:
                 if isinstance(closed, Refused):
                     return ActionResult(False, closed.message)
                 conversation.mode = closed
-                await self._tell_customer(s, conversation, self.policy.resolved_message)
+                await self._tell_customer(s, conversation, Text.RESOLVED_MESSAGE)
                 result = ActionResult(True, "Conversation closed.")
         self.on_change()
         return result
 
     async def escalate(
-        self, *, conversation_id: int, reason: str, trigger: str, agent: str | None, customer: str, notice: str
+        self, *, conversation_id: int, reason: str, trigger: str, agent: str | None, customer: str, notice: Text
     ) -> int | None:
-        """Open a case for a conversation the bot has, as a turn that escalated would (the customer told with
-        `notice`, the case posted for staff); None when people have it already or it is closed."""
+        """Open a case for a conversation the bot has, as a turn that escalated would (the customer told `notice`,
+        in their language; the case posted for staff); None when people have it already or it is closed."""
         async with self._exclusive(conversation_id) as (s, conversation):
             if conversation is None or TAKEOVER.route(conversation.mode) != "bot":
                 return None
@@ -162,7 +164,7 @@ class CaseDesk:
             last = await s.scalar(select(func.max(m.Message.id)).where(m.Message.conversation_id == conversation_id))
             mode, tell = TAKEOVER.reset(conversation.mode)
             if tell:
-                await self._tell_customer(s, conversation, self.policy.handed_back_message)
+                await self._tell_customer(s, conversation, Text.HANDED_BACK_MESSAGE)
             conversation.mode, conversation.active_agent, conversation.context = mode, entry_agent, {}
             conversation.history_from = (last or 0) + 1
             cases = await s.scalars(
@@ -186,7 +188,7 @@ class CaseDesk:
             return ActionResult(False, moved.message)
         self._move(conversation, escalation, moved, user)
         if moved.tell_customer is not None:
-            notice = {"resolved": self.policy.resolved_message, "handed_back": self.policy.handed_back_message}
+            notice = {"resolved": Text.RESOLVED_MESSAGE, "handed_back": Text.HANDED_BACK_MESSAGE}
             await self._tell_customer(s, conversation, notice[moved.tell_customer])
         if moved.tell_customer == "resolved" and self.after_resolve is not None:
             await self.after_resolve(s, conversation, escalation, user)
@@ -204,8 +206,9 @@ class CaseDesk:
         if moved.closed:
             escalation.closed_by, escalation.closed_at = user, now
 
-    async def _tell_customer(self, s: AsyncSession, conversation: m.Conversation, text: str) -> None:
+    async def _tell_customer(self, s: AsyncSession, conversation: m.Conversation, key: Text) -> None:
         address = Address.parse(conversation.key)
+        text = self.policy.texts.get(key, Language.parse(conversation.language))
         if address is not None and text:
             await enqueue(s, [Post(conversation.id, address.channel, address.thread, text)])
 

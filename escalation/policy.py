@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, time
 from zoneinfo import ZoneInfo
+
+from agents.texts import Texts
 
 _DAYS = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 
@@ -45,9 +47,8 @@ class EscalationPolicy:
     note_marker: str = "note:"
     """A staff message starting with this (case-insensitive) stays internal: not relayed."""
     hours: BusinessHours | None = None
-    off_hours_message: str = "Our team is available {hours}; a colleague will reply as soon as they are back."
-    resolved_message: str = "This conversation is now closed. If you need anything else, just write here again."
-    handed_back_message: str = "You're back with our assistant; ask away. A colleague is one message away if needed."
+    texts: Texts = field(default_factory=Texts)
+    """What the customer is told (off hours, resolved, handed back), in the conversation's language."""
     reminder_after_s: float = 15 * 60
     max_reminders: int = 2
     llm_summary: bool = True

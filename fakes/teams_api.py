@@ -143,6 +143,8 @@ class TeamsUser:
     email: str
     tenant_id: str
     role: UserRole = UserRole.USER
+    locale: str = "en-US"
+    """Their Teams client's language: each activity they send carries it."""
 
     def account(self) -> dict[str, Any]:
         """The sender (`from`) of an activity, as Teams writes it."""

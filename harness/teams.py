@@ -145,7 +145,13 @@ def _message(
     id: str | None = None,
 ) -> dict[str, Any]:
     """A message a person wrote, as Teams delivers it (a mention of the bot is `<at>` text plus an entity)."""
-    client = {"type": "clientInfo", "locale": "en-US", "country": "US", "platform": "Web", "timezone": "Europe/Berlin"}
+    client = {
+        "type": "clientInfo",
+        "locale": user.locale,
+        "country": "US",
+        "platform": "Web",
+        "timezone": "Europe/Berlin",
+    }
     entities = [_mention(teams), client] if mention_bot else [client]
     body = f"<at>{BOT_NAME}</at> {text}" if mention_bot else text
     return {
@@ -163,7 +169,7 @@ def _message(
         "attachments": [{"contentType": "text/html", "content": f"<p>{html.escape(body)}</p>"}],
         "entities": entities,
         "channelData": channel_data,
-        "locale": "en-US",
+        "locale": user.locale,
     }
 
 

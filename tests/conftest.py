@@ -32,7 +32,7 @@ from harness.scenarios import serving_as_shipped
 TABLES = (
     "conversations, inbound, messages, handoffs, tool_runs, llm_calls, escalations, refunds, received, outbox, "
     "kb_collections, kb_documents, kb_chunks, pauses, admin_actions, send_leases, rate_counters, "
-    "teams_service_urls, answer_feedback, csat, previews"
+    "teams_service_urls, answer_feedback, csat, previews, retention_log"
 )
 
 # --- Lanes: a test is `services` when it needs a database, a server or a process; `make test-fast` runs the rest ---

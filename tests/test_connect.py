@@ -177,7 +177,7 @@ async def test_the_staff_name_suffix_is_a_setting(
     # Empty means no suffix (where other blank variables mean "not set").
     (tmp_path / ".env").write_text("STAFF_NAME_SUFFIX=\nHANDOFF_NOTICE=\n")
     read = Settings(_env_file=tmp_path / ".env")  # type: ignore[call-arg]
-    assert (read.staff_name_suffix, read.handoff_notice) == ("", Settings.model_fields["handoff_notice"].default)
+    assert (read.staff_name_suffix, read.handoff_notice) == ("", None)
     # Unset: the declaration's brand signs for the team.
     unset = Settings(_env_file=None)  # type: ignore[call-arg]
     assert unset.staff_name_suffix is None

@@ -6,8 +6,9 @@ from __future__ import annotations
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.db import models as m
+from agents.texts import Text, Texts
 from bot.compose import Bot
-from bot.csat import ACTION_PREFIX, COMMENT_BLOCK, COMMENT_INPUT, COMMENT_NOT_YOURS
+from bot.csat import ACTION_PREFIX, COMMENT_BLOCK, COMMENT_INPUT
 from bot.playground.slack_emulator import Modal, SlackEmulator
 from fakes.openai_server import FakeOpenAI
 from harness.scenarios import (
@@ -95,7 +96,10 @@ async def test_only_the_customer_who_rated_may_comment(
 
     forged = await emulator.submit_view(modal.id, written("five stars, honestly"), user="U_STAFF")
     assert forged.status == 200
-    assert forged.json() == {"response_action": "errors", "errors": {COMMENT_BLOCK: COMMENT_NOT_YOURS}}
+    assert forged.json() == {
+        "response_action": "errors",
+        "errors": {COMMENT_BLOCK: Texts().get(Text.CSAT_COMMENT_NOT_YOURS)},
+    }
     stored = await csat_row(sessions, row.id)
     assert stored is not None and (stored.rating, stored.comment) == (4, None)
 

@@ -46,6 +46,8 @@ def examples(conversation_id: int = 1, escalation_id: int = 1) -> list[Delivery]
         d.CsatAsk(c, e, "C_SUPPORT", "1.000005", "How did we do?"),
         d.FilesToStaff(c, e, "U_CUSTOMER", "my receipt", "1.000015"),
         d.FilesToCustomer(c, e, "C_SUPPORT", "1.000016", "U_STAFF", "2.000004"),
+        d.Erase(c, 7),
+        d.Erase(c, None, "C_SUPPORT", "1.000017", "1.000018"),
     ]
 
 

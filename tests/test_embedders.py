@@ -21,6 +21,7 @@ from agents.context_window import RESERVE
 from agents.db import models as m
 from agents.knowledge.embedders import OpenAIEmbedder, Precomputed, probe, text_key
 from agents.knowledge.local import LocalEmbedder
+from agents.knowledge.multilingual import MultilingualEmbedder
 from agents.knowledge.store import KnowledgeBase
 from agents.knowledge.tool import NOTHING_FOUND, search_knowledge_tool
 from agents.tools import ToolContext
@@ -138,7 +139,7 @@ async def test_auto_takes_the_local_model_when_the_provider_has_no_embeddings(
     fake_llm.embeddings_status = 404
     with caplog.at_level(logging.WARNING, logger="bot.runtime.startup"):
         kb = await knowledge_base(provider(fake_llm), sessions)
-    assert kb.unavailable is None and kb.embedder.name == LocalEmbedder.name
+    assert kb.unavailable is None and kb.embedder.name == MultilingualEmbedder.name
     assert "Using the local model instead" in caplog.text
 
 
@@ -225,6 +226,16 @@ async def test_collections_never_embedded_go_to_the_embedder_that_works(
     assert await chunk_dims(sessions) == [384]
 
 
+async def test_local_is_the_multilingual_model_and_local_english_minilm(
+    sessions: Sessions, fake_llm: FakeOpenAI
+) -> None:
+    multilingual = await knowledge_base(provider(fake_llm, embeddings="local"), sessions)
+    english = await knowledge_base(provider(fake_llm, embeddings="local-english"), sessions)
+    assert multilingual.unavailable is None and isinstance(multilingual.embedder, MultilingualEmbedder)
+    assert english.unavailable is None and isinstance(english.embedder, LocalEmbedder)
+    assert fake_llm.embedding_requests == []
+
+
 async def test_embeddings_none_is_full_text_by_choice(sessions: Sessions, fake_llm: FakeOpenAI) -> None:
     kb = await knowledge_base(provider(fake_llm, embeddings="none"), sessions)
     assert kb.unavailable is not None and fake_llm.embedding_requests == []
@@ -234,14 +245,19 @@ async def test_embeddings_none_is_full_text_by_choice(sessions: Sessions, fake_l
 
 
 class Counting:
-    """The local model, counting what it is asked to embed."""
+    """The local model, counting the passages it is asked to embed."""
 
     def __init__(self, inner: Any) -> None:
         self.inner, self.name, self.dim, self.texts = inner, inner.name, inner.dim, 0
+        self.min_similarity = inner.min_similarity
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
         self.texts += len(texts)
         vectors: list[list[float]] = await self.inner.embed(texts)
+        return vectors
+
+    async def embed_query(self, texts: list[str]) -> list[list[float]]:
+        vectors: list[list[float]] = await self.inner.embed_query(texts)
         return vectors
 
 
@@ -250,14 +266,15 @@ def test_the_shipped_vectors_cover_every_passage_of_the_sample() -> None:
     from scripts.sample_vectors import sample_texts
 
     stored = np.load(SAMPLE_VECTORS)
-    assert str(stored["embedder"]) == LocalEmbedder.name and stored["vectors"].shape[1] == LocalEmbedder.dim
+    assert str(stored["embedder"]) == MultilingualEmbedder.name
+    assert stored["vectors"].shape[1] == MultilingualEmbedder.dim
     assert {text_key(t) for t in sample_texts()} <= {str(k) for k in stored["keys"]}
 
 
 async def test_first_start_uses_the_shipped_vectors_and_shows_progress(
     sessions: Sessions, caplog: pytest.LogCaptureFixture
 ) -> None:
-    counting = Counting(LocalEmbedder())
+    counting = Counting(MultilingualEmbedder())
     kb = KnowledgeBase(sessions=sessions, embedder=counting)  # type: ignore[arg-type]
     with caplog.at_level(logging.INFO, logger="bot.runtime.startup"):
         await ensure_sample_knowledge(kb)
@@ -275,11 +292,11 @@ async def test_shipped_vectors_of_another_model_or_damaged_are_not_used(tmp_path
         async def embed(self, texts: list[str]) -> list[list[float]]:
             return [list(np.roll(v, 7)) for v in await super().embed(texts)]  # same name, other vectors
 
-    assert await Precomputed.load(Other(LocalEmbedder()), SAMPLE_VECTORS) is None  # type: ignore[arg-type]
-    assert await Precomputed.load(Counting(LocalEmbedder()), SAMPLE_VECTORS) is not None  # type: ignore[arg-type]
+    assert await Precomputed.load(Other(MultilingualEmbedder()), SAMPLE_VECTORS) is None  # type: ignore[arg-type]
+    assert await Precomputed.load(Counting(MultilingualEmbedder()), SAMPLE_VECTORS) is not None  # type: ignore[arg-type]
     damaged = tmp_path / "vectors.npz"
     damaged.write_text("version https://git-lfs.github.com/spec/v1\n")  # what a Git LFS checkout might leave
-    assert await Precomputed.load(Counting(LocalEmbedder()), damaged) is None  # type: ignore[arg-type]
+    assert await Precomputed.load(Counting(MultilingualEmbedder()), damaged) is None  # type: ignore[arg-type]
 
 
 # --- the history budget within the provider's context ---------------------------------------------------------

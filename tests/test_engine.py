@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from agents.conversations import Conversations
 from agents.db import models as m
 from agents.identity import Author
+from agents.texts import Text
 from agents.tools import HandoffTo
 from bot.examples.driftwing.shop import ORDERS
 from escalation.machine import TAKEOVER
@@ -275,7 +276,7 @@ async def test_handoff_budget_runs_out(sessions: Sessions, fake_llm: FakeOpenAI,
     fake_llm.script(tools(tool_call("transfer_to_sales")), tools(tool_call("transfer_to_support")))
     result = await service.handle("t:1", "buy and return")
     assert result.kind == "escalated"
-    assert result.reply == CONFIG.texts.budget
+    assert result.reply == CONFIG.texts.get(Text.BUDGET_MESSAGE)
     [esc] = await rows(sessions, m.Escalation)
     assert (esc.trigger, esc.agent) == ("budget", "sales")
 
@@ -310,11 +311,11 @@ async def test_llm_500s_apologise_escalate_and_keep_message(sessions: Sessions, 
     result = await service.handle("t:1", "my drone is on fire")
     await model.close()
     assert fake_llm.calls == 2  # the SDK retried once, as configured
-    assert (result.kind, result.reply) == ("escalated", CONFIG.texts.provider_failure)
+    assert (result.kind, result.reply) == ("escalated", CONFIG.texts.get(Text.PROVIDER_FAILURE_MESSAGE))
     transcript = await rows(sessions, m.Message)
     assert [(r.role, r.content) for r in transcript] == [
         ("user", "my drone is on fire"),
-        ("assistant", CONFIG.texts.provider_failure),
+        ("assistant", CONFIG.texts.get(Text.PROVIDER_FAILURE_MESSAGE)),
     ]
     [esc] = await rows(sessions, m.Escalation)
     assert esc.trigger == "provider"
@@ -565,7 +566,8 @@ async def test_a_message_that_keeps_killing_the_process_ends_with_a_human(
     async with sessions() as s, s.begin():  # three earlier attempts died with their process
         await s.execute(update(m.Inbound).values(attempts=3))
     result = await service.process_next()
-    assert result is not None and result.kind == "escalated" and result.reply == CONFIG.texts.provider_failure
+    assert result is not None and result.kind == "escalated"
+    assert result.reply == CONFIG.texts.get(Text.PROVIDER_FAILURE_MESSAGE)
     assert fake_llm.calls == 0
     [esc] = await rows(sessions, m.Escalation)
     assert esc.trigger == "error" and esc.inbound_id == submitted.inbound_id

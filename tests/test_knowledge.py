@@ -75,7 +75,11 @@ def test_a_help_centre_page_keeps_its_title_and_leaves_the_site_chrome_out() -> 
 
 @pytest.mark.parametrize(
     ("eval_set", "root"),
-    [("kb_eval.jsonl", SAMPLE), ("calderra_eval.jsonl", ROOT / "bench" / "data" / "calderra")],
+    [
+        ("kb_eval.jsonl", SAMPLE),
+        ("calderra_eval.jsonl", ROOT / "bench" / "data" / "calderra"),
+        ("kafetto_eval.jsonl", ROOT / "bench" / "data" / "kafetto"),
+    ],
 )
 def test_the_benchmark_questions_name_passages_of_their_documents(eval_set: str, root: Path) -> None:
     """bench/data/*_eval.jsonl: an answerable question names a document of its collection and a heading one of
@@ -381,8 +385,8 @@ async def test_a_small_collection_beside_a_big_one_gets_its_candidates(kb: Knowl
             )
             await s.execute(
                 text(
-                    "INSERT INTO kb_chunks (document_id, collection, ordinal, title, text, dim, embedding) "
-                    "SELECT :doc, :c, g, :c, 'passage ' || g, :dim, "
+                    "INSERT INTO kb_chunks (document_id, collection, ordinal, title, text, tsv, dim, embedding) "
+                    "SELECT :doc, :c, g, :c, 'passage ' || g, to_tsvector('simple', 'passage ' || g), :dim, "
                     "(SELECT array_agg(:lean * x + (random() - 0.5) * 0.3 ORDER BY i) "
                     " FROM unnest(CAST(:q AS real[])) WITH ORDINALITY AS v(x, i) WHERE g > 0)::vector "
                     "FROM generate_series(1, :n) g"

@@ -19,8 +19,8 @@ from agents.conversations import Conversations
 from agents.db import models as m
 from agents.identity import Author
 from agents.limits import Limit, Limits
-from agents.loop import Texts
 from agents.model import OpenAIChatModel
+from agents.texts import Texts
 from bot.playground.slack_emulator import BOT_USER_ID, SlackEmulator
 from bot.runtime import startup as runtime
 from bot.settings import Settings
@@ -77,7 +77,7 @@ async def test_a_person_over_the_per_minute_limit_gets_no_llm_call_and_one_notic
     flood = await asyncio.gather(
         *(service.handle(f"t:{k}", f"again {k}", author=Author("slack", "T1", "U1")) for k in "abd")
     )
-    notice = Texts.limited.format(when="in a minute")
+    notice = Texts().limited("minute")
     assert {(r.kind, r.limited_by) for r in flood} == {("limited", Limit.USER)}
     assert sorted(r.reply or "" for r in flood) == ["", "", notice]
     later = await service.handle("t:a", "still there?", author=Author("slack", "T1", "U1"))
@@ -112,7 +112,7 @@ async def test_a_person_over_the_daily_token_budget_gets_no_more_llm_calls_today
 
     second = await service.handle("t:b", "and cameras?", author=Author("slack", "T1", "U1"))
     assert (second.kind, second.limited_by) == ("limited", Limit.DAILY_TOKENS)
-    assert second.reply == Texts.limited.format(when="tomorrow")
+    assert second.reply == Texts().limited("day")
     third = await service.handle("t:a", "hello?", author=Author("slack", "T1", "U1"))
     assert (third.kind, third.reply) == ("limited", None)
     assert fake_llm.calls == 1
@@ -187,8 +187,4 @@ def test_the_notice_is_a_template_checked_at_start_up() -> None:
         Settings(_env_file=None, rate_limited_message="Write again {whn}.")  # type: ignore[call-arg]
     settings = Settings(_env_file=None, rate_limit_user_per_minute=0)  # type: ignore[call-arg]
     assert runtime.limits(settings) == Limits(channel_per_minute=120, daily_tokens_per_user=1_000_000)
-    assert (
-        runtime.loop_config(settings)
-        .texts.limited.format(when="tomorrow")
-        .endswith("again tomorrow and I'll pick it up from there.")
-    )
+    assert runtime.loop_config(settings).texts.limited("day").endswith("again tomorrow and I'll pick it up from there.")

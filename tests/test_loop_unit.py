@@ -16,6 +16,7 @@ from agents.identity import Author
 from agents.loop import Escalate, LoopConfig, Reply, TurnInput, run_turn
 from agents.messages import PREPARED, Message, ToolCall
 from agents.model import ModelResponse, TextSink, Usage
+from agents.texts import Text
 from agents.window import SHORTENED, build_window
 from harness.sample import default_roster
 
@@ -105,7 +106,7 @@ async def test_ping_pong_is_stopped_with_a_human() -> None:
     )
     result = await run(model)
     assert isinstance(result.outcome, Escalate) and result.outcome.trigger == "ping_pong"
-    assert result.reply == CONFIG.texts.budget
+    assert result.reply == CONFIG.texts.get(Text.BUDGET_MESSAGE)
 
 
 async def test_the_llm_call_budget_ends_in_a_human() -> None:
@@ -121,7 +122,7 @@ async def test_an_empty_answer_gets_one_nudge_then_an_outcome_of_its_own() -> No
     model = ScriptedModel(text(""), text("  "), text("never asked"))
     result = await run(model)
     assert isinstance(result.outcome, Escalate) and result.outcome.trigger == "no_answer"
-    assert result.reply == CONFIG.texts.budget and len(model.seen) == 2
+    assert result.reply == CONFIG.texts.get(Text.BUDGET_MESSAGE) and len(model.seen) == 2
     first, second = (seen["messages"] for seen in model.seen)
     assert not any("could not be used" in str(m["content"]) for m in first)
     # Said last, after the history, where a small model heeds it (it ignored the same note among the instructions).
@@ -218,7 +219,7 @@ async def test_a_provider_failure_apologises_and_escalates() -> None:
     model = ScriptedModel(ProviderError("server", "503"))
     result = await run(model)
     assert isinstance(result.outcome, Escalate) and result.outcome.trigger == "provider"
-    assert result.reply == CONFIG.texts.provider_failure
+    assert result.reply == CONFIG.texts.get(Text.PROVIDER_FAILURE_MESSAGE)
     assert [c.ok for c in result.llm_calls] == [False]
 
 

@@ -53,6 +53,7 @@ METHOD_SCOPES: dict[str, tuple[frozenset[str], ...]] = {
     # File relays (bot/slack/messenger.py): upload again, share, and look for a share after a lost answer.
     "files.getUploadURLExternal": (frozenset({"files:write"}),),
     "files.completeUploadExternal": (frozenset({"files:write"}),),
+    "files.delete": (frozenset({"files:write"}),),
     "files.info": (frozenset({"files:read"}),),
     # Streamed answers (https://docs.slack.dev/reference/methods/chat.startStream and its two siblings).
     "chat.startStream": (frozenset({"chat:write"}),),

@@ -83,7 +83,7 @@ def test_templates_are_checked_at_start_up(
     assert "HANDOFF_NOTICE: Value error, not a valid template" in err
     monkeypatch.setenv("OFF_HOURS_MESSAGE", "Back {hours}; {{braces}} stay.")
     monkeypatch.delenv("HANDOFF_NOTICE")
-    assert Settings().off_hours_message.format(hours="9-17") == "Back 9-17; {braces} stay."
+    assert str(Settings().off_hours_message).format(hours="9-17") == "Back 9-17; {braces} stay."
 
 
 TEAMS = {

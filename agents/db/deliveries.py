@@ -260,12 +260,26 @@ class FilesToCustomer(_OfCase):
     """The colleague's message, whose files are relayed; none once it was deleted."""
 
 
+@dataclass(frozen=True)
+class Erase:
+    """A post of the bot's taken down (a forgotten person's conversation, `agents.personal`): the post of outbox
+    row `erases` wherever it went (queued after it, so it is out or given up by then), or, for a streamed preview that
+    no row owns, the message `message` in `channel`/`thread`. A post already gone counts as erased."""
+
+    kind: ClassVar[str] = "erase"
+    conversation_id: int
+    erases: int | None
+    channel: str = ""
+    thread: str | None = None
+    message: str | None = None
+
+
 FileRelay = FilesToStaff | FilesToCustomer
 """Shared as files where the other side is Slack; elsewhere the text goes with the files' names."""
 NewMessage = (
     Post | Answer | CasePost | RelayToStaff | RelayToCustomer | Reminder | CsatAsk | FilesToStaff | FilesToCustomer
 )
-Change = AddReaction | RemoveReaction | Typing | CaseUpdate | RelayEdit | RelayDelete | StaffNotice
+Change = AddReaction | RemoveReaction | Typing | CaseUpdate | RelayEdit | RelayDelete | StaffNotice | Erase
 Delivery = NewMessage | Change
 
 KINDS: dict[str, type[Delivery]] = {
@@ -287,6 +301,7 @@ KINDS: dict[str, type[Delivery]] = {
         CsatAsk,
         FilesToStaff,
         FilesToCustomer,
+        Erase,
     )
 }
 

@@ -9,7 +9,9 @@ pauses         where admins paused the bot: conversations there go to humans
 admin_actions  every admin command: who, what, when, allowed or refused, and its outcome
 rate_counters  per customer and per channel: messages answered this minute, tokens spent today (agents.limits)
 answer_feedback  👍/👎 on the bot's answers, one per answer per person (the last click kept)
+retention_log  how many rows each retention run erased, per kind (bot.retention)
 csat           the customer's rating of a resolved case (and optional comment), asked once after Resolve
+forgotten      each person forgotten: when, who asked, counts (agents.personal)
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
-    Computed,
     Date,
     DateTime,
     Float,
@@ -46,8 +47,15 @@ def _now() -> Mapped[datetime]:
     return mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
+UNERASED = "erased_at IS NULL OR erased_at < updated_at"
+
+
 class Conversation(Base):
     __tablename__ = "conversations"
+    __table_args__ = (
+        # Retention looks only at conversations with something left to erase (bot.retention).
+        Index("ix_conversations_unerased", "updated_at", postgresql_where=UNERASED),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     key: Mapped[str] = mapped_column(Text, unique=True)
@@ -60,6 +68,9 @@ class Conversation(Base):
     """The running summary of the older turns (agents.summary): the agents see it instead of those turns."""
     summary_through: Mapped[int | None] = mapped_column(BigInteger)
     """The last message the summary covers; the agents see the messages after it. The transcript keeps them all."""
+    language: Mapped[str | None] = mapped_column(Text)
+    """The customer's language (`agents.language.Language`), told from their messages or their locale; NULL: not known
+    yet, the operator's default is spoken. Written with each customer message's turn (agents.conversations)."""
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
     lease_owner: Mapped[str | None] = mapped_column(Text)
@@ -67,6 +78,8 @@ class Conversation(Base):
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     lease_token: Mapped[int] = mapped_column(BigInteger, server_default="0")
     """Fencing token: raised by each claim, so a holder whose lease expired cannot commit."""
+    erased_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    """When retention last erased its transcript (bot.retention): nothing written before it is held."""
 
 
 class Inbound(Base):
@@ -76,6 +89,8 @@ class Inbound(Base):
         Index("ix_inbound_pending", "conversation_id", "id", postgresql_where="processed_at IS NULL"),
         Index("ix_inbound_set_aside", "id", postgresql_where="outcome->>'kind' = 'set_aside'"),
         Index("ix_inbound_author", "author", "id"),
+        Index("ix_inbound_files_held", "received_at", postgresql_where="files IS NOT NULL"),
+        Index("ix_inbound_identity_user", sql("(identity ->> 'user')")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -101,7 +116,10 @@ class Inbound(Base):
 
 class Message(Base):
     __tablename__ = "messages"
-    __table_args__ = (Index("ix_messages_conversation", "conversation_id", "id"),)
+    __table_args__ = (
+        Index("ix_messages_conversation", "conversation_id", "id"),
+        Index("ix_messages_author", "author"),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))
@@ -132,7 +150,10 @@ class Handoff(Base):
 
 class ToolRun(Base):
     __tablename__ = "tool_runs"
-    __table_args__ = (Index("ix_tool_runs_created_at", "created_at"),)
+    __table_args__ = (
+        Index("ix_tool_runs_created_at", "created_at"),
+        Index("ix_tool_runs_text_held", "created_at", postgresql_where="arguments <> '' OR output <> ''"),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
@@ -152,6 +173,7 @@ class ToolRun(Base):
 
 class LLMCall(Base):
     __tablename__ = "llm_calls"
+    __table_args__ = (Index("ix_llm_calls_error_held", "created_at", postgresql_where="error IS NOT NULL"),)
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     conversation_id: Mapped[int | None] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
@@ -172,7 +194,13 @@ class Escalation(Base):
     """One hand-over to humans: open -> claimed -> resolved or handed_back, with who and when."""
 
     __tablename__ = "escalations"
-    __table_args__ = (UniqueConstraint("case_channel", "case_ts"),)
+    __table_args__ = (
+        UniqueConstraint("case_channel", "case_ts"),
+        # Forgetting a person finds them by these (`agents.personal`).
+        Index("ix_escalations_customer", "customer"),
+        Index("ix_escalations_claimed_by", "claimed_by"),
+        Index("ix_escalations_closed_by", "closed_by"),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
@@ -256,6 +284,12 @@ class Outbox(Base):
         Index("ix_outbox_unsent_by_conversation", "conversation_id", "id", postgresql_where="done_at IS NULL"),
         Index("ix_outbox_given_up", "id", postgresql_where="outcome = 'given_up'"),
         Index("ix_outbox_posted", "channel", "result_ts", postgresql_where="result_ts IS NOT NULL"),
+        Index(
+            "ix_outbox_done_held",
+            "done_at",
+            postgresql_where="done_at IS NOT NULL AND (result_ts IS NULL OR text IS NOT NULL)",
+        ),
+        Index("ix_outbox_author", "author"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -289,6 +323,8 @@ class Outbox(Base):
     """An agent's answer: the knowledge it was grounded in (`agents.db.deliveries.Source`), [] for none; NULL for
     every other row (a notice, a relay), which no channel labels as AI-made."""
     last_error: Mapped[str | None] = mapped_column(Text)
+    erases: Mapped[int | None] = mapped_column(BigInteger)
+    """An erase row's target: the outbox row whose post it deletes (`agents.db.deliveries.Erase`)."""
     created_at: Mapped[datetime] = _now()
 
 
@@ -301,6 +337,10 @@ class KnowledgeCollection(Base):
     embedder: Mapped[str] = mapped_column(Text)
     dim: Mapped[int | None] = mapped_column(Integer)
     """None until the embedder has answered: the passages are stored, searched by full text, embedded later."""
+    language: Mapped[str | None] = mapped_column(Text)
+    """The language the operator declared for its documents (agents.language.Language); None: each detected."""
+    languages: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=sql("'{}'"))
+    """The languages of its documents (a superset, never shrunk): a question's full text is searched in each."""
     created_at: Mapped[datetime] = _now()
 
 
@@ -316,6 +356,9 @@ class KnowledgeDocument(Base):
     content_hash: Mapped[str] = mapped_column(Text)
     superseded: Mapped[bool] = mapped_column(Boolean, server_default=sql("false"))
     """The document says it no longer applies (agents.knowledge.documents.says_superseded): ranked lower."""
+    language: Mapped[str | None] = mapped_column(Text)
+    """The language its full text is stemmed in (declared for the collection, else detected, else English); None:
+    stored before migration 0029, in English without accent folding, redone at its next ingestion."""
     ingested_at: Mapped[datetime] = _now()
 
 
@@ -346,14 +389,9 @@ class KnowledgeChunk(Base):
     embedding: Mapped[Any] = mapped_column(Vector(), nullable=True)
     identifiers: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=sql("'{}'"))
     """The model numbers, part and error codes the passage names, normalised (agents.knowledge.identifiers)."""
-    tsv: Mapped[Any] = mapped_column(
-        TSVECTOR,
-        Computed(
-            "setweight(to_tsvector('english', coalesce(title, '') || ' ' || coalesce(heading, '')), 'A') || "
-            "setweight(to_tsvector('english', text), 'B')",
-            persisted=True,
-        ),
-    )
+    tsv: Mapped[Any] = mapped_column(TSVECTOR, nullable=False)
+    """Title and heading (weight A) and text (B), accent-folded, in the document's language's text-search
+    configuration; written at ingestion (agents.knowledge.store.TSV)."""
 
 
 class SendLease(Base):
@@ -384,7 +422,7 @@ class AdminAction(Base):
     """One admin command, refused ones included."""
 
     __tablename__ = "admin_actions"
-    __table_args__ = (Index("ix_admin_actions_created", "created_at"),)
+    __table_args__ = (Index("ix_admin_actions_created", "created_at"), Index("ix_admin_actions_user", "user_id"))
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     user_id: Mapped[str] = mapped_column(Text)
@@ -437,6 +475,7 @@ class AnswerFeedback(Base):
         UniqueConstraint("channel", "message_ts", "user_id"),
         Index("ix_answer_feedback_conversation", "conversation_id"),
         Index("ix_answer_feedback_updated", "updated_at"),
+        Index("ix_answer_feedback_user", "user_id"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -465,6 +504,7 @@ class Csat(Base):
         UniqueConstraint("escalation_id"),
         CheckConstraint("rating BETWEEN 1 AND 5", name="ck_csat_rating"),
         Index("ix_csat_customer", "customer", "asked_at"),
+        Index("ix_csat_resolved_by", "resolved_by"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -480,3 +520,29 @@ class Csat(Base):
     rated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     comment: Mapped[str | None] = mapped_column(Text)
     """What the customer wrote in the modal that follows their rating (other people's text: escaped where shown)."""
+
+
+class Forgotten(Base):
+    """A person forgotten (`agents.personal`): when, who asked, and how many rows of each table it changed; never
+    whom."""
+
+    __tablename__ = "forgotten"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    requested_by: Mapped[str] = mapped_column(Text)
+    """The admin's platform id, or `cli:<login>`."""
+    counts: Mapped[dict[str, Any]] = mapped_column(server_default="{}")
+    forgotten_at: Mapped[datetime] = _now()
+
+
+class RetentionLog(Base):
+    """How many rows of one kind a retention run erased (bot.retention), and when: never which."""
+
+    __tablename__ = "retention_log"
+    __table_args__ = (Index("ix_retention_log_ran_at", "ran_at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    kind: Mapped[str] = mapped_column(Text)
+    """`bot.retention.Kind`."""
+    erased: Mapped[int] = mapped_column(Integer)
+    ran_at: Mapped[datetime] = _now()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -27,8 +28,17 @@ class Embedder(Protocol):
     """Identifies the model; recorded per collection, so a query with another embedder is refused."""
     dim: int
     """Vector width; for a provider's model, learned from its first answer (`probe`)."""
+    min_similarity: float
+    """The cosine below which a passage counts as unrelated to a question (KB_MIN_SIMILARITY, when unset): each
+    model spreads its similarities differently (docs/knowledge.md has the evaluation that chose each)."""
 
-    async def embed(self, texts: list[str]) -> list[list[float]]: ...
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        """Passages, as stored."""
+        ...
+
+    async def embed_query(self, texts: list[str]) -> list[list[float]]:
+        """Questions: some models (the e5 family) embed a question otherwise than the passage that answers it."""
+        ...
 
 
 Why = Literal["no_embeddings", "refused", "unreachable", "error", "lost", "broken_model", "disabled"]
@@ -60,11 +70,20 @@ class OpenAIEmbedder:
     text-embedding-3 models shorten their vectors); otherwise the width is whatever the model returns."""
 
     def __init__(
-        self, *, client: openai.AsyncOpenAI, model: str, dimensions: int | None = None, batch: int = 128
+        self,
+        *,
+        client: openai.AsyncOpenAI,
+        model: str,
+        dimensions: int | None = None,
+        batch: int = 128,
+        query_veil: Callable[[str], str] | None = None,
     ) -> None:
         self.client = client
+        self.query_veil = query_veil
+        """What a question becomes before it leaves (agents.redaction); passages, the operator's, go as they are."""
         self.model = model
         self.name = f"openai:{model}"
+        self.min_similarity = 0.35
         self.dimensions = dimensions
         self.dim = dimensions or 0
         self.batch = batch
@@ -87,6 +106,9 @@ class OpenAIEmbedder:
         if odd := next((len(v) for v in vectors if len(v) != self.dim), None):
             raise ProviderError("embeddings", f"{self.model} returned a vector of {odd} dimensions, not {self.dim}")
         return vectors
+
+    async def embed_query(self, texts: list[str]) -> list[list[float]]:
+        return await self.embed([self.query_veil(t) for t in texts] if self.query_veil is not None else texts)
 
 
 _TRANSIENT = (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError, openai.InternalServerError)
@@ -145,6 +167,7 @@ class Precomputed:
         self.embedder = embedder
         self.name = embedder.name
         self.dim = embedder.dim
+        self.min_similarity = embedder.min_similarity
         self.vectors = vectors
         self.misses = 0
 
@@ -182,6 +205,9 @@ class Precomputed:
             for text, vector in zip(missing, await self.embedder.embed(missing), strict=True):
                 self.vectors[text_key(text)] = vector
         return [self.vectors[text_key(t)] for t in texts]
+
+    async def embed_query(self, texts: list[str]) -> list[list[float]]:
+        return await self.embedder.embed_query(texts)
 
 
 def _read_precomputed(path: Path) -> tuple[str, list[str], np.ndarray, list[str]]:

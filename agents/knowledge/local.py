@@ -1,4 +1,5 @@
-"""The local embedder: all-MiniLM-L6-v2, shipped inside this package (`minilm/`, int8 weights), run with NumPy.
+"""The English local embedder (EMBEDDINGS=local-english): all-MiniLM-L6-v2, shipped inside this package (`minilm/`,
+int8 weights), run with NumPy. The default local embedder is the multilingual one (`agents.knowledge.multilingual`).
 
 Nothing is downloaded at run time, and there is no torch: the model is a 6-layer BERT, whose forward pass
 is a few matrix products that NumPy's BLAS does about as fast as torch on a CPU, in a fraction of the memory
@@ -139,6 +140,7 @@ class MiniLM:
 class LocalEmbedder:
     name = f"local:{MODEL}"
     dim = 384
+    min_similarity = 0.35
 
     def __init__(self, model: MiniLM | None = None, *, path: Path = MODEL_DIR) -> None:
         self._model = model
@@ -168,3 +170,6 @@ class LocalEmbedder:
         model = await self._loaded()
         vectors = await asyncio.to_thread(model.encode, texts)
         return [[float(v) for v in row] for row in vectors]
+
+    async def embed_query(self, texts: list[str]) -> list[list[float]]:
+        return await self.embed(texts)

@@ -8,7 +8,8 @@ from sqlalchemy import delete, insert, select, true, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from agents.address import Address
+from agents import personal
+from agents.address import Address, Platform, is_teams_id
 from agents.db import models as m
 from bot.admin.parse import Change, Ref
 from bot.admin.queries import AdminQueries
@@ -77,6 +78,11 @@ class AdminActions:
         if remaining:
             message += f" Still paused {', '.join(_where(r) for r in remaining)}."
         return ActionResult(True, message)
+
+    async def forget(self, user: str, *, by: str) -> dict[str, int]:
+        """Everything held about `user` erased; the rows changed per table."""
+        platform = Platform.TEAMS if is_teams_id(user) else Platform.SLACK
+        return await personal.forget(self.sessions, personal.Person(platform, user), requested_by=by)
 
     async def record(self, *, user: str, channel: str | None, command: str, arguments: str, allowed: bool) -> int:
         """Record a command before it runs, so that none runs unrecorded; `finish` adds how it went."""

@@ -21,6 +21,7 @@ from bot.admin import views
 from bot.admin.actions import AdminActions
 from bot.admin.queries import AdminQueries, Health
 from bot.admin.views import Reply
+from bot.retention import KindStatus, Retention
 from bot.staff import Members
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class AdminCommands:
         version: str,
         staff_channel: Callable[[], Awaitable[str | None]] | None = None,
         tool_sources: Callable[[], Sequence[SourceStatus]] = lambda: (),
+        retention: Retention | None = None,
     ) -> None:
         self.members = members
         """Slack's directory, briefly cached: who is a workspace admin, and of which workspace."""
@@ -84,6 +86,8 @@ class AdminCommands:
         self.tool_sources = tool_sources
         """How the operator's tool sources (MCP servers, HTTP endpoints) are doing now, asked on each status: a
         source reconnects by itself, and status must show it as soon as it has."""
+        self.retention = retention
+        """The retention periods and what is held of each kind, for status; None: not shown."""
         self.admin_ids = admin_ids
         self.workspace_admins = workspace_admins
         self.queries = queries
@@ -140,8 +144,12 @@ class AdminCommands:
             case p.Help(topic):
                 return True, views.help_reply(topic)
             case p.Status():
-                health, llm, knowledge, staff = await asyncio.gather(
-                    self.database_health(), self.probe(), self.knowledge_status(), self._staff_channel()
+                health, llm, knowledge, staff, kept = await asyncio.gather(
+                    self.database_health(),
+                    self.probe(),
+                    self.knowledge_status(),
+                    self._staff_channel(),
+                    self.retention_status(),
                 )
                 uptime = time.monotonic() - self._started_monotonic
                 reply = views.status_reply(
@@ -153,6 +161,7 @@ class AdminCommands:
                     uptime_s=uptime,
                     started=self.started,
                     sources=self.source_statuses(),
+                    retention=kept,
                 )
                 return isinstance(health, Health), reply
             case p.Agents():
@@ -185,6 +194,8 @@ class AdminCommands:
                 return True, views.usage_stats_reply(await self.queries.usage(days))
             case p.Tools(days):
                 return True, views.tools_reply(await self.queries.tool_calls(days))
+            case p.Forget(user):
+                return True, views.forget_reply(await self.actions.forget(user, by=call.user))
 
     async def knowledge_status(self) -> KnowledgeStatus | str:
         try:
@@ -199,6 +210,14 @@ class AdminCommands:
             return tuple(self.tool_sources())
         except Exception as exc:
             log.warning("status: the tool sources could not say how they are", exc_info=True)
+            return f"unknown ({type(exc).__name__})"
+
+    async def retention_status(self) -> Sequence[KindStatus] | str:
+        if self.retention is None:
+            return ()
+        try:
+            return await self.retention.status()
+        except Exception as exc:  # the database is down: status says so in its own field
             return f"unknown ({type(exc).__name__})"
 
     async def _staff_channel(self) -> str | None:

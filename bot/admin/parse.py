@@ -99,6 +99,13 @@ class Tools:
     days: int = 1
 
 
+@dataclass(frozen=True)
+class Forget:
+    """Erase everything held about one person (`agents.personal`)."""
+
+    user: str
+
+
 Command = (
     Help
     | Status
@@ -113,6 +120,7 @@ Command = (
     | KbStats
     | Stats
     | Tools
+    | Forget
 )
 
 
@@ -138,12 +146,17 @@ USAGE: dict[str, tuple[str, str]] = {
     "kb": ("kb search <query> | kb stats", "search the knowledge base, or count its documents"),
     "stats": ("stats [days]", "conversations, handoffs, escalations, time to claim, LLM usage (default 7 days)"),
     "tools": ("tools [days]", "tool calls by tool and source, failures, timings, and the last 10 (default 1 day)"),
+    "forget": (
+        "forget @person",
+        "erase everything held about them: conversations, cases, files' text, the bot's posts",
+    ),
 }
 MAX_DAYS = 365
 _LINK = re.compile(r"^https?://[^/\s]+/archives/(?P<channel>[A-Z0-9_]+)/p(?P<ts>\d{7,})(?:\?(?P<query>\S*))?$")
 # A bare id is accepted too when it looks like one (Slack's have digits); "#general" is not: only its id is unique.
 _CHANNEL = re.compile(r"^<#(?P<id>[CG][A-Z0-9_]+)(?:\|[^>]*)?>$|^(?P<raw>[CG](?=[A-Z_]*\d)[A-Z0-9_]{6,})$")
 _TOKEN = re.compile(r"<[^>]*>|[^\s<]+")
+_MENTION = re.compile(r"^<@(?P<id>[^|>\s]+)(?:\|[^>]*)?>$")
 _KB_SEARCH = re.compile(r"^\s*kb\s+search\s+(?P<query>.+)$", re.IGNORECASE | re.DOTALL)
 _CASE = re.compile(r"^(?:#|case:?)?(?P<id>\d{1,12})$", re.IGNORECASE)
 
@@ -221,4 +234,11 @@ def parse(text: str) -> Command | UsageError:
             return Stats(int(days)) if name == "stats" else Tools(int(days))
         case "stats" | "tools", _:
             return UsageError(f"The number of days must be between 1 and {MAX_DAYS}.", usage(name))
+        case "forget", [person]:
+            mention = _MENTION.match(person)
+            if mention is None:
+                return UsageError(
+                    f"`{_unwrap(person)}` is not a person. Pick them with Slack's `@` autocomplete.", usage(name)
+                )
+            return Forget(mention["id"])
     return UsageError("That doesn't look right.", usage(name))

@@ -5,7 +5,7 @@ enters an answer, so an admin's view of a conversation never pings a channel or 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -30,6 +30,7 @@ from bot.admin.queries import (
     ToolTally,
     Usage,
 )
+from bot.retention import KindStatus
 from escalation.desk import ActionResult
 from escalation.machine import Mode
 
@@ -179,6 +180,18 @@ def result_reply(title: str, result: ActionResult) -> Reply:
     return _reply(title, _section(("✅ " if result.ok else "⚠️ ") + result.message))
 
 
+def forget_reply(counts: Mapping[str, int]) -> Reply:
+    """What a forget changed, per table; never whom (the reply is recorded with the command)."""
+    if not counts:
+        return _reply("Forget", _section("Nothing was held about that person."))
+    lines = [f"• {table}: {n}" for table, n in counts.items()]
+    return _reply(
+        "Forget",
+        _section("✅ Forgotten. Rows changed or deleted:\n" + "\n".join(lines)),
+        _context("The bot's posts in their conversations and the staff channel are being deleted."),
+    )
+
+
 def knowledge_field(status: KnowledgeStatus | str) -> str:
     """How knowledge search runs; when not by vector everywhere, why and what to do, in the admin's words."""
     if isinstance(status, str):
@@ -202,6 +215,7 @@ def status_reply(
     uptime_s: float,
     started: datetime,
     sources: Sequence[SourceStatus] | str = (),
+    retention: Sequence[KindStatus] | str = (),
 ) -> Reply:
     running = f"*Version*\n{version}, up {duration(uptime_s)} (since {started:%Y-%m-%d %H:%M} UTC)"
     tools = [sources_field(sources)] if sources else []
@@ -236,7 +250,20 @@ def status_reply(
         failures_field(health),
         *tools,
     ]
-    return _fields_reply("Status", fields)
+    # A section of its own: a message's fields are ten at most, and a line per kind reads better at full width.
+    return _fields_reply("Status", fields, *([_section(retention_field(retention))] if retention else []))
+
+
+def retention_field(kinds: Sequence[KindStatus] | str) -> str:
+    """Each kind's period, what is held of it now, and what retention erased in the last day."""
+    if isinstance(kinds, str):
+        return f"*Retention*\n{kinds}"
+    lines = ["*Retention*"]
+    for k in kinds:
+        period = f"{k.days} days" if k.days else "kept for ever"
+        held = f"{k.held:,} {k.kind.unit}(s) held"
+        lines.append(f"{k.kind.label} ({period}): {held}, {k.erased_last_day:,} erased in the last 24 h")
+    return "\n".join(lines)
 
 
 SOURCE_KIND = {"mcp": "MCP", "http": "HTTP"}
@@ -533,11 +560,6 @@ def home_blocks(
     ]
 
 
-def plain_home_blocks() -> list[dict[str, Any]]:
-    return [
-        _header("Helpdesk"),
-        _section(
-            "This is the helpdesk bot. Ask your question in a support channel or in a direct message here, and our "
-            "assistant answers; a colleague joins when it cannot help."
-        ),
-    ]
+def plain_home_blocks(note: str) -> list[dict[str, Any]]:
+    """The App Home of someone neither staff nor admin: `note` (the home_note text, in their language)."""
+    return [_header("Helpdesk"), _section(note)]

@@ -6,10 +6,12 @@ more declaration, and no shared module changes."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from agents.address import Address, Platform
+from agents.language import Language
+from agents.texts import Text, Texts
 
 
 @dataclass(frozen=True)
@@ -39,15 +41,16 @@ class Capabilities:
 class ReplyStyle:
     """How the bot shows its work where a channel lets it (the operator's choice of notice and reactions)."""
 
-    handoff_notice: str = "_Connecting you with {agent}…_"
-    """Shown to the customer on each handoff; `{agent}` is the agent's title. Empty: no notice."""
+    texts: Texts = field(default_factory=Texts)
+    """The handoff notice among them, in each language; `{agent}` is the agent's title. Empty: no notice."""
     working_reaction: str = "eyes"
     done_reaction: str = "white_check_mark"
 
-    def notice(self, title: str) -> str | None:
-        """The notice of a handoff to the agent titled `title`, as the customer is shown it (posted, or leading a
-        streamed answer: the two must read the same); None when there is none."""
-        return self.handoff_notice.format(agent=title) if self.handoff_notice else None
+    def notice(self, title: str, language: Language | None) -> str | None:
+        """The notice of a handoff to the agent titled `title`, as the customer is shown it in `language` (posted, or
+        leading a streamed answer: the two must read the same); None when there is none."""
+        notice = self.texts.get(Text.HANDOFF_NOTICE, language)
+        return notice.format(agent=title) if notice else None
 
 
 class Format(Protocol):

@@ -41,11 +41,14 @@ class CustomerMessage:
     shared: bool = False
     """The channel is shared with another organisation (Slack Connect: the envelope's is_ext_shared_channel), where
     our own colleagues write beside the customers."""
+    locale: str | None = None
+    """The writer's locale where the delivery carries it (a Teams activity's `locale`; Slack's edge asks
+    `users.info`)."""
 
     @property
     def author(self) -> Author:
-        """Who wrote it, as far as the signed delivery says (the edge may add name and email)."""
-        return Author(self.platform, self.user_team, self.user, self.name)
+        """Who wrote it, as far as the signed delivery says (the edge may add name, email and locale)."""
+        return Author(self.platform, self.user_team, self.user, self.name, locale=self.locale)
 
     @property
     def address(self) -> Address:

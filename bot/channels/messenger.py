@@ -87,6 +87,10 @@ class FileSharing(Protocol):
         """The message that shares these files in `where`, if there is one (after an unknown outcome)."""
         ...
 
+    async def delete_file(self, file_id: str) -> None:
+        """Delete a file the bot uploaded (a forgotten person's); one already gone counts as deleted."""
+        ...
+
 
 class FileFetcher(Protocol):
     """Reads a channel's files again (Slack's), so that a file relay can share them in another message."""

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.address import Address
 from agents.db import models as m
+from agents.language import Language
 from agents.loop import TextDelta
 
 _OPEN = text(
@@ -43,8 +44,9 @@ class Previews:
             await s.execute(still_open.values(**values, **shown_at))
 
 
-Notice = Callable[[str], str | None]
-"""The handoff notice for an agent (by name), as the customer is shown it; None: no notice (HANDOFF_NOTICE empty)."""
+Notice = Callable[[str, Language | None], str | None]
+"""The handoff notice for an agent (by name) in the conversation's language (`TurnStarted.language`), as the customer
+is shown it; None: no notice (HANDOFF_NOTICE empty)."""
 
 
 @dataclass

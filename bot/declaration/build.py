@@ -28,6 +28,7 @@ from agents.http_tools import HTTPToolConfig, HTTPTools, openapi_tools, parse_ht
 from agents.identity import Author
 from agents.knowledge.store import KnowledgeBase
 from agents.knowledge.tool import knowledge_search
+from agents.language import Language
 from agents.mcp_servers import MCPServer, MCPServerConfig, parse_mcp_servers
 from agents.tools import Tool, function_tool
 from agents.toolsets import Toolset, ToolSource
@@ -70,7 +71,11 @@ def declared(settings: Settings) -> tuple[Settings, Declaration]:
 def with_declaration(settings: Settings, declaration: Declaration) -> Settings:
     spec = declaration.spec
     chosen = settings.model_fields_set
-    update: dict[str, Any] = {k: v for k, v in spec.texts.items() if k not in chosen}
+    update: dict[str, Any] = {k: v for k, v in spec.texts.items() if isinstance(v, str) and k not in chosen}
+    if "default_language" not in chosen:
+        update["default_language"] = spec.language
+    if "texts_by_language" not in chosen:
+        update["texts_by_language"] = {Language(k): v for k, v in spec.texts.items() if isinstance(v, dict)}
     if settings.staff_name_suffix is None:
         update["staff_name_suffix"] = (
             spec.brand.staff_signature if spec.brand.staff_signature is not None else f" ({spec.brand.name} team)"
@@ -101,6 +106,8 @@ class Collection:
     name: str
     folder: Path
     vectors: Path | None
+    language: Language | None = None
+    """Declared for its documents; None: detected per document."""
 
 
 @dataclass
@@ -126,7 +133,10 @@ class Helpdesk:
     def collections(self) -> list[Collection]:
         return [
             Collection(
-                name, self.declaration.resolve(k.path), self.declaration.resolve(k.vectors) if k.vectors else None
+                name,
+                self.declaration.resolve(k.path),
+                self.declaration.resolve(k.vectors) if k.vectors else None,
+                k.language,
             )
             for name, k in self.declaration.spec.knowledge.items()
         ]

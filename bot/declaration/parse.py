@@ -24,7 +24,8 @@ import regex
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from bot.settings import TEMPLATES
+from agents.language import Language
+from agents.texts import SHORT, TEMPLATES, Text
 
 Place = tuple[str | int, ...]
 """Where in the declaration: keys and list indexes from the top, as `agents.sales.handoffs[1]` reads."""
@@ -33,23 +34,10 @@ INSTRUCTION_FIELDS = frozenset({"brand", "writer", "customer_name", "context"})
 """What an agent's instructions may name in braces: the store, the writer's profile name, the name the customer gave,
 and any key of the conversation's shared context (`{context[plan]}`); a missing value is left empty."""
 
-TEXTS = (
-    "handoff_notice",
-    "escalation_message",
-    "budget_message",
-    "provider_failure_message",
-    "off_hours_message",
-    "resolved_message",
-    "paused_message",
-    "handed_back_message",
-    "case_unreachable_message",
-    "rate_limited_message",
-    "csat_question",
-    "csat_thanks",
-    "offline_greeting",
-)
+TEXTS = tuple(text.value for text in Text)
 """The customer-facing texts a declaration may set: the settings of the same names (bot.settings), so that a text is
 called one thing in the file, in the environment and in the docs."""
+LANGUAGES = tuple(language.value for language in Language)
 
 
 def place_str(place: Place) -> str:
@@ -132,6 +120,18 @@ class AgentSpec(_Spec):
 class KnowledgeSpec(_Spec):
     path: str
     vectors: str | None = None
+    language: Language | None = None
+    """The language of the collection's documents (`es`, `de`...): their full text is stemmed in it. Unset: each
+    document's is detected from its text (English when unsure)."""
+
+    @field_validator("language", mode="before")
+    @classmethod
+    def _language(cls, value: object) -> object:
+        if value is None or not isinstance(value, str):
+            return value
+        if (language := Language.parse(value)) is None:
+            raise ValueError(f"one of {', '.join(Language)}")
+        return language
 
 
 class PythonToolSpec(_Spec):
@@ -163,7 +163,10 @@ class DeclarationSpec(_Spec):
     entry: str
     test_customer: PersonSpec | None = None
     instructions: str = ""
-    texts: dict[str, str] = Field(default_factory=dict)
+    language: Language = Language.EN
+    """The operator's language: the bot's own words until a customer's is known, and what staff read."""
+    texts: dict[str, str | dict[str, str]] = Field(default_factory=dict)
+    """A text's name and its words in `language`, or a language's code and its texts in that language."""
     suggested_prompts: tuple[PromptSpec, ...] = ()
     """Offered when a customer opens a DM with the app; none: the Slack manifest's own prompts show."""
     agents: dict[str, AgentSpec] = Field(min_length=1)
@@ -292,9 +295,7 @@ def check(spec: DeclarationSpec) -> list[tuple[Place, str]]:
                 f"{len(spec.suggested_prompts) - SUGGESTED_PROMPTS_MOST}",
             )
         )
-    for key in spec.texts:
-        if key not in TEXTS:
-            problems.append((("texts", key), f"unknown text{_did_you_mean(key, TEXTS)}; the texts: {', '.join(TEXTS)}"))
+    problems += _texts_problems(spec.texts)
     declared = set(spec.tools) | set(BUILTINS) | {op for api in spec.openapi for op in api.operations}
     servers = set(spec.mcp_servers)
     collections = set(spec.knowledge)
@@ -358,13 +359,6 @@ def check(spec: DeclarationSpec) -> list[tuple[Place, str]]:
                 PythonToolSpec.model_validate(tool)
             except ValidationError as exc:
                 problems += [(("tools", name, *_place(e["loc"])), _python_advice(e)) for e in exc.errors()]
-    for key, text in spec.texts.items():
-        if key in TEMPLATES and (problem := template_problem(text, TEMPLATES[key])):
-            problems.append((("texts", key), problem))
-        elif key not in TEMPLATES and "${" in text:  # would reach customers as written
-            problems.append(
-                (("texts", key), "${...} is read from the environment only in tools, openapi, http and mcpServers")
-            )
     for i, api in enumerate(spec.openapi):
         for j, operation in enumerate(api.operations):
             if operation in spec.tools or operation in BUILTINS:
@@ -410,6 +404,32 @@ def _tool_reference(entry: str, declared: set[str], servers: set[str]) -> list[s
             "an operation of openapi:, or write mcp:SERVER (all of a server's tools) or mcp:SERVER/TOOL"
         ]
     return []
+
+
+def _texts_problems(texts: Mapping[str, str | dict[str, str]], at: Place = ("texts",)) -> list[tuple[Place, str]]:
+    """`texts:` holds texts of the operator's language by name, and blocks of another language's by its code."""
+    problems: list[tuple[Place, str]] = []
+    for key, value in texts.items():
+        here = (*at, key)
+        if isinstance(value, dict):
+            if key not in LANGUAGES:
+                languages = ", ".join(LANGUAGES)
+                problems.append((here, f"unknown language{_did_you_mean(key, LANGUAGES)}; the languages: {languages}"))
+            elif len(at) > 1:
+                problems.append((here, "a language's block holds texts, not another language"))
+            else:
+                problems += _texts_problems(value, here)
+        elif key in LANGUAGES:
+            problems.append((here, f"the texts in {Language(key).english_name} are a block: {key}: {{name: words}}"))
+        elif key not in TEXTS:
+            problems.append((here, f"unknown text{_did_you_mean(key, TEXTS)}; the texts: {', '.join(TEXTS)}"))
+        elif key in TEMPLATES and (problem := template_problem(value, TEMPLATES[key])):
+            problems.append((here, problem))
+        elif key not in TEMPLATES and "${" in value:  # would reach customers as written
+            problems.append((here, "${...} is read from the environment only in tools, openapi, http and mcpServers"))
+        elif key in SHORT and len(value) > SHORT[key]:
+            problems.append((here, f"at most {SHORT[key]} characters (Slack refuses more); {len(value)} here"))
+    return problems
 
 
 def template_problem(text: str, allowed: Iterable[str]) -> str | None:

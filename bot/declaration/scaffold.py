@@ -32,7 +32,13 @@ instructions: >-
   Be warm, brief and concrete. Never invent facts, prices or policies: use your tools and documents, or say you
   don't know. If the customer asks for a person, or is upset, call escalate_to_human.
 
-# Customer-facing texts (every one has a default; these are the ones you are most likely to change).
+# Your language (en, es, de, fr, pt): the bot's own words until a customer's language is known, and what staff
+# read. Customers are answered in theirs.
+language: en
+
+# Customer-facing texts (every one has a default in each language; these are the ones you are most likely to
+# change). A name is your words in `language`; a block under a language's code holds another language's:
+#   es: {{escalation_message: "Un compañero de {name} te escribe enseguida."}}
 texts:
   escalation_message: "I've asked a colleague from {name} to join. A person will reply here shortly."
   off_hours_message: "Our team is available {{hours}}; a colleague will reply as soon as they are back."

@@ -16,7 +16,17 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from agents.db import models as m
-from agents.db.deliveries import AddReaction, Delivery, Outcome, RelayToCustomer, RemoveReaction, enqueue
+from agents.db.deliveries import (
+    AddReaction,
+    Delivery,
+    NewMessage,
+    Outcome,
+    RelayToCustomer,
+    RemoveReaction,
+    delivery_of,
+    enqueue,
+)
+from agents.language import Language
 from bot.channels.messenger import PreviewRef, Where
 
 log = logging.getLogger(__name__)
@@ -84,11 +94,13 @@ class Ledger:
             return [(row.conversation_id, row.key) for row in await conn.execute(_DUE_CONVERSATIONS)]
 
     async def unsent(self, conversation_id: int | None) -> Sequence[Row[Any]]:
-        """The conversation's next rows not done, in order."""
+        """The conversation's next rows not done, in order, each with its conversation's language
+        (`spoken_language`: what an answer's own words are rendered in when it is sent)."""
         async with self.engine.connect() as conn:
             return (
                 await conn.execute(
-                    select(m.Outbox)
+                    select(m.Outbox.__table__, m.Conversation.language.label("spoken_language"))
+                    .outerjoin(m.Conversation, m.Conversation.id == m.Outbox.conversation_id)
                     .where(m.Outbox.conversation_id.is_not_distinct_from(conversation_id))
                     .where(m.Outbox.done_at.is_(None))
                     .order_by(m.Outbox.id)
@@ -255,6 +267,24 @@ class Ledger:
             ).first()
         return None if copy is None else (Where(copy.channel, copy.thread_ts), copy.result_ts, copy.author)
 
-    async def conversation_key(self, conversation_id: int) -> str | None:
+    async def post_of(self, row_id: int) -> tuple[NewMessage, str | None, list[str]] | None:
+        """A row's post, its id once it went out (None while it has not), and the files uploaded for it (a file
+        relay's): what an `Erase` takes down."""
         async with self.engine.connect() as conn:
-            return await conn.scalar(select(m.Conversation.key).where(m.Conversation.id == conversation_id))
+            row = (await conn.execute(select(m.Outbox).where(m.Outbox.id == row_id))).first()
+        if row is None:
+            return None
+        delivery = delivery_of(row._mapping)
+        if not isinstance(delivery, NewMessage):
+            return None
+        return delivery, row.result_ts, list(row.uploaded or ())
+
+    async def conversation_key(self, conversation_id: int) -> tuple[str, Language | None] | None:
+        """The conversation's key, and its language for what is said to its customer."""
+        async with self.engine.connect() as conn:
+            found = (
+                await conn.execute(
+                    select(m.Conversation.key, m.Conversation.language).where(m.Conversation.id == conversation_id)
+                )
+            ).first()
+        return None if found is None else (found.key, Language.parse(found.language))

@@ -13,6 +13,8 @@ from agents.db.deliveries import (
     CaseUpdate,
     Change,
     CsatAsk,
+    Delivery,
+    Erase,
     FilesToCustomer,
     FilesToStaff,
     NewMessage,
@@ -26,8 +28,10 @@ from agents.db.deliveries import (
     StaffNotice,
     Typing,
 )
+from agents.language import Language
+from agents.texts import Texts
 from bot.answers import answer_message
-from bot.channels.messenger import FileFetcher, Messenger, Where
+from bot.channels.messenger import FileFetcher, FileSharing, Messenger, Refused, Where
 from bot.csat import csat_question
 from bot.delivery.ledger import Ledger
 from escalation.render import CaseRenderer
@@ -43,7 +47,13 @@ class Undeliverable(Exception):
 
 class Messages:
     def __init__(
-        self, *, ledger: Ledger, cases: CaseRenderer | None, files: FileFetcher | None, feedback_buttons: bool
+        self,
+        *,
+        ledger: Ledger,
+        cases: CaseRenderer | None,
+        files: FileFetcher | None,
+        feedback_buttons: bool,
+        texts: Texts,
     ) -> None:
         self.ledger = ledger
         self.cases = cases
@@ -51,7 +61,9 @@ class Messages:
         self.files = files
         """Fetches the files that file relays share again; None: only their names go."""
         self.feedback_buttons = feedback_buttons
-        """👍/👎 under each AI answer (FEEDBACK_BUTTONS)."""
+        """👍/👎 under each AI answer (`bot.answers.feedback_buttons`)."""
+        self.texts = texts
+        """The words an answer carries besides the model's (its sources line, the buttons' labels)."""
 
     def renderer(self) -> CaseRenderer:
         if self.cases is None:
@@ -63,6 +75,16 @@ class Messages:
         if self.files is not None and self.files.too_big(ref):
             return f"larger than {self.files.max_bytes / 1_000_000:g} MB"
         return FILES_NOT_SHARED
+
+    async def target(self, delivery: Delivery) -> Delivery:
+        """The delivery whose side (the customer's or the staff channel's) the calls go to: an erase's is that of
+        the post it erases."""
+        if isinstance(delivery, Erase) and delivery.erases is not None:
+            post = await self.ledger.post_of(delivery.erases)
+            if post is None:
+                raise Undeliverable(f"outbox row {delivery.erases} holds no post")
+            return post[0]
+        return delivery
 
     async def where(self, delivery: NewMessage) -> Where:
         match delivery:
@@ -88,12 +110,15 @@ class Messages:
                     raise Undeliverable(f"case {escalation_id} has no thread")
                 return Where(*where)
 
-    async def render(self, delivery: NewMessage) -> Message | None:
+    async def render(self, delivery: NewMessage, language: Language | None = None) -> Message | None:
+        """What `delivery` shows; `language` is its conversation's, for the bot's own words around an answer."""
         match delivery:
             case Post(text=text, answer=answer, sources=sources):
                 return Message(text, native=True, ai=answer, sources=sources)
             case Answer(text=markdown, sources=sources):
-                return answer_message(markdown, feedback=self.feedback_buttons, sources=sources)
+                return answer_message(
+                    markdown, feedback=self.feedback_buttons, sources=sources, texts=self.texts, language=language
+                )
             case CasePost(escalation_id=escalation_id):
                 return await self.renderer().case(escalation_id)
             case RelayToStaff():
@@ -133,9 +158,41 @@ class Messages:
                 copy = await self.ledger.relayed_copy(source)
                 if copy is not None:
                     await messenger.delete(copy[0], copy[1])
+            case Erase(erases=None, channel=channel, thread=thread, message=ts):
+                if ts:
+                    await messenger.delete(Where(channel, thread), ts)
+            case Erase(erases=row_id):
+                post = await self.ledger.post_of(row_id) if row_id is not None else None
+                if post is None:
+                    return
+                made, made_ts, uploaded = post
+                sharing = messenger if uploaded and isinstance(messenger, FileSharing) else None
+                if made_ts is None and sharing is not None:
+                    # A share's ts is often not in the platform's answer: its files say where they were shared.
+                    made_ts = await _share_of(sharing, await self.where(made), uploaded)
+                if made_ts is not None:  # never posted: no message to take down
+                    try:
+                        await messenger.delete(await self.where(made), made_ts)
+                    except Refused as exc:
+                        if exc.error != "message_not_found":  # gone already: its files go still
+                            raise
+                # The files a relay uploaded again outlive the message that shared them (and one never shared too).
+                if sharing is not None:
+                    for file_id in uploaded:
+                        await sharing.delete_file(file_id)
             case StaffNotice(escalation_id=escalation_id, author=user, text=notice):
                 where = await self.renderer().case_thread(escalation_id)
                 if where is not None:
                     await messenger.notice(Where(*where), user, notice)
             case _:
                 assert_never(delivery)
+
+
+async def _share_of(sharing: FileSharing, where: Where, uploaded: list[str]) -> str | None:
+    """The message that shared `uploaded` in `where`; None when it was not shared, or its files are gone already."""
+    try:
+        return await sharing.find_share(where, uploaded)
+    except Refused as exc:
+        if exc.error != "file_not_found":
+            raise
+        return None

@@ -28,6 +28,7 @@ from agents.db.deliveries import (
     enqueue,
 )
 from agents.markup.limits import split_text
+from agents.texts import Text
 from bot.channels.capabilities import Channel, Channels, ReplyStyle
 from escalation.policy import EscalationPolicy
 
@@ -74,7 +75,9 @@ def turn_outbox(
         cid, result, escalation_id = commit.conversation_id, commit.result, commit.result.escalation_id
         owed: list[Delivery] = []
         notices = [
-            notice for handoff in result.handoffs if (notice := style.notice(roster.get(handoff.to_agent).title))
+            notice
+            for handoff in result.handoffs
+            if (notice := style.notice(roster.get(handoff.to_agent).title, commit.language))
         ]
         reply = result.reply
         if notices and reply and result.kind == ResultKind.REPLY and await _streamed(s, customer, cid):
@@ -99,7 +102,7 @@ def turn_outbox(
             owed += posts(customer, conversation_id=cid, address=address, body=result.reply)
         if result.kind == ResultKind.ESCALATED and escalation_id is not None and policy.staff_channel:
             if policy.hours is not None and not policy.hours.is_open(clock()):
-                notice = policy.off_hours_message.format(hours=policy.hours.label)
+                notice = policy.texts.get(Text.OFF_HOURS_MESSAGE, commit.language).format(hours=policy.hours.label)
                 owed += posts(customer, conversation_id=cid, address=address, body=notice)
             owed.append(CasePost(cid, escalation_id, policy.staff_channel))
         if result.kind == ResultKind.HUMAN and escalation_id is not None and policy.staff_channel:

@@ -35,6 +35,7 @@ from sqlalchemy import func
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from agents import personal
 from agents.address import Address, Platform
 from agents.db import models as m
 from agents.db.deliveries import (
@@ -43,6 +44,7 @@ from agents.db.deliveries import (
     CasePost,
     CaseUpdate,
     Delivery,
+    Erase,
     FileRelay,
     FilesToStaff,
     NewMessage,
@@ -55,9 +57,11 @@ from agents.db.deliveries import (
     Typing,
     delivery_of,
 )
+from agents.language import Language
 from agents.leases import keep_renewed, process_owner
 from agents.markup.limits import MESSAGE_TEXT, clip
 from agents.markup.text import escape
+from agents.texts import Text, Texts
 from bot.channels.capabilities import Channels
 from bot.channels.messenger import FileFetcher, FileSharing, Messenger, Previewing, PreviewRef, Refused, Where
 from bot.delivery.alerts import AdminAlerts, maybe_missing, posted_twice
@@ -112,7 +116,7 @@ class OutboxSender:
         case_patience: timedelta = timedelta(minutes=10),
         admins: Mapping[Platform, frozenset[str]] | None = None,
         staff_channel: str | None = None,
-        unreachable_notice: str = "",
+        texts: Texts | None = None,
         hand_back: Callable[[int], Awaitable[object]] | None = None,
         owner: str = "",
         lease_s: float = 30.0,
@@ -125,7 +129,9 @@ class OutboxSender:
         """Each configured platform's calls, made by clients that retry nothing by themselves."""
         self.staff_platform = staff_platform or channels.default.platform
         """Where the staff channel is: cases, their updates, relays to staff, reminders and notices go there."""
-        self.messages = Messages(ledger=self.ledger, cases=cases, files=files, feedback_buttons=feedback_buttons)
+        self.messages = Messages(
+            ledger=self.ledger, cases=cases, files=files, feedback_buttons=feedback_buttons, texts=texts or Texts()
+        )
         self.shares = None if files is None else Shares(ledger=self.ledger, messages=self.messages, files=files)
         """File relays where the channel shares files; None: only the files' names go."""
         self.give_up_after = give_up_after
@@ -135,8 +141,9 @@ class OutboxSender:
         """Told by direct message when a case cannot be posted or a post may be missing."""
         self.staff_channel = staff_channel
         """Reactions there (a colleague's note marked 📝) go to the staff platform."""
-        self.unreachable_notice = unreachable_notice
-        """Posted to the customer when their case could not be posted at all."""
+        self.texts = texts
+        """Its case-unreachable message is posted to the customer when their case could not be posted at all; None:
+        nothing is."""
         self.hand_back = hand_back
         """Hands the conversation of a case that could not be posted back to the bot (the desk's transition)."""
         self.pacing = Pacing()
@@ -220,7 +227,7 @@ class OutboxSender:
         except ValueError as exc:
             return await self.ledger.give_up(row, str(exc))
         try:
-            messenger = self._messenger(delivery, platform)
+            messenger = self._messenger(await self.messages.target(delivery), platform)
             if (
                 isinstance(delivery, FileRelay)
                 and self.channels.of(messenger.platform).capabilities.file_shares
@@ -240,7 +247,11 @@ class OutboxSender:
             if error == "ratelimited":  # waited out here, not in the client: no call outlives its lease unseen
                 await self.ledger.backoff(row, error, delay=timedelta(seconds=exc.retry_after or 1))
                 return None
-            if (error, type(delivery)) in (("already_reacted", AddReaction), ("no_reaction", RemoveReaction)):
+            if (error, type(delivery)) in (
+                ("already_reacted", AddReaction),
+                ("no_reaction", RemoveReaction),
+                ("message_not_found", Erase),  # gone already (a colleague deleted it, an earlier try did)
+            ):
                 return await self.ledger.done(row, Outcome.SENT, attempts=m.Outbox.attempts + 1)
             if isinstance(delivery, AddReaction | RemoveReaction | StaffNotice | Typing):
                 # A reaction or a notice is a courtesy (a deleted custom emoji, a restricted channel, a person who
@@ -282,7 +293,10 @@ class OutboxSender:
         ts = await messenger.find(where, outbox_id=row.id, since=row.created_at) if in_doubt else None
         finished = preview is not None and ts is not None and ts == preview.stream_id
         if ts is None:
-            message = await self.messages.render(delivery)
+            if in_doubt and await self._forgotten(row):
+                # Its words were erased while it was being sent, and it did not go out: nothing is left to send.
+                return await self.ledger.done(row, Outcome.SKIPPED, last_error="its person was forgotten")
+            message = await self.messages.render(delivery, Language.parse(row.spoken_language))
             if message is None:
                 return await self.ledger.done(row, Outcome.SKIPPED, last_error="deleted before it was relayed")
             if (wait_s := self.pacing.turn_in(messenger.platform, where.channel, row.id)) > 0:
@@ -329,6 +343,10 @@ class OutboxSender:
             await self.messages.renderer().case_posted(delivery.escalation_id, channel=where.channel, ts=ts)
             await self.ledger.done(row, Outcome.SENT, result_ts=ts)
         return Outcome.SENT
+
+    async def _forgotten(self, row: Row[Any]) -> bool:
+        found = await self.ledger.conversation_key(row.conversation_id) if row.conversation_id is not None else None
+        return found is not None and personal.is_forgotten(found[0])
 
     async def _preview_for(
         self, row: Row[Any], delivery: NewMessage, messenger: Messenger, where: Where
@@ -412,18 +430,14 @@ class OutboxSender:
             text = f"Case #{case.escalation_id}"
         await self.alerts.tell(case_given_up(case.escalation_id, escape(error), text))
         notice: list[Delivery] = []
-        if self.unreachable_notice and (address := await self._customer_address(case.conversation_id)) is not None:
+        found = await self.ledger.conversation_key(case.conversation_id) if self.texts is not None else None
+        if self.texts is not None and found is not None and (address := Address.parse(found[0])) is not None:
             customer = self.channels.of(address.platform)
-            notice = [
-                *posts(customer, conversation_id=case.conversation_id, address=address, body=self.unreachable_notice)
-            ]
+            if said := self.texts.get(Text.CASE_UNREACHABLE_MESSAGE, found[1]):
+                notice = [*posts(customer, conversation_id=case.conversation_id, address=address, body=said)]
         outcome = await self.ledger.give_up(row, error, then=notice)
         if self.hand_back is not None:
             # Still with "a person", the customer's next messages would be relayed to a case thread that does
             # not exist: the bot answers them instead.
             await self.hand_back(case.escalation_id)
         return outcome
-
-    async def _customer_address(self, conversation_id: int) -> Address | None:
-        key = await self.ledger.conversation_key(conversation_id)
-        return Address.parse(key) if key else None

@@ -80,12 +80,14 @@ class SlackUser:
     shows as is_stranger and whose messages carry their own team as user_team and source_team."""
     email_confirmed: bool = True
     """users.info's is_email_confirmed: the owner confirmed the email to their own workspace."""
+    locale: str = "en-US"
+    """The user's locale, which users.info gives only when asked (`include_locale`)."""
 
     @property
     def external(self) -> bool:
         return self.team_id != TEAM_ID
 
-    def to_api(self) -> dict[str, Any]:
+    def to_api(self, *, locale: bool = False) -> dict[str, Any]:
         profile = {"real_name": self.real_name, "display_name": self.name}
         profile |= {"image_72": self.image_url, "image_192": self.image_url}
         if self.email is not None:
@@ -96,7 +98,7 @@ class SlackUser:
         flags |= {"is_restricted": self.guest is not None, "is_ultra_restricted": self.guest == "single"}
         if self.external:
             flags["is_stranger"] = True
-        return user | flags | {"deleted": False, "profile": profile}
+        return user | flags | {"deleted": False, "profile": profile} | ({"locale": self.locale} if locale else {})
 
 
 @dataclass(frozen=True)
@@ -337,6 +339,7 @@ SLACK_RATE_LIMITS: Mapping[str, RateLimit] = {
     "files.getUploadURLExternal": TIER_4,
     "files.completeUploadExternal": TIER_4,
     "files.info": TIER_4,
+    "files.delete": TIER_3,
     "chat.startStream": TIER_2,
     "chat.appendStream": TIER_4,
     "chat.stopStream": TIER_2,
@@ -691,6 +694,7 @@ class SlackEmulator:
             "files.getUploadURLExternal": self._upload_url,
             "files.completeUploadExternal": self._complete_upload,
             "files.info": self._files_info,
+            "files.delete": self._files_delete,
         }
         self.add_user(BOT_USER_ID, BOT_NAME, "Helpdesk", is_bot=True)
         self.add_user("U_CUSTOMER", "casey", "Casey Customer")
@@ -938,6 +942,20 @@ class SlackEmulator:
         if file_id not in self.files:
             raise SlackApiFailure("file_not_found")
         return {"file": self.files[file_id][0]}
+
+    def _files_delete(self, params: dict[str, Any]) -> dict[str, Any]:
+        """files.delete: a bot deletes only what it uploaded (completed or not); Slack answers `cant_delete_file`
+        for anyone else's."""
+        file_id = _require(params, "file", "file_not_found")
+        if file_id in self.uploads:
+            del self.uploads[file_id]
+            return {}
+        if file_id not in self.files:
+            raise SlackApiFailure("file_not_found")
+        if self.files[file_id][0]["user"] != BOT_USER_ID:
+            raise SlackApiFailure("cant_delete_file")
+        del self.files[file_id]
+        return {}
 
     def add_usergroup(self, id: str, members: list[str]) -> None:
         self.usergroups[id] = tuple(members)
@@ -1452,7 +1470,8 @@ class SlackEmulator:
         user = self.users.get(_require(params, "user", "user_not_found"))
         if user is None:
             raise SlackApiFailure("user_not_found")
-        return {"user": user.to_api()}
+        asked = str(params.get("include_locale", "")).lower() in ("true", "1")
+        return {"user": user.to_api(locale=asked)}
 
     def _usergroup_users(self, params: dict[str, Any]) -> dict[str, Any]:
         group = self.usergroups.get(_require(params, "usergroup", "no_such_subteam"))

@@ -24,13 +24,14 @@ from agents.db.embedded import start_embedded
 from agents.db.engine import WriteHealth, make_engine, make_sessions, watch_writes
 from agents.knowledge.documents import find_documents
 from agents.knowledge.embedders import OpenAIEmbedder, Precomputed, Unavailable, probe
-from agents.knowledge.local import MODEL as LOCAL_MODEL
 from agents.knowledge.local import LocalEmbedder
+from agents.knowledge.multilingual import MultilingualEmbedder
 from agents.knowledge.store import IngestFailed, KnowledgeBase
 from agents.limits import Limits
-from agents.loop import LLMCallRecord, LoopConfig, Texts
+from agents.loop import LLMCallRecord, LoopConfig
 from agents.model import Model, OpenAIChatModel
 from agents.offline import FallbackModel, OfflineModel, SimilarityRouter
+from agents.redaction import RedactingModel
 from agents.router import Router
 from agents.summary import Summarising
 from bot import tracing
@@ -101,13 +102,7 @@ def loop_config(settings: Settings, *, token_budget: int | None = None) -> LoopC
         max_parallel_tools=settings.max_parallel_tools,
         token_budget=token_budget or settings.context_token_budget,
         stream=settings.stream_answers,
-        texts=Texts(
-            escalated=settings.escalation_message,
-            budget=settings.budget_message,
-            provider_failure=settings.provider_failure_message,
-            paused=settings.paused_message,
-            limited=settings.rate_limited_message,
-        ),
+        texts=settings.texts,
     )
 
 
@@ -124,6 +119,12 @@ def limits(settings: Settings) -> Limits:
         channel_per_minute=settings.rate_limit_channel_per_minute,
         daily_tokens_per_user=settings.daily_token_budget_per_user,
     )
+
+
+def provider_model(settings: Settings, chat: OpenAIChatModel) -> Model:
+    """The provider's model as the bot calls it: with the values `REDACT` names replaced before they leave."""
+    redactor = settings.redactor
+    return RedactingModel(chat, redactor) if redactor is not None else chat
 
 
 def chat_model(settings: Settings) -> OpenAIChatModel:
@@ -164,7 +165,14 @@ async def knowledge_base(settings: Settings, sessions: async_sessionmaker[AsyncS
         # The chat key goes only where the chat requests go: never to a separate embeddings server.
         api_key = settings.embeddings_api_key or (None if settings.embeddings_base_url else settings.openai_api_key)
         client = _provider_client(settings, base_url=base_url, api_key=api_key)
-        remote = OpenAIEmbedder(client=client, model=settings.embeddings_model, dimensions=settings.embeddings_dim)
+        redactor = settings.redactor
+        remote = OpenAIEmbedder(
+            client=client,
+            model=settings.embeddings_model,
+            dimensions=settings.embeddings_dim,
+            # A customer's question goes to the provider's embeddings too: redacted like the chat requests.
+            query_veil=redactor.redact if redactor is not None else None,
+        )
         where = shown_url(base_url)
 
         async def reprobe() -> Unavailable | None:
@@ -175,11 +183,11 @@ async def knowledge_base(settings: Settings, sessions: async_sessionmaker[AsyncS
             return _said(KnowledgeBase(sessions=sessions, embedder=remote, unavailable=unavailable, reprobe=reprobe))
         log.warning("%s. Using the local model instead (EMBEDDINGS=auto)", unavailable)
     if settings.embeddings_source == "none":
-        off = Unavailable(
-            f"local:{LOCAL_MODEL}", "disabled", "EMBEDDINGS=none", "Set EMBEDDINGS=local (or openai) for hybrid search"
-        )
-        return _said(KnowledgeBase(sessions=sessions, embedder=LocalEmbedder(), unavailable=off))
-    local = LocalEmbedder()
+        idle = MultilingualEmbedder()
+        fix = "Set EMBEDDINGS=local (or openai) for hybrid search"
+        off = Unavailable(idle.name, "disabled", "EMBEDDINGS=none", fix)
+        return _said(KnowledgeBase(sessions=sessions, embedder=idle, unavailable=off))
+    local = LocalEmbedder() if settings.embeddings_source == "local-english" else MultilingualEmbedder()
     return _said(KnowledgeBase(sessions=sessions, embedder=local, unavailable=await local.load()))
 
 
@@ -273,7 +281,11 @@ async def _ingest(kb: KnowledgeBase, collections: list[Collection]) -> None:
             # Sources are named from the folder above the collection's ("support/warranty.md"), as `kb ingest` does.
             try:
                 report = await kb.ingest(
-                    [collection.folder], collection=collection.name, root=collection.folder.parent, progress=progress
+                    [collection.folder],
+                    collection=collection.name,
+                    root=collection.folder.parent,
+                    progress=progress,
+                    language=collection.language,
                 )
             except IngestFailed as exc:
                 raise RefusedToStart(
@@ -326,15 +338,20 @@ async def brain(settings: Settings, db: Database, helpdesk: Helpdesk | None = No
     except BaseException:
         await knowledge.close()
         raise
-    roster = helpdesk.roster(knowledge, min_similarity=settings.kb_min_similarity)
+    min_similarity = (
+        settings.kb_min_similarity if settings.kb_min_similarity is not None else knowledge.embedder.min_similarity
+    )
+    roster = helpdesk.roster(knowledge, min_similarity=min_similarity)
+    # Descriptions compared with the English model, whatever EMBEDDINGS says: OfflineModel's threshold was
+    # calibrated with it (as the Router's was, below), and the multilingual model's similarities run much higher.
     router = SimilarityRouter(
-        knowledge.embedder,
+        knowledge.embedder if isinstance(knowledge.embedder, LocalEmbedder) else LocalEmbedder(),
         {name: a.description for name, a in roster.agents.items()},
         knowledge=knowledge,
         collections={name: a.knowledge for name, a in roster.agents.items() if a.knowledge},
-        min_passage_similarity=settings.kb_min_similarity,
+        min_passage_similarity=min_similarity,
     )
-    offline = OfflineModel(router, greeting=settings.offline_greeting)
+    offline = OfflineModel(router, texts=settings.texts)
     routes = calibrated_router(settings, knowledge, roster)
     if not settings.llm_configured:
         return Brain(roster, offline, knowledge, offline=True, router=routes, helpdesk=helpdesk)
@@ -343,7 +360,7 @@ async def brain(settings: Settings, db: Database, helpdesk: Helpdesk | None = No
     return Brain(
         roster,
         FallbackModel(
-            tracing.traced_model(chat),
+            tracing.traced_model(provider_model(settings, chat)),
             offline if settings.llm_outage == "offline" else None,
             where=f"the LLM provider ({settings.openai_model} at {shown_url(settings.openai_base_url)})",
         ),

@@ -28,8 +28,10 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from agents.address import Address, Platform
 from agents.conversations import MessageResult, ResultKind
+from agents.language import Language
 from agents.logcontext import current_conversation
 from agents.loop import Event, HandoffRecord, ToolStarted, TurnStarted
+from agents.texts import Text, Texts
 
 log = logging.getLogger(__name__)
 
@@ -68,31 +70,35 @@ class Step:
     status: str
     loading: tuple[str, ...] = ()
 
+    @classmethod
+    def said(cls, words: str) -> Step:
+        """A step as a `status_` text says it: the status, then a loading message a line (Slack takes 10 at most)."""
+        status, *loading = words.split("\n")
+        return cls(status, tuple(line for line in loading if line.strip())[:10])
 
-THINKING = Step("is thinking…", ("Reading your message…", "Thinking it over…"))
+
 TOOL_STEPS = {
-    "search_knowledge": Step("is searching…", ("Searching the help articles…",)),
-    "lookup_order": Step("is checking your order…", ("Checking your order…",)),
-    "issue_refund": Step("is preparing your refund…", ("Checking the refund…",)),
-    "find_product": Step("is looking in the catalogue…", ("Looking through the catalogue…",)),
-    "escalate_to_human": Step("is finding a colleague…", ("Finding a colleague for you…",)),
+    "search_knowledge": Text.STATUS_SEARCHING,
+    "lookup_order": Text.STATUS_CHECKING_ORDER,
+    "issue_refund": Text.STATUS_PREPARING_REFUND,
+    "find_product": Text.STATUS_LOOKING_IN_CATALOGUE,
+    "escalate_to_human": Text.STATUS_FINDING_COLLEAGUE,
 }
-"""Known tools' steps; any other tool shows `WORKING`."""
-WORKING = Step("is working on it…", ("Working on it…",))
+"""Known tools' steps; any other tool shows `status_working`."""
 
 
-def step_of(event: Event, title: Callable[[str], str]) -> Step | None:
-    """The status an engine event shows, None for events that change nothing (a tool's result, the reply);
-    `title` names an agent as customers see it."""
+def step_of(event: Event, title: Callable[[str], str], texts: Texts, language: Language | None) -> Step | None:
+    """The status an engine event shows in the conversation's `language`, None for events that change nothing (a
+    tool's result, the reply); `title` names an agent as customers see it."""
     match event:
         case TurnStarted():
-            return THINKING
+            return Step.said(texts.get(Text.STATUS_THINKING, language))
         case ToolStarted(call=call):
             if call.name.startswith("transfer_to_"):
                 return None  # the handoff record names the agent
-            return TOOL_STEPS.get(call.name, WORKING)
+            return Step.said(texts.get(TOOL_STEPS.get(call.name, Text.STATUS_WORKING), language))
         case HandoffRecord(to_agent=agent):
-            return Step(f"is asking {title(agent)}…", (f"Passing you to {title(agent)}…",))
+            return Step.said(texts.get(Text.STATUS_HANDOFF, language).format(agent=title(agent)))
     return None
 
 
@@ -100,11 +106,19 @@ class SlackStatus:
     """The status of every Slack thread a turn of this process works in."""
 
     def __init__(
-        self, client: AsyncWebClient, *, failures: Counter, title: Callable[[str], str], timeout_s: float = 2.0
+        self,
+        client: AsyncWebClient,
+        *,
+        failures: Counter,
+        title: Callable[[str], str],
+        texts: Texts | None = None,
+        timeout_s: float = 2.0,
     ) -> None:
         self.client = client
         self.title = title
         """An agent's title by its name."""
+        self.texts = texts or Texts()
+        """The steps' words, in each conversation's language (the turn's, `TurnStarted.language`)."""
         self.failures = failures
         """Status calls that failed, by error (`helpdesk_status_failures_total`)."""
         self.timeout_s = timeout_s
@@ -170,9 +184,12 @@ class TurnStatus:
     def __init__(self, status: SlackStatus) -> None:
         self.status = status
         self.address: Address | None = None
+        self.language: Language | None = None
 
     async def on_event(self, event: Event) -> None:
-        step = step_of(event, self.status.title)
+        if isinstance(event, TurnStarted):
+            self.language = event.language
+        step = step_of(event, self.status.title, self.status.texts, self.language)
         if step is None:
             return
         # The engine names the conversation it runs in this context variable (its log context).

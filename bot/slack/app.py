@@ -27,14 +27,13 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
+from agents.texts import Text
 from bot.channels.incoming import CustomerMessage, sanitised
 from bot.channels.intake import Intake, Writer
 from bot.csat import ACTION_PREFIX as CSAT_PREFIX
 from bot.csat import (
     COMMENT_BLOCK,
     COMMENT_CALLBACK,
-    COMMENT_NOT_YOURS,
-    NOT_YOURS,
     Csat,
     comment_modal,
     csat_click_of,
@@ -88,7 +87,8 @@ class SlackDirectory:
         if cached is not None and time.monotonic() - cached[0] < self.cache_s:
             return cached[1]
         try:
-            found: Mapping[str, Any] = (await self.client.users_info(user=user))["user"]
+            # The locale comes with the call made anyway: a customer's first short "hi" is answered in their language.
+            found: Mapping[str, Any] = (await self.client.users_info(user=user, include_locale=True))["user"]
         except SlackApiError as exc:
             log.warning("users.info %s: %s", user, exc.response.get("error"))
             return None
@@ -113,13 +113,21 @@ class SlackDirectory:
             return None
         member = _member_of(message.user, found)
         email = (found.get("profile") or {}).get("email") if found.get("is_email_confirmed") else None
-        author = replace(message.author, name=_name_of(found), email=str(email) if email else None)
+        locale = found.get("locale")
+        author = replace(
+            message.author, name=_name_of(found), email=str(email) if email else None, locale=locale and str(locale)
+        )
         organisation = member.team if member.outsider(message.team) == Standing.EXTERNAL else message.team
         return Writer(author, organisation=organisation, ours=message.team, member=member)
 
     async def member(self, user: str) -> Member | None:
         found = await self._user(user)
         return None if found is None else _member_of(user, found)
+
+    async def locale(self, user: str) -> str | None:
+        """The person's Slack locale ("de-DE"), from the users.info answer staff detection asked for (cached)."""
+        found = await self._user(user)
+        return str(found["locale"]) if found is not None and found.get("locale") else None
 
     async def usergroup(self, group: str) -> frozenset[str]:
         """The group's members; empty when Slack refuses (a wrong id, a missing scope), so nobody passes."""
@@ -286,22 +294,28 @@ def listen_for_csat(app: AsyncApp, csat: Csat | None) -> None:
         click = csat_click_of(body)
         if click is None or csat is None:
             return
+        texts = csat.policy.texts
         try:
             rated = await csat.rate(click)
         except Exception:
             log.exception("could not record the rating of case %s", click.escalation_id)
-            rated = None
-        if not rated:
-            answer = NOT_YOURS if rated is False else "Your rating could not be saved just now; please try again."
+            answer = texts.get(Text.CSAT_RATING_NOT_SAVED, await csat.language(click.escalation_id))
+            await respond(text=answer, response_type="ephemeral", replace_original=False)
+            return
+        if rated is None:
+            # Said in the conversation's language, though not to its customer: the clicker is in that conversation.
+            answer = texts.get(Text.CSAT_NOT_YOURS, await csat.language(click.escalation_id))
             await respond(text=answer, response_type="ephemeral", replace_original=False)
             return
         # The rating is stored before the modal is asked for: a modal Slack will not open (the trigger_id used or
         # past its 3 seconds) costs only the comment, and the customer is thanked in the thread instead.
         try:
-            await client.views_open(trigger_id=click.trigger, view=comment_modal(click.escalation_id))
+            modal = comment_modal(click.escalation_id, texts, rated.language)
+            await client.views_open(trigger_id=click.trigger, view=modal)
         except Exception:
             log.warning("could not open the CSAT comment modal of case %s", click.escalation_id, exc_info=True)
-            await respond(text=csat.policy.thanks, response_type="ephemeral", replace_original=False)
+            thanks = texts.get(Text.CSAT_THANKS, rated.language)
+            await respond(text=thanks, response_type="ephemeral", replace_original=False)
 
     @app.view(COMMENT_CALLBACK)
     async def csat_comment(ack: AsyncAck, body: dict[str, Any]) -> None:
@@ -311,15 +325,16 @@ def listen_for_csat(app: AsyncApp, csat: Csat | None) -> None:
             await ack()  # left empty: nothing to store, the modal closes
             return
         try:
-            problem = None if await csat.comment(comment) else COMMENT_NOT_YOURS
+            problem = None if await csat.comment(comment) else Text.CSAT_COMMENT_NOT_YOURS
         except Exception:
             log.exception("could not store the comment on case %s", comment.escalation_id)
-            problem = "Your comment could not be saved just now; please try again."
+            problem = Text.CSAT_COMMENT_NOT_SAVED
         if problem is None:
             await ack()
         else:
             log.warning("CSAT comment on case %s by %s not stored: %s", comment.escalation_id, comment.user, problem)
-            await ack(response_action="errors", errors={COMMENT_BLOCK: problem})
+            said = csat.policy.texts.get(problem, await csat.language(comment.escalation_id))
+            await ack(response_action="errors", errors={COMMENT_BLOCK: said})
 
 
 def listen_for_home(app: AsyncApp, home: Home | None, view: AgentView | None) -> None:

@@ -151,6 +151,13 @@ class SlackMessenger:
         response = await self._call(self.client.files_info(file=file_ids[0]))
         return _share_ts(response.get("file") or {}, where)
 
+    async def delete_file(self, file_id: str) -> None:
+        try:
+            await self._call(self.client.files_delete(file=file_id))
+        except Refused as exc:
+            if exc.error != "file_not_found":  # deleted already (an earlier try, a colleague): done
+                raise
+
     async def update(self, where: Where, message_id: str, message: Message) -> None:
         await self._call(
             self.client.chat_update(channel=where.channel, ts=message_id, text=message.text, blocks=message.blocks)

@@ -33,9 +33,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from agents.address import Address, Platform
 from agents.conversations import MessageResult
 from agents.identity import Author
+from agents.language import Language
 from agents.logcontext import current_conversation
 from agents.loop import Escalate, Event, HandoffRecord, Reply, TextDelta, ToolRecord, ToolStarted, TurnStarted
 from agents.markup.text import inert_markdown
+from agents.texts import Texts
 from bot.channels.previews import Notice, Previews, Pumps, Words
 from bot.slack.ai_status import step_of
 from bot.slack.messenger import MAYBE_DONE
@@ -80,9 +82,12 @@ class SlackStreams:
         *,
         starts_per_minute: float = 20,
         appends_per_minute: float = 100,
-        notice: Notice = lambda agent: None,
+        notice: Notice = lambda agent, language: None,
+        texts: Texts | None = None,
     ) -> None:
         self.client = client
+        self.texts = texts or Texts()
+        """The tool steps' titles, in each conversation's language."""
         """Retries nothing by itself: a start retried inside the client after a lost answer would show twice."""
         self.previews = Previews(sessions)
         self.starts = Bucket(starts_per_minute)
@@ -113,10 +118,12 @@ class Card:
         return {"type": "task_update", "id": self.id, "title": self.title, "status": status}
 
 
-def card_title(event: ToolStarted) -> str | None:
-    """What the AI status says for the tool, as a task's title ("Checking your order…"); None for a handoff (a
-    `transfer_to_` tool: which agent takes over is not a step the customer waits on)."""
-    step = step_of(event, str)  # a tool's step never names an agent, so the title function is never asked
+def card_title(event: ToolStarted, texts: Texts, language: Language | None) -> str | None:
+    """What the AI status says for the tool, as a task's title ("Checking your order…"), in the conversation's
+    `language`; None for a handoff (a `transfer_to_` tool: which agent takes over is not a step the customer waits
+    on)."""
+    # A tool's step never names an agent, so the title function is never asked.
+    step = step_of(event, str, texts, language)
     return None if step is None else (step.loading or (step.status,))[0]
 
 
@@ -127,6 +134,8 @@ class TurnStream:
 
     streams: SlackStreams
     asker: Author | None = None
+    language: Language | None = None
+    """The conversation's, for the handoff notices that lead the answer."""
     address: Address | None = None
     words: Words = field(default_factory=Words)
     cards: dict[str, Card] = field(default_factory=dict)
@@ -148,15 +157,17 @@ class TurnStream:
 
     async def on_event(self, event: Event) -> None:
         match event:
-            case TurnStarted(asker=asker) if self.asker is None:
-                self.asker = asker
+            case TurnStarted(asker=asker, language=language) if self.asker is None:
+                self.asker, self.language = asker, language
             case HandoffRecord(to_agent=agent):
-                self.words.lead(self.streams.notice(agent))
+                self.words.lead(self.streams.notice(agent, self.language))
             case TextDelta() if not self.over:
                 self.words.add(event)
                 self._begin()
                 self.changed.set()
-            case ToolStarted(call=call) if not self.over and (title := card_title(event)) is not None:
+            case ToolStarted(call=call) if (
+                not self.over and (title := card_title(event, self.streams.texts, self.language)) is not None
+            ):
                 self.cards[call.id] = Card(call.id, title)
                 self._begin()
                 self._step()

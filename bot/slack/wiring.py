@@ -12,6 +12,7 @@ from slack_bolt.app.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from agents.texts import Texts
 from bot.admin.command import AdminCommands
 from bot.channels.intake import Intake
 from bot.channels.previews import Notice
@@ -47,14 +48,14 @@ class SlackSide:
         settings = self.settings
         return slack_client(token=self.client.token or "", base_url=settings.slack_api_url, idempotent_only=True)
 
-    def ai_status(self, *, failures: Counter, title: Callable[[str], str]) -> SlackStatus:
+    def ai_status(self, *, failures: Counter, title: Callable[[str], str], texts: Texts) -> SlackStatus:
         # Its own client that retries nothing: a status late is a status wrong.
-        return SlackStatus(self.client_without_retries(), failures=failures, title=title)
+        return SlackStatus(self.client_without_retries(), failures=failures, title=title, texts=texts)
 
-    def streams(self, sessions: async_sessionmaker[AsyncSession], *, notice: Notice) -> SlackStreams:
+    def streams(self, sessions: async_sessionmaker[AsyncSession], *, notice: Notice, texts: Texts) -> SlackStreams:
         """Answers streamed in the customer's thread, on a client that retries nothing (a start retried after a
         lost answer would show twice)."""
-        return SlackStreams(self.client_without_retries(), sessions, notice=notice)
+        return SlackStreams(self.client_without_retries(), sessions, notice=notice, texts=texts)
 
     async def staff_channel_check(self, listed: StaffList) -> Callable[[], Awaitable[str | None]]:
         """`/support status`'s look at the staff channel; looked at once now, and a problem said loudly."""
@@ -90,7 +91,7 @@ class SlackSide:
             directory=self.directory,
             feedback=feedback,
             csat=csat,
-            home=Home(client=self.client, admin=admin, staff=staff),
+            home=Home(client=self.client, admin=admin, staff=staff, texts=settings.texts, locale=self.directory.locale),
             # Its own client that retries nothing: a title or a prompt late is as good as none.
             view=AgentView(self.client_without_retries(), prompts=prompts),
         )

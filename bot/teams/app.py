@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiohttp import web
@@ -33,7 +33,6 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.address import is_teams_id
-from agents.identity import Author
 from bot.admin.command import AdminCommands, Invocation
 from bot.channels.incoming import ACK_WITHIN_S, CaseAction, CustomerMessage, sanitised
 from bot.channels.intake import Intake, Writer
@@ -132,8 +131,8 @@ class TeamsMembers:
         tenant = found.get("tenantId")
         email = found.get("email") or found.get("userPrincipalName")
         author = message.author
-        named = Author(
-            author.platform, tenant or author.workspace, author.user, found.get("name") or author.name, email or None
+        named = replace(
+            author, workspace=tenant or author.workspace, name=found.get("name") or author.name, email=email or None
         )
         return Writer(named, organisation=tenant, ours=self.people.tenant)
 

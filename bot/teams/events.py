@@ -150,6 +150,7 @@ def parse(body: Mapping[str, Any], policy: TeamsPolicy) -> Parsed:
     name = _get(sender, "name")
     own_tenant = str(_get(sender, "tenantId") or tenant or "")
     message_id = str(body.get("id") or "")
+    locale = str(body["locale"]) if body.get("locale") else None  # the writer's Teams client's language
     if is_channel(conversation):
         # A channel post starts a conversation only when it mentions the bot; a reply continues one.
         chain = root or message_id
@@ -157,13 +158,15 @@ def parse(body: Mapping[str, Any], policy: TeamsPolicy) -> Parsed:
         if not mentioned and not root:
             return parsed(Ignored("channel post that does not mention the bot"))
         message = CustomerMessage(
-            str(tenant), channel, chain, message_id, user, text, False, own_tenant, Platform.TEAMS, name
+            str(tenant), channel, chain, message_id, user, text, False, own_tenant, Platform.TEAMS, name, locale=locale
         )
         return parsed(message, continues_only=not mentioned)
     # A personal chat is one conversation; so is a group chat, which a mention starts (with the permission to read
     # the chat, everything said there reaches the bot).
     personal = conversation_type == "personal"
-    message = CustomerMessage(str(tenant), base, DM, message_id, user, text, personal, own_tenant, Platform.TEAMS, name)
+    message = CustomerMessage(
+        str(tenant), base, DM, message_id, user, text, personal, own_tenant, Platform.TEAMS, name, locale=locale
+    )
     return parsed(message, continues_only=not personal and not mentions_bot(body, policy))
 
 

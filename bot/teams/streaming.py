@@ -21,8 +21,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.address import Address, Platform
 from agents.conversations import MessageResult
+from agents.language import Language
 from agents.logcontext import current_conversation
 from agents.loop import Escalate, Event, HandoffRecord, Reply, TextDelta, TurnStarted
+from agents.texts import CATALOG, Text, Texts
 from bot.channels.messenger import Where
 from bot.channels.previews import Notice, Previews, Pumps, Words
 from bot.teams.limits import POST_TEXT
@@ -30,9 +32,6 @@ from bot.teams.messenger import STREAM_PACE_S, TeamsMessenger, is_personal
 from bot.teams.text import from_markdown
 
 log = logging.getLogger(__name__)
-
-INFORMATIVE = "Writing an answer…"
-"""The progress line the stream starts with (shown until the first words)."""
 
 
 class TeamsStreams:
@@ -44,14 +43,16 @@ class TeamsStreams:
         sessions: async_sessionmaker[AsyncSession],
         *,
         every_s: float = STREAM_PACE_S,
-        informative: str = INFORMATIVE,
-        notice: Notice = lambda agent: None,
+        texts: Texts | None = None,
+        notice: Notice = lambda agent, language: None,
     ) -> None:
         self.messenger = messenger
         self.notice = notice
         self.previews = Previews(sessions)
         self.every_s = every_s
-        self.informative = informative
+        self.texts = texts or Texts()
+        """The progress line the stream starts with (`stream_started`, shown until the first words), in each
+        conversation's language."""
         self.pumps = Pumps()
 
     def turn(self) -> TurnStream:
@@ -71,6 +72,8 @@ class TurnStream:
 
     streams: TeamsStreams
     address: Address | None = None
+    language: Language | None = None
+    """The conversation's, for the handoff notices that lead the answer."""
     words: Words = field(default_factory=Words)
     shown: str = ""
     sequence: int = 0
@@ -84,8 +87,9 @@ class TurnStream:
     async def on_event(self, event: Event) -> None:
         match event:
             case HandoffRecord(to_agent=agent):
-                self.words.lead(self.streams.notice(agent))
-            case TurnStarted():
+                self.words.lead(self.streams.notice(agent, self.language))
+            case TurnStarted(language=language):
+                self.language = language
                 # The informative update goes out as the turn starts: Teams takes one activity a second per stream,
                 # so the first words can follow the model's first token at once instead of a second after it.
                 self._begin()
@@ -133,6 +137,15 @@ class TurnStream:
             self.over = True
 
     @property
+    def informative(self) -> str:
+        texts = self.streams.texts
+        # Teams refuses an empty update: a line left empty by the operator is the catalog's.
+        return (
+            texts.get(Text.STREAM_STARTED, self.language)
+            or CATALOG[Text.STREAM_STARTED][self.language or texts.default]
+        )
+
+    @property
     def where(self) -> Where:
         assert self.address is not None
         return Where(self.address.channel, self.address.thread)
@@ -148,7 +161,7 @@ class TurnStream:
             return False
         try:
             self.stream_id = await self.streams.messenger.stream(
-                self.where, self.streams.informative, kind="informative", sequence=self._next_sequence(), stream_id=None
+                self.where, self.informative, kind="informative", sequence=self._next_sequence(), stream_id=None
             )
         except Exception as exc:
             # Refused, or no answer: either way no stream to finish, and the answer is posted as usual.

