@@ -45,7 +45,7 @@ test: $(DEV) test-packages docs
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 # The tests that need no database, server or process (tests/conftest.py marks the others `services`), in seconds;
 # a test in this lane that opens a socket or starts a process fails.

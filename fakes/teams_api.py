@@ -528,7 +528,7 @@ class TeamsEmulator:
             event.set()
 
     # A polling deadline, not a cancellation scope, hence a plain ``timeout`` parameter.
-    async def wait_for(self, predicate: Callable[[], T | bool | None], timeout: float = 10.0) -> T:  # noqa: ASYNC109
+    async def wait_for(self, predicate: Callable[[], T | bool | None], timeout: float = 30.0) -> T:  # noqa: ASYNC109
         def story() -> str:
             recent = [f"{c.op}({c.error or c.status})" for c in self.calls[-8:]]
             calls, deliveries = len(self.calls), len(self.deliveries)

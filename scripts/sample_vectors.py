@@ -1,5 +1,6 @@
-"""Write the sample's `knowledge/vectors.npz`: its passages embedded by the default local model, which a first
-start uses instead of embedding them (after checking a few against the model).
+"""Write the sample's `knowledge/vectors.npz`: its passages embedded by the local model the default (EMBEDDINGS=local)
+chooses for them, the English one (the sample is in English), which a first start uses instead of embedding them
+(after checking a few against the model).
 
 Run after changing the sample or the local model (tests/test_first_start.py fails until you do):
 
@@ -13,7 +14,7 @@ import asyncio
 from agents.knowledge.chunking import chunk_document
 from agents.knowledge.documents import find_documents, read_document
 from agents.knowledge.embedders import save_precomputed
-from agents.knowledge.multilingual import MultilingualEmbedder
+from agents.knowledge.local import LocalEmbedder
 from harness.sample import SAMPLE_COLLECTIONS, SAMPLE_KNOWLEDGE, SAMPLE_VECTORS
 
 
@@ -27,7 +28,7 @@ def sample_texts() -> list[str]:
 
 
 async def main() -> None:
-    embedder = MultilingualEmbedder()
+    embedder = LocalEmbedder()
     texts = sample_texts()
     save_precomputed(SAMPLE_VECTORS, embedder.name, texts, await embedder.embed(texts))
     print(f"wrote {SAMPLE_VECTORS}: {len(texts)} passages, {SAMPLE_VECTORS.stat().st_size / 1e3:.0f} kB")

@@ -139,7 +139,7 @@ async def test_auto_takes_the_local_model_when_the_provider_has_no_embeddings(
     fake_llm.embeddings_status = 404
     with caplog.at_level(logging.WARNING, logger="bot.runtime.startup"):
         kb = await knowledge_base(provider(fake_llm), sessions)
-    assert kb.unavailable is None and kb.embedder.name == MultilingualEmbedder.name
+    assert kb.unavailable is None and [m.name for m in kb.models] == [LocalEmbedder.name, MultilingualEmbedder.name]
     assert "Using the local model instead" in caplog.text
 
 
@@ -226,13 +226,16 @@ async def test_collections_never_embedded_go_to_the_embedder_that_works(
     assert await chunk_dims(sessions) == [384]
 
 
-async def test_local_is_the_multilingual_model_and_local_english_minilm(
+async def test_local_chooses_per_collection_and_the_others_one_model_for_all(
     sessions: Sessions, fake_llm: FakeOpenAI
 ) -> None:
-    multilingual = await knowledge_base(provider(fake_llm, embeddings="local"), sessions)
+    chosen = await knowledge_base(provider(fake_llm, embeddings="local"), sessions)
     english = await knowledge_base(provider(fake_llm, embeddings="local-english"), sessions)
-    assert multilingual.unavailable is None and isinstance(multilingual.embedder, MultilingualEmbedder)
-    assert english.unavailable is None and isinstance(english.embedder, LocalEmbedder)
+    multilingual = await knowledge_base(provider(fake_llm, embeddings="local-multilingual"), sessions)
+    assert chosen.unavailable is None and isinstance(chosen.english, LocalEmbedder)
+    assert isinstance(chosen.embedder, MultilingualEmbedder) and chosen.embedder._model is None  # not loaded yet
+    assert english.unavailable is None and [type(m) for m in english.models] == [LocalEmbedder]
+    assert multilingual.unavailable is None and [type(m) for m in multilingual.models] == [MultilingualEmbedder]
     assert fake_llm.embedding_requests == []
 
 
@@ -266,16 +269,16 @@ def test_the_shipped_vectors_cover_every_passage_of_the_sample() -> None:
     from scripts.sample_vectors import sample_texts
 
     stored = np.load(SAMPLE_VECTORS)
-    assert str(stored["embedder"]) == MultilingualEmbedder.name
-    assert stored["vectors"].shape[1] == MultilingualEmbedder.dim
+    assert str(stored["embedder"]) == LocalEmbedder.name  # the sample is English: the model EMBEDDINGS=local chooses
+    assert stored["vectors"].shape[1] == LocalEmbedder.dim
     assert {text_key(t) for t in sample_texts()} <= {str(k) for k in stored["keys"]}
 
 
 async def test_first_start_uses_the_shipped_vectors_and_shows_progress(
     sessions: Sessions, caplog: pytest.LogCaptureFixture
 ) -> None:
-    counting = Counting(MultilingualEmbedder())
-    kb = KnowledgeBase(sessions=sessions, embedder=counting)  # type: ignore[arg-type]
+    counting, multilingual = Counting(LocalEmbedder()), MultilingualEmbedder()
+    kb = KnowledgeBase(sessions=sessions, embedder=multilingual, english=counting)
     with caplog.at_level(logging.INFO, logger="bot.runtime.startup"):
         await ensure_sample_knowledge(kb)
     await kb.settle()
@@ -285,6 +288,7 @@ async def test_first_start_uses_the_shipped_vectors_and_shows_progress(
     async with sessions() as s:
         assert await s.scalar(select(func.count()).select_from(m.KnowledgeChunk)) == 121
     assert (await kb.search("spare battery for the harrier", collections=["catalogue"]))[0].similarity
+    assert multilingual._model is None  # an English knowledge base never loads the multilingual model
 
 
 async def test_shipped_vectors_of_another_model_or_damaged_are_not_used(tmp_path: Path) -> None:
@@ -292,11 +296,12 @@ async def test_shipped_vectors_of_another_model_or_damaged_are_not_used(tmp_path
         async def embed(self, texts: list[str]) -> list[list[float]]:
             return [list(np.roll(v, 7)) for v in await super().embed(texts)]  # same name, other vectors
 
-    assert await Precomputed.load(Other(MultilingualEmbedder()), SAMPLE_VECTORS) is None  # type: ignore[arg-type]
-    assert await Precomputed.load(Counting(MultilingualEmbedder()), SAMPLE_VECTORS) is not None  # type: ignore[arg-type]
+    assert await Precomputed.load(Other(LocalEmbedder()), SAMPLE_VECTORS) is None
+    assert await Precomputed.load(Counting(MultilingualEmbedder()), SAMPLE_VECTORS) is None
+    assert await Precomputed.load(Counting(LocalEmbedder()), SAMPLE_VECTORS) is not None
     damaged = tmp_path / "vectors.npz"
     damaged.write_text("version https://git-lfs.github.com/spec/v1\n")  # what a Git LFS checkout might leave
-    assert await Precomputed.load(Counting(MultilingualEmbedder()), damaged) is None  # type: ignore[arg-type]
+    assert await Precomputed.load(Counting(MultilingualEmbedder()), damaged) is None
 
 
 # --- the history budget within the provider's context ---------------------------------------------------------

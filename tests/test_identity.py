@@ -183,6 +183,7 @@ async def test_the_model_sees_who_wrote_each_message_in_a_shared_thread(
         "user": "U_BEN",
         "name": "Ben Ortiz",
         "email": BEN_ORDER.customer.email,
+        "locale": "en-US",  # the emulator's users.info, asked with include_locale
     }
 
 
@@ -199,7 +200,14 @@ async def test_a_slow_profile_does_not_hold_the_ack(
     # Stored with what the signed event says; without an email, no order is this writer's.
     async with sessions() as s:
         identity = await s.scalar(select(m.Inbound.identity))
-    assert identity == {"platform": "slack", "workspace": TEAM_ID, "user": "U_CUSTOMER", "name": None, "email": None}
+    assert identity == {
+        "platform": "slack",
+        "workspace": TEAM_ID,
+        "user": "U_CUSTOMER",
+        "name": None,
+        "email": None,
+        "locale": None,
+    }
 
 
 # --- Whose email counts: our organisation's, or a listed customer organisation's ---------------------------------

@@ -15,8 +15,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.db import models as m
 from agents.knowledge.embedders import OpenAIEmbedder
+from agents.knowledge.local import LocalEmbedder
 from agents.knowledge.multilingual import MultilingualEmbedder
 from agents.knowledge.store import KnowledgeBase
+from agents.knowledge.tool import knowledge_search, relevant
 from agents.language import Language
 from bot.declaration.build import build
 from bot.declaration.parse import DeclarationError, load
@@ -136,3 +138,80 @@ async def test_the_multilingual_embedder_matches_a_german_question_to_a_spanish_
     )
     battery, hours = (float(np.dot(question, p)) for p in passages)
     assert battery > hours
+
+
+# --- the local models chosen per collection (EMBEDDINGS=local) ------------------------------------------------------
+
+ENGLISH = """# Phone battery
+
+## If the battery does not charge
+
+If the phone's battery does not charge, change the charger and check the cable before asking for a repair.
+"""
+
+
+@pytest.fixture(scope="session")
+async def minilm() -> LocalEmbedder:
+    embedder = LocalEmbedder()
+    assert await embedder.load() is None
+    return embedder
+
+
+async def test_english_collections_go_to_minilm_the_others_to_e5_and_a_search_reads_both(
+    sessions: Sessions, multilingual: MultilingualEmbedder, minilm: LocalEmbedder, tmp_path: Path
+) -> None:
+    kb = KnowledgeBase(sessions=sessions, embedder=multilingual, english=minilm)
+    english, spanish = tmp_path / "en", tmp_path / "es"
+    english.mkdir()
+    spanish.mkdir()
+    (english / "battery.md").write_text(ENGLISH, encoding="utf-8")
+    (spanish / "bateria.md").write_text(SPANISH, encoding="utf-8")
+    await kb.ingest([english], collection="english", root=english)
+    await kb.ingest([spanish], collection="spanish", root=spanish)
+    assert {row["collection"]: row["embedder"] for row in await kb.stats()} == {
+        "english": LocalEmbedder.name,
+        "spanish": MultilingualEmbedder.name,
+    }
+    # One question, embedded by each model, each collection searched by its own; in vector mode too.
+    for mode in ("hybrid", "vector"):
+        hits = await kb.search("battery does not charge", collections=["english", "spanish"], k=4, mode=mode)
+        assert {h.collection for h in hits} == {"english", "spanish"}
+        assert {(h.collection, h.min_similarity) for h in hits if h.heading and "charge" in h.heading} == {
+            ("english", LocalEmbedder.min_similarity)
+        }
+        assert all(h.min_similarity == MultilingualEmbedder.min_similarity for h in hits if h.collection == "spanish")
+    # The tool judges each passage by its own model's cut-off (e5's cosines run far higher than MiniLM's).
+    found = relevant(await kb.search("battery does not charge", collections=["english", "spanish"]), "battery")
+    assert [h.heading for h in found if h.collection == "english"] == ["If the battery does not charge"]
+
+
+async def test_a_collection_turning_multilingual_is_embedded_again_by_e5(
+    sessions: Sessions, multilingual: MultilingualEmbedder, minilm: LocalEmbedder, tmp_path: Path
+) -> None:
+    kb = KnowledgeBase(sessions=sessions, embedder=multilingual, english=minilm)
+    docs = tmp_path / "help"
+    docs.mkdir()
+    (docs / "battery.md").write_text(ENGLISH, encoding="utf-8")
+    await kb.ingest([docs], collection="help", root=docs)
+    assert [row["embedder"] for row in await kb.stats()] == [LocalEmbedder.name]
+    (docs / "bateria.md").write_text(SPANISH, encoding="utf-8")
+    await kb.ingest([docs], collection="help", root=docs)
+    assert [row["embedder"] for row in await kb.stats()] == [MultilingualEmbedder.name]
+    assert (await kb.status()).unembedded == 0  # the English page kept, with a vector of the new model
+    hits = await kb.search("la batería no se carga", collections=["help"], k=2, mode="vector")
+    assert hits[0].source == "bateria.md" and hits[0].min_similarity == MultilingualEmbedder.min_similarity
+
+
+async def test_the_tool_names_the_articles_language(
+    sessions: Sessions, multilingual: MultilingualEmbedder, minilm: LocalEmbedder, help_centre: Path, tmp_path: Path
+) -> None:
+    kb = KnowledgeBase(sessions=sessions, embedder=multilingual, english=minilm)
+    english = tmp_path / "en"
+    english.mkdir()
+    (english / "battery.md").write_text(ENGLISH, encoding="utf-8")
+    await kb.ingest([english], collection="english", root=english)
+    await kb.ingest([help_centre], collection="help", root=help_centre)
+    [only_english] = knowledge_search(kb, collections=["english"])[:1]
+    [mixed] = knowledge_search(kb, collections=["help"])[:1]
+    assert "The articles are in English: write the query in English." in only_english.description
+    assert "The articles are in German and Spanish" in mixed.description

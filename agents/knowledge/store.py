@@ -10,9 +10,15 @@ English; stemmed by that language's Postgres configuration from accent-folded te
 language of the collections it is asked of (its words stemmed each way), so a customer finds a document whatever
 its language, and with or without accents.
 
+Each collection is embedded by one model, recorded with it: the one model configured for all (a provider's, or a
+local one the operator chose), or, with the local models chosen per collection (EMBEDDINGS=local), the English one
+for a collection whose documents are all English and the multilingual one for any other; the choice is made again
+at each ingestion and by `reembed`. A search embeds the question once per model among the collections searched,
+and fuses each model's ranking as a list of its own (cosines of two models are not comparable).
+
 The embedder is optional. While it does not work (`Unavailable`), documents are stored without vectors and
-every search is full text; a collection embedded by another model than the configured one is searched by
-full text too. `status()` says which, and why; `backfill()` embeds what was stored without vectors once the
+every search is full text; a collection embedded by a model that is not configured is searched by full text
+too. `status()` says which, and why; `backfill()` embeds what was stored without vectors once the
 embedder works.
 """
 
@@ -30,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -109,9 +115,9 @@ class Hit:
     heading: str | None
     text: str
     score: float
-    """The fused score (hybrid), cosine similarity (vector) or 1 / place in the full-text ranking (text). Hybrid hits
-    come in score order but for passages naming the question's identifiers (first) and the one nearest in meaning
-    (`NEAREST_AT_WORST`)."""
+    """The fused score (hybrid; in vector mode, of the models' rankings alone) or 1 / place in the full-text ranking
+    (text). Hits come in score order but for passages naming the question's identifiers (first) and the one nearest
+    in meaning (`NEAREST_AT_WORST`)."""
     similarity: float | None
     """Cosine similarity of the passage to the question, when the vector search saw it."""
     collection: str
@@ -122,6 +128,9 @@ class Hit:
     """The share of the question's words (stemmed) that the passage contains, when full text found it."""
     superseded: bool = False
     """Its document says it no longer applies (an older policy, a page replaced by another)."""
+    min_similarity: float | None = None
+    """The cut-off of the model that ranked it (`Embedder.min_similarity`), when the vector search saw it: below,
+    the passage counts as unrelated to the question. Each model spreads its cosines differently."""
 
     @property
     def citation(self) -> str:
@@ -175,6 +184,7 @@ class KnowledgeBase:
         *,
         sessions: async_sessionmaker[AsyncSession],
         embedder: Embedder,
+        english: Embedder | None = None,
         unavailable: Unavailable | None = None,
         reprobe: Callable[[], Awaitable[Unavailable | None]] | None = None,
         reprobe_every_s: float = REPROBE_S,
@@ -184,6 +194,10 @@ class KnowledgeBase:
     ) -> None:
         self.sessions = sessions
         self.embedder = embedder
+        """The model of every collection; with `english`, of those not all in English."""
+        self.english = english
+        """When set, the model of the collections whose documents are all English (the local models chosen per
+        collection): a model for one language ranks its language better than a multilingual one of its size."""
         self.unavailable = unavailable
         """Set while the embedder does not work: documents are then stored without vectors, searched by text."""
         self._reprobe = reprobe
@@ -197,10 +211,44 @@ class KnowledgeBase:
         self.remembered_queries = remembered_queries
         self.nearest_at_worst = nearest_at_worst
         """Where the passage nearest in meaning ranks at worst in a hybrid search (None: by its fused score)."""
-        self._query_vectors: OrderedDict[str, list[float]] = OrderedDict()
-        """The vectors of the latest queries, least recently used first (bounded by `remembered_queries`)."""
+        self._query_vectors: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
+        """The vectors of the latest queries by (model, query), least recently used first (bounded by
+        `remembered_queries`)."""
+        self._languages: dict[str, tuple[str, ...]] = {}
+        """Each collection's document languages, as last read (`languages`)."""
         self._iterative: bool | None = None
         """Whether pgvector (0.8 or later) scans HNSW iteratively; asked once, at the first vector search."""
+
+    # --- which model embeds a collection ---
+
+    @property
+    def models(self) -> tuple[Embedder, ...]:
+        """The configured models, the English one first."""
+        return (self.english, self.embedder) if self.english is not None else (self.embedder,)
+
+    @property
+    def described(self) -> str:
+        """The configured models, as status shows them."""
+        if self.english is None:
+            return self.embedder.name
+        return f"{self.english.name} for English collections, {self.embedder.name} for the others"
+
+    def chosen(self, languages: Iterable[str]) -> Embedder:
+        """The model for a collection of documents in `languages` (none yet: the English one, which a first
+        non-English document replaces at its ingestion)."""
+        if self.english is not None and all(code == Language.EN.value for code in languages):
+            return self.english
+        return self.embedder
+
+    def _model(self, name: str) -> Embedder | None:
+        return next((model for model in self.models if model.name == name), None)
+
+    def languages(self, collections: Sequence[str]) -> list[Language]:
+        """The languages of the documents in `collections` (all when empty), as last read by a search, an
+        ingestion or `status`."""
+        names = collections or list(self._languages)
+        codes = {code for name in names for code in self._languages.get(name, ())}
+        return sorted({Language.parse(code) or Language.EN for code in codes})
 
     # --- the embedder's state: requests never wait for probes or backfills, which run in the background ---
 
@@ -222,7 +270,7 @@ class KnowledgeBase:
         assert self._reprobe is not None
         self.unavailable = await self._reprobe()
         if self.unavailable is None:
-            log.info("the embedder %s answers again: embedding what was stored without vectors", self.embedder.name)
+            log.info("the embedder %s answers again: embedding what was stored without vectors", self.described)
             await self._backfill_quietly()
 
     def start_backfill(self) -> None:
@@ -239,10 +287,10 @@ class KnowledgeBase:
         except Exception:  # a background task: its failure is logged, the passages stay searchable by text
             log.exception("embedding the passages stored without vectors failed")
 
-    def _lost(self, exc: ProviderError) -> None:
+    def _lost(self, exc: ProviderError, model: Embedder | None = None) -> None:
         """The embedder failed after it had worked: full text until a probe succeeds (a minute from now)."""
         self.unavailable = Unavailable(
-            self.embedder.name,
+            (model or self.embedder).name,
             "lost",
             f"an embeddings request failed ({exc})",
             "Searching by full text meanwhile; the bot tries the embedder again every minute",
@@ -271,21 +319,18 @@ class KnowledgeBase:
 
     def _vector_ready(self, row: m.KnowledgeCollection) -> bool:
         """Whether the collection can be searched by vector now."""
-        return (
-            self.unavailable is None
-            and row.embedder == self.embedder.name
-            and row.dim is not None
-            and row.dim == self.embedder.dim
-        )
+        model = self._model(row.embedder)
+        return self.unavailable is None and model is not None and row.dim is not None and row.dim == model.dim
 
     def _mismatch(self, row: m.KnowledgeCollection) -> str | None:
-        """The collection's vectors are another model's (or another size): not comparable with this one's."""
-        if row.dim is None or (row.embedder == self.embedder.name and row.dim == (self.embedder.dim or row.dim)):
+        """The collection's vectors are of a model not configured (or another size): not comparable with theirs."""
+        model = self._model(row.embedder)
+        if row.dim is None or (model is not None and row.dim == (model.dim or row.dim)):
             return None
-        size = f"{self.embedder.dim} dimensions" if self.embedder.dim else "size not known yet"
+        sizes = ", ".join(f"{m.dim} dimensions" if m.dim else "size not known yet" for m in self.models)
         return (
             f"collection {row.name!r} was embedded with {row.embedder} ({row.dim} dimensions), but the configured "
-            f"embedder is {self.embedder.name} ({size}). Re-embed it with "
+            f"embedder is {self.described} ({sizes}). Re-embed it with "
             f"`python -m bot kb reembed --collection {row.name}`, or configure the embedder it was built with."
         )
 
@@ -301,40 +346,57 @@ class KnowledgeBase:
     async def ensure_collection(self, collection: str) -> None:
         works = self._embedder_works()
         async with self.sessions() as s, s.begin():
-            await self._ensure(s, collection, claim=False)
+            row = await self._ensure(s, collection, claim=False)
             if works:
-                await self._vectors_ready(s, collection)
+                await self._vectors_ready(s, collection, self._model(row.embedder) or self.embedder)
 
     async def _ensure(
-        self, s: AsyncSession, collection: str, *, claim: bool, language: Language | None = None
+        self,
+        s: AsyncSession,
+        collection: str,
+        *,
+        claim: bool,
+        language: Language | None = None,
+        model: Embedder | None = None,
     ) -> m.KnowledgeCollection:
-        """The collection exists (made if not) and is the configured embedder's; `claim`: a collection never embedded
-        records this embedder's width (`_vectors_ready` does it, with the index); `language`: declared for it."""
+        """The collection exists (made if not) and is embedded by `model` (by default the one its languages choose):
+        one never embedded takes it; one embedded by another configured model has its vectors dropped, to be made
+        again (`_embed_stored`). `claim`: a collection never embedded records the model's width (`_vectors_ready`
+        does it, with the index); `language`: declared for it."""
         await s.execute(
             insert(m.KnowledgeCollection)
-            .values(name=collection, embedder=self.embedder.name, dim=None)
+            .values(name=collection, embedder=(model or self.chosen(())).name, dim=None)
             .on_conflict_do_nothing()
         )
         row = await s.get(m.KnowledgeCollection, collection)
         assert row is not None
         if problem := self._mismatch(row):
             raise EmbedderMismatch(problem)
-        if row.dim is None and row.embedder != self.embedder.name:
-            row.embedder = self.embedder.name  # never embedded: whichever embedder works may take it
+        if model is None:  # the record holds until an ingestion or `reembed` chooses again
+            model = (self._model(row.embedder) if row.dim is not None else None) or self.chosen(row.languages)
+        if row.embedder != model.name:
+            if row.dim is not None:
+                await s.execute(
+                    text("UPDATE kb_chunks SET embedding = NULL, dim = NULL WHERE collection = :n"), {"n": collection}
+                )
+                row.dim = None
+            row.embedder = model.name
         if language is not None:
             row.language = language.value
         if claim:
-            await self._claim(s, collection)
+            await s.flush()
+            await self._claim(s, collection, model)
         return row
 
-    async def _vectors_ready(self, s: AsyncSession, collection: str) -> None:
-        await self._hnsw_index(s)
-        await self._claim(s, collection)
+    async def _vectors_ready(self, s: AsyncSession, collection: str, model: Embedder) -> None:
+        await self._hnsw_index(s, model.dim)
+        await self._claim(s, collection, model)
 
-    async def _hnsw_index(self, s: AsyncSession) -> None:
-        # One partial HNSW index per dimension (the migration made 384 and 1536). Looked up first: CREATE INDEX IF
-        # NOT EXISTS needs the table's owner even when the index is there, and the runtime role owns nothing.
-        dim = int(self.embedder.dim)
+    async def _hnsw_index(self, s: AsyncSession, dim: int) -> None:
+        # One partial HNSW index per dimension (the migration made 384 and 1536), shared by the models of that width
+        # (searches filter by collection, each of one model). Looked up first: CREATE INDEX IF NOT EXISTS needs the
+        # table's owner even when the index is there, and the runtime role owns nothing.
+        dim = int(dim)
         if await s.scalar(text(f"SELECT to_regclass('ix_kb_chunks_hnsw_{dim}') IS NOT NULL")):
             return
         await s.execute(
@@ -344,10 +406,10 @@ class KnowledgeBase:
             )
         )
 
-    async def _claim(self, s: AsyncSession, collection: str) -> None:
+    async def _claim(self, s: AsyncSession, collection: str, model: Embedder) -> None:
         await s.execute(
             text("UPDATE kb_collections SET dim = :dim, embedder = :embedder WHERE name = :name AND dim IS NULL"),
-            {"dim": int(self.embedder.dim), "name": collection, "embedder": self.embedder.name},
+            {"dim": int(model.dim), "name": collection, "embedder": model.name},
         )
 
     async def ingest(
@@ -371,59 +433,91 @@ class KnowledgeBase:
 
         `language` declares the collection's (kept for its later ingestions); without one ever declared, each
         document's is detected from its text (English when unsure). A document stored in another language than it
-        now gets is replaced, as a changed one is."""
+        now gets is replaced, as a changed one is. The collection's model is chosen again from the languages it
+        holds afterwards (`chosen`): when that changes it, the passages kept are embedded again too."""
         files = find_documents(list(paths))
         if not files:
             raise IngestFailed(None, f"no documents to read (reads {', '.join(sorted(SUFFIXES))})")
         works = self._embedder_works()
         if require_vectors and not works:
             raise IngestFailed(None, f"no vectors can be made: {self.unavailable}")
+        # Every file read (and its language told) first: the languages choose the model that embeds them.
+        async with self.sessions() as s:
+            row = await s.get(m.KnowledgeCollection, collection)
+            declared = language or (Language.parse(row.language) if row is not None else None)
+            listed = await s.execute(
+                select(m.KnowledgeDocument.source, m.KnowledgeDocument.language).where(
+                    m.KnowledgeDocument.collection == collection
+                )
+            )
+            stored: dict[str, str | None] = {source: code for source, code in listed}
+        read: list[tuple[Path, Document, list[Chunk], Language]] = []
+        for path in files:
+            source = str(path.relative_to(root)) if root else str(path)
+            try:
+                document = await read_file(path, source=source)
+            except Unreadable as exc:
+                raise IngestFailed(path, str(exc)) from exc
+            except OSError as exc:
+                raise IngestFailed(path, exc.strerror or str(exc)) from exc
+            pieces = chunk_document(document)
+            read.append((path, document, pieces, declared or _detected(document.title, pieces)))
+        seen = {document.source for _, document, _, _ in read}
+        kept = set() if prune else {code or Language.EN.value for src, code in stored.items() if src not in seen}
+        model = self.chosen({lang.value for *_, lang in read} | kept)
         if works:
             # Apart, and first: CREATE INDEX locks the passages' table against writes until its transaction ends,
             # and the ingestion's may last minutes (a running bot's backfill writes there).
             async with self.sessions() as s, s.begin():
-                await self._hnsw_index(s)
+                await self._hnsw_index(s, model.dim)
         added = replaced = unchanged = chunks = 0
-        seen: set[str] = set()
         async with self.sessions() as s, s.begin():
             # The one transaction that waits on us for long (reading files, the embedder): exempt from the bound
             # the engine puts on a transaction left idle (`agents.db.engine.IDLE_IN_TRANSACTION_S`).
             await s.execute(text("SET LOCAL idle_in_transaction_session_timeout = 0"))
-            row = await self._ensure(s, collection, claim=works, language=language)
-            declared = Language.parse(row.language)
+            row = await self._ensure(s, collection, claim=works, language=language, model=model)
             languages = set(row.languages)
-            for index, path in enumerate(files):
-                source = str(path.relative_to(root)) if root else str(path)
-                seen.add(source)
+            for index, (path, document, pieces, lang) in enumerate(read):
                 try:
-                    document = await read_file(path, source=source)
-                    outcome, count, written = await self._ingest_one(
-                        s, document, collection, declared=declared, require_vectors=require_vectors
+                    outcome, count = await self._ingest_one(
+                        s, document, pieces, lang, collection, model=model, require_vectors=require_vectors
                     )
-                except Unreadable as exc:
-                    raise IngestFailed(path, str(exc)) from exc
-                except OSError as exc:
-                    raise IngestFailed(path, exc.strerror or str(exc)) from exc
                 except ProviderError as exc:
                     raise IngestFailed(path, f"the embedder failed ({exc})") from exc
                 added += outcome == "added"
                 replaced += outcome == "replaced"
                 unchanged += outcome == "unchanged"
                 chunks += count
-                languages.add(written)
+                languages.add(lang.value)
                 if progress:
-                    progress(index + 1, len(files), source)
+                    progress(index + 1, len(read), document.source)
             pruned = await self._prune(s, collection, seen) if prune else 0
+            if prune:
+                languages = {lang.value for *_, lang in read}
             if languages != set(row.languages):
                 row.languages = sorted(languages)
+            self._languages[collection] = tuple(row.languages)
+            if works:
+                try:
+                    await self._embed_stored(s, collection, model)
+                except ProviderError as exc:
+                    if require_vectors:
+                        raise IngestFailed(None, f"the embedder failed ({exc})") from exc
+                    self._lost(exc, model)
         return IngestReport(added, replaced, unchanged, pruned, chunks)
 
     async def _ingest_one(
-        self, s: AsyncSession, document: Document, collection: str, *, declared: Language | None, require_vectors: bool
-    ) -> tuple[str, int, str]:
-        """Whether the document was added, replaced or unchanged; its passages; its language."""
-        pieces = chunk_document(document)
-        language = declared or _detected(document.title, pieces)
+        self,
+        s: AsyncSession,
+        document: Document,
+        pieces: list[Chunk],
+        language: Language,
+        collection: str,
+        *,
+        model: Embedder,
+        require_vectors: bool,
+    ) -> tuple[str, int]:
+        """Whether the document was added, replaced or unchanged; its passages."""
         existing = await s.scalar(
             select(m.KnowledgeDocument).where(
                 m.KnowledgeDocument.collection == collection, m.KnowledgeDocument.source == document.source
@@ -435,15 +529,15 @@ class KnowledgeBase:
             document.superseded,
             language.value,
         ):
-            return "unchanged", 0, language.value
+            return "unchanged", 0
         vectors: list[list[float] | None] = [None] * len(pieces)
         if pieces and self._embedder_works():
             try:
-                vectors = list(await self.embedder.embed([c.embedding_text for c in pieces]))
+                vectors = list(await model.embed([c.embedding_text for c in pieces]))
             except ProviderError as exc:
                 if require_vectors:
                     raise
-                self._lost(exc)  # stored without vectors, embedded once the embedder answers again
+                self._lost(exc, model)  # stored without vectors, embedded once the embedder answers again
         if existing is not None:
             await s.execute(delete(m.KnowledgeDocument).where(m.KnowledgeDocument.id == existing.id))
         doc = m.KnowledgeDocument(
@@ -467,7 +561,7 @@ class KnowledgeBase:
                         "title": c.title,
                         "heading": c.heading,
                         "text": c.text,
-                        "dim": self.embedder.dim if vector is not None else None,
+                        "dim": model.dim if vector is not None else None,
                         "embedding": vector,
                         "identifiers": sorted(in_document(f"{c.title} {c.heading or ''} {c.text}")),
                         "config": language.pg_config,
@@ -477,73 +571,81 @@ class KnowledgeBase:
                     for c, vector in zip(pieces, vectors, strict=True)
                 ],
             )
-        return ("replaced" if existing is not None else "added"), len(pieces), language.value
+        return ("replaced" if existing is not None else "added"), len(pieces)
+
+    async def _embed_stored(self, s: AsyncSession, collection: str, model: Embedder, batch: int = 64) -> None:
+        """Embed, within the ingestion, the passages it kept without vectors: those of documents it left unchanged
+        when it gave the collection to another model."""
+        while rows := await self._unembedded(collection, batch, s):
+            vectors = await model.embed([chunk.embedding_text for _, chunk in rows])
+            await self._store_vectors(s, rows, vectors, model)
+
+    async def _store_vectors(
+        self, s: AsyncSession, rows: list[tuple[int, Chunk]], vectors: list[list[float]], model: Embedder
+    ) -> None:
+        for (chunk_id, _), vector in zip(rows, vectors, strict=True):
+            await s.execute(
+                text("UPDATE kb_chunks SET embedding = :v, dim = :dim WHERE id = :id AND dim IS NULL"),
+                {"v": str(vector), "dim": model.dim, "id": chunk_id},
+            )
 
     async def backfill(self, *, progress: Callable[[int, int], None] | None = None, batch: int = 64) -> int:
-        """Embed the passages stored without vectors, in collections of the configured embedder (and in those
-        never embedded, which it takes); returns how many. A collection another model embedded is left alone
-        (see `reembed`). One at a time: concurrent calls wait, then find less to do."""
+        """Embed the passages stored without vectors, each collection by its model (a collection never embedded
+        takes the model its languages choose); returns how many. A collection embedded by a model not configured
+        is left alone (see `reembed`). One at a time: concurrent calls wait, then find less to do."""
         if self.unavailable is not None:
             return 0
         async with self._backfilling:
             async with self.sessions() as s, s.begin():
-                await s.execute(
-                    update(m.KnowledgeCollection)
-                    .where(m.KnowledgeCollection.dim.is_(None))
-                    .values(embedder=self.embedder.name)
-                )
-                collections = (
-                    await s.scalars(
-                        select(m.KnowledgeCollection.name).where(
-                            m.KnowledgeCollection.embedder == self.embedder.name,
-                            m.KnowledgeCollection.dim.is_(None) | (m.KnowledgeCollection.dim == self.embedder.dim),
-                        )
-                    )
-                ).all()
+                for row in await s.scalars(select(m.KnowledgeCollection).where(m.KnowledgeCollection.dim.is_(None))):
+                    row.embedder = self.chosen(row.languages).name
+                models = {
+                    row.name: model
+                    for row in await s.scalars(select(m.KnowledgeCollection))
+                    if (model := self._model(row.embedder)) is not None and row.dim in (None, model.dim)
+                }
                 total = await s.scalar(
                     select(func.count()).where(
-                        m.KnowledgeChunk.collection.in_(collections), m.KnowledgeChunk.dim.is_(None)
+                        m.KnowledgeChunk.collection.in_(list(models)), m.KnowledgeChunk.dim.is_(None)
                     )
                 )
             done = 0
-            for collection in collections:
+            for collection, model in models.items():
                 async with self.sessions() as s, s.begin():
-                    await self._vectors_ready(s, collection)
+                    await self._vectors_ready(s, collection, model)
                 while rows := await self._unembedded(collection, batch):
-                    vectors = await self.embedder.embed([chunk.embedding_text for _, chunk in rows])
+                    vectors = await model.embed([chunk.embedding_text for _, chunk in rows])
                     async with self.sessions() as s, s.begin():
-                        for (chunk_id, _), vector in zip(rows, vectors, strict=True):
-                            await s.execute(
-                                text("UPDATE kb_chunks SET embedding = :v, dim = :dim WHERE id = :id AND dim IS NULL"),
-                                {"v": str(vector), "dim": self.embedder.dim, "id": chunk_id},
-                            )
+                        await self._store_vectors(s, rows, vectors, model)
                     done += len(rows)
                     if progress:
                         progress(done, int(total or 0))
             return done
 
-    async def _unembedded(self, collection: str, limit: int) -> list[tuple[int, Chunk]]:
-        async with self.sessions() as s:
-            rows = await s.execute(
-                select(m.KnowledgeChunk.id, m.KnowledgeChunk.title, m.KnowledgeChunk.heading, m.KnowledgeChunk.text)
-                .where(m.KnowledgeChunk.collection == collection, m.KnowledgeChunk.dim.is_(None))
-                .order_by(m.KnowledgeChunk.id)
-                .limit(limit)
-            )
-            return [(chunk_id, Chunk(0, title, heading, body)) for chunk_id, title, heading, body in rows]
+    async def _unembedded(self, collection: str, limit: int, s: AsyncSession | None = None) -> list[tuple[int, Chunk]]:
+        query = (
+            select(m.KnowledgeChunk.id, m.KnowledgeChunk.title, m.KnowledgeChunk.heading, m.KnowledgeChunk.text)
+            .where(m.KnowledgeChunk.collection == collection, m.KnowledgeChunk.dim.is_(None))
+            .order_by(m.KnowledgeChunk.id)
+            .limit(limit)
+        )
+        if s is not None:
+            rows = await s.execute(query)
+        else:
+            async with self.sessions() as own:
+                rows = await own.execute(query)
+        return [(chunk_id, Chunk(0, title, heading, body)) for chunk_id, title, heading, body in rows]
 
     async def reembed(self, collection: str, *, progress: Callable[[int, int], None] | None = None) -> int:
-        """Give the collection to the configured embedder: its vectors are dropped and made again from the
-        stored passages (no need for the original files)."""
+        """Give the collection to the model its languages choose among those configured: its vectors are dropped
+        and made again from the stored passages (no need for the original files)."""
         if self.unavailable is not None:
             raise EmbedderMismatch(f"cannot re-embed: {self.unavailable}")
         async with self.sessions() as s, s.begin():
-            found = await s.execute(
-                text("UPDATE kb_collections SET embedder = :e, dim = NULL WHERE name = :n RETURNING name"),
-                {"e": self.embedder.name, "n": collection},
-            )
-            if found.first() is None:
+            row = await s.get(m.KnowledgeCollection, collection)
+            if row is None:
                 raise EmbedderMismatch(f"there is no collection {collection!r}")
+            row.embedder, row.dim = self.chosen(row.languages).name, None
             await s.execute(
                 text("UPDATE kb_chunks SET embedding = NULL, dim = NULL WHERE collection = :n"), {"n": collection}
             )
@@ -561,7 +663,11 @@ class KnowledgeBase:
         self, query: str, *, collections: Sequence[str] = (), k: int = 5, mode: Mode = "hybrid"
     ) -> list[Hit]:
         """Collections that cannot be searched by vector (see `status`), and passages stored without vectors, are
-        searched by full text alone; no `collections` means all of them."""
+        searched by full text alone; no `collections` means all of them.
+
+        The question is embedded once by each model among the collections searched (a model no collection needs is
+        never loaded), and each model's ranking is a list of its own in the fusion, as the full-text one is; in
+        `vector` mode too, by place, since cosines of two models are not comparable."""
         works = self._embedder_works()
         async with self.sessions() as s:
             rows = (
@@ -571,33 +677,46 @@ class KnowledgeBase:
                     else select(m.KnowledgeCollection)
                 )
             ).all()
+        order = {name: place for place, name in enumerate(collections)}
+        rows = sorted(rows, key=lambda row: (order.get(row.name, 0), row.name))
+        self._languages |= {row.name: tuple(row.languages) for row in rows}
         names = [row.name for row in rows]
-        by_vector = [row.name for row in rows if works and self._vector_ready(row)]
-        vector = await self.query_vector(query) if mode != "text" and by_vector else None
-        if vector is None:
-            by_vector = []
+        groups: dict[str, tuple[Embedder, list[str]]] = {}
+        for row in rows:
+            if mode != "text" and works and self._vector_ready(row) and (model := self._model(row.embedder)):
+                groups.setdefault(model.name, (model, []))[1].append(row.name)
+        vectors = [
+            (model, vector, of) for model, of in groups.values() if (vector := await self.query_vector(query, model))
+        ]
+        if not vectors:
             mode = "text" if mode == "hybrid" else mode
         if not names:
             return []
         codes = in_question(query)
         configs = text_configs(code for row in rows for code in row.languages) or [Language.EN.pg_config]
-        # The vector and the full-text queries on two connections at once: a search takes as long as the slower.
-        vector_ranked, (text_ranked, exact) = await asyncio.gather(
-            self._vector(vector if mode != "text" else None, by_vector),
+        # The vector queries and the full-text one on connections of their own at once: a search takes as long as
+        # the slowest.
+        *vector_rankings, (text_ranked, exact) = await asyncio.gather(
+            *(self._vector(vector, of, model.dim) for model, vector, of in vectors),
             self._lexical(query, codes, names if mode != "vector" else [], configs),
         )
-        similarity = {row[0]: float(row[6]) for row in vector_ranked}
+        by_vector = {name for _, _, of in vectors for name in of}
+        cut_off = {
+            row[0]: model.min_similarity
+            for (model, _, _), ranking in zip(vectors, vector_rankings, strict=True)
+            for row in ranking
+        }
+        similarity = {row[0]: float(row[6]) for ranking in vector_rankings for row in ranking}
         match = {row[0]: float(row[8]) for row in text_ranked}
         vectorless = {row[0] for row in text_ranked if row[7] is None}
-        found = {row[0]: row for row in [*exact, *vector_ranked, *text_ranked]}
+        found = {row[0]: row for row in [*exact, *(row for r in vector_rankings for row in r), *text_ranked]}
         scores: dict[int, float] = {}
-        if mode == "vector":
-            scores = dict(similarity)
-        elif mode == "text":
+        if mode == "text":
             # By place, not ts_rank_cd: a passage with all the words ranks above any with some of them.
             scores = {row[0]: 1.0 / (rank + 1) for rank, row in enumerate(text_ranked)}
         else:
-            for weight, ranking in ((1.0, vector_ranked), (self.text_weight, text_ranked)):
+            lists = [(1.0, ranking) for ranking in vector_rankings]
+            for weight, ranking in lists + ([(self.text_weight, text_ranked)] if mode == "hybrid" else []):
                 for rank, row in enumerate(ranking):
                     share = float(row[8]) ** MATCH_POWER if row[8] is not None else 1.0
                     scores[row[0]] = scores.get(row[0], 0.0) + weight * share / (RRF_K + rank + 1)
@@ -609,7 +728,9 @@ class KnowledgeBase:
         best = sorted({*scores, *named}, key=lambda i: (named.get(i, (0, 0)), scores.get(i, 0.0)), reverse=True)
         # The nearest current passage (a superseded page stays below the current one), if it holds some of the
         # question's words: one that holds none rests on the embedding alone, which its fused score reflects.
-        nearest = next((row[0] for row in vector_ranked if not row[9]), None)
+        # With several models, the nearest by the one whose nearest scores best in the fusion.
+        tops = [next((row[0] for row in ranking if not row[9]), None) for ranking in vector_rankings]
+        nearest = max((i for i in tops if i is not None), key=lambda i: scores.get(i, 0.0), default=None)
         if mode == "hybrid" and nearest is not None and nearest in match and self.nearest_at_worst is not None:
             best = _nearest_kept(best, nearest, at_worst=max(self.nearest_at_worst, len(named) + 1))
         best = best[:k]
@@ -625,31 +746,33 @@ class KnowledgeBase:
                 vector_searched=found[i][5] in by_vector and i not in vectorless,
                 text_match=match.get(i),
                 superseded=i in stale,
+                min_similarity=cut_off.get(i),
             )
             for i in best
         ]
 
-    async def query_vector(self, query: str) -> list[float] | None:
-        """The query's vector; None (full text only, until a probe succeeds) when the embedder fails now."""
+    async def query_vector(self, query: str, model: Embedder | None = None) -> list[float] | None:
+        """The query's vector by `model` (by default the one for all collections); None (full text only, until a
+        probe succeeds) when it fails now."""
         # Remembered: a customer's message is searched before the agent's first call, and the agent's own search
         # often repeats it; the router embeds the same message just before (`bot.runtime.calibrated_router`);
         # the local embedder takes tens of milliseconds a query.
-        if (vector := self._query_vectors.get(query)) is not None:
-            self._query_vectors.move_to_end(query)
+        model = model or self.embedder
+        key = (model.name, query)
+        if (vector := self._query_vectors.get(key)) is not None:
+            self._query_vectors.move_to_end(key)
             return vector
         try:
-            [vector] = await self.embedder.embed_query([query])
+            [vector] = await model.embed_query([query])
         except ProviderError as exc:
-            self._lost(exc)
+            self._lost(exc, model)
             return None
-        self._query_vectors[query] = vector
+        self._query_vectors[key] = vector
         while len(self._query_vectors) > self.remembered_queries:
             self._query_vectors.popitem(last=False)
         return vector
 
-    async def _vector(self, vector: list[float] | None, collections: list[str]) -> list[tuple]:  # type: ignore[type-arg]
-        if vector is None or not collections:
-            return []
+    async def _vector(self, vector: list[float], collections: list[str], dim: int) -> list[tuple]:  # type: ignore[type-arg]
         async with self.sessions() as s:
             if self._iterative is None:
                 version = await s.scalar(text("SELECT extversion FROM pg_extension WHERE extname = 'vector'"))
@@ -669,10 +792,9 @@ class KnowledgeBase:
                     f"set_config('hnsw.ef_search', '{EF_SEARCH}', true)" + (iterative if self._iterative else "")
                 )
             )
-            return await self._nearest(s, vector, collections)
+            return await self._nearest(s, vector, collections, int(dim))
 
-    async def _nearest(self, s: AsyncSession, vector: list[float], collections: list[str]) -> list[tuple]:  # type: ignore[type-arg]
-        dim = int(self.embedder.dim)
+    async def _nearest(self, s: AsyncSession, vector: list[float], collections: list[str], dim: int) -> list[tuple]:  # type: ignore[type-arg]
         distance = f"(c.embedding::vector({dim}) <=> CAST(:q AS vector({dim})))"
         result = await s.execute(
             text(
@@ -792,12 +914,13 @@ class KnowledgeBase:
         async with self.sessions() as s:
             rows = (await s.scalars(select(m.KnowledgeCollection).order_by(m.KnowledgeCollection.name))).all()
             unembedded = await s.scalar(select(func.count()).where(m.KnowledgeChunk.dim.is_(None)))
+        self._languages = {row.name: tuple(row.languages) for row in rows}
         collections = tuple(
             CollectionStatus(row.name, row.embedder, row.dim, self._vector_ready(row), self._problem(row))
             for row in rows
         )
         return KnowledgeStatus(
-            self.embedder.name, self.embedder.dim or None, self.unavailable, collections, int(unembedded or 0)
+            self.described, self.embedder.dim or None, self.unavailable, collections, int(unembedded or 0)
         )
 
     async def stats(self) -> list[dict[str, object]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -13,6 +14,7 @@ from agents.agent import Retrieved, Retriever
 from agents.db.deliveries import EXCERPT, Source
 from agents.knowledge.identifiers import in_document, in_question
 from agents.knowledge.store import Hit, KnowledgeBase
+from agents.language import Language
 from agents.tools import Cited, Tool, function_tool
 
 NOTHING_FOUND = (
@@ -24,18 +26,37 @@ MIN_TEXT_MATCH = 0.5
 one shared word ("open", "write") is not an answer."""
 
 
-def relevant(hits: Sequence[Hit], query: str, min_similarity: float) -> list[Hit]:
-    """Hits close enough to the question in meaning, or that contain a product code the question names
-    (embeddings blur codes; an exact match is the strongest evidence there is). A passage that could only be
-    searched by full text has no similarity to judge it by: it must hold most of the question's words."""
+def relevant(hits: Sequence[Hit], query: str, min_similarity: float | None = None) -> list[Hit]:
+    """Hits close enough to the question in meaning (by `min_similarity`, or unset, by the cut-off of the model
+    that ranked each), or that contain a product code the question names (embeddings blur codes; an exact match is
+    the strongest evidence there is). A passage that could only be searched by full text has no similarity to
+    judge it by: it must hold most of the question's words."""
     codes = in_question(query)
     return [
         h
         for h in hits
-        if (h.similarity is not None and h.similarity >= min_similarity)
+        if (h.similarity is not None and h.similarity >= _cut_off(h, min_similarity))
         or bool(codes & in_document(h.text))
         or (not h.vector_searched and (h.text_match or 0.0) >= MIN_TEXT_MATCH)
     ]
+
+
+def _cut_off(hit: Hit, min_similarity: float | None) -> float:
+    if min_similarity is not None:
+        return min_similarity
+    return hit.min_similarity if hit.min_similarity is not None else math.inf
+
+
+def written_in(languages: Sequence[Language]) -> str:
+    """What the tool tells the model of the articles' languages: a model for one language (the English one) does
+    not match a question in another, so the model is asked to write its query in theirs."""
+    if not languages:
+        return ""
+    names = [language.english_name for language in languages]
+    if len(names) == 1:
+        return f" The articles are in {names[0]}: write the query in {names[0]}."
+    listed = ", ".join(names[:-1]) + f" and {names[-1]}"
+    return f" The articles are in {listed}: write the query in one of these languages."
 
 
 def format_hits(hits: Sequence[Hit]) -> str:
@@ -94,7 +115,7 @@ def within(hits: Sequence[Hit], budget_tokens: int) -> list[Hit]:
 Finder = Callable[[str], Awaitable[list[Hit]]]
 
 
-def _finder(kb: KnowledgeBase, collections: Sequence[str], k: int, min_similarity: float) -> Finder:
+def _finder(kb: KnowledgeBase, collections: Sequence[str], k: int, min_similarity: float | None) -> Finder:
     async def found(query: str) -> list[Hit]:
         return relevant(await kb.search(query, collections=collections, k=k), query, min_similarity)
 
@@ -102,16 +123,19 @@ def _finder(kb: KnowledgeBase, collections: Sequence[str], k: int, min_similarit
 
 
 def search_knowledge_tool(
-    kb: KnowledgeBase, *, collections: Sequence[str], k: int = 4, min_similarity: float = 0.35
+    kb: KnowledgeBase, *, collections: Sequence[str], k: int = 4, min_similarity: float | None = None
 ) -> Tool:
     return knowledge_search(kb, collections=collections, k=k, min_similarity=min_similarity)[0]
 
 
 def knowledge_search(
-    kb: KnowledgeBase, *, collections: Sequence[str], k: int = 4, min_similarity: float = 0.35
+    kb: KnowledgeBase, *, collections: Sequence[str], k: int = 4, min_similarity: float | None = None
 ) -> tuple[Tool, Retriever]:
     """`search_knowledge`, and the same search run on the customer's message before the agent's first call
-    (agents.loop): only passages that clear `min_similarity`, within a token budget, shown as the tool shows them."""
+    (agents.loop): only passages that clear `min_similarity` (unset: each model's own), within a token budget,
+    shown as the tool shows them. The description names the articles' languages, as the knowledge base last read
+    them (`KnowledgeBase.languages`), for the model to search in theirs; the search before the first call uses the
+    customer's own words."""
     scope = ", ".join(collections) or "all collections"
     found = _finder(kb, collections, k, min_similarity)
 
@@ -121,7 +145,8 @@ def knowledge_search(
         hits = await found(query)
         return Cited(answer_from(hits), sources_of(hits)) if hits else NOTHING_FOUND
 
-    tool: Tool = function_tool(search_knowledge, description=f"Search our documents ({scope}).")
+    description = f"Search our documents ({scope})." + written_in(kb.languages(collections))
+    tool: Tool = function_tool(search_knowledge, description=description)
 
     async def retrieve(message: str, budget_tokens: int) -> Retrieved | None:
         hits = within(await found(message), budget_tokens) if len(message.strip()) >= 2 else []

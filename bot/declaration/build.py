@@ -200,7 +200,7 @@ class Helpdesk:
         for source in self.sources:
             await source.close()
 
-    def roster(self, knowledge: KnowledgeBase | None = None, *, min_similarity: float = 0.35) -> Roster:
+    def roster(self, knowledge: KnowledgeBase | None = None, *, min_similarity: float | None = None) -> Roster:
         spec = self.declaration.spec
         agents = []
         for name, declared_agent in spec.agents.items():

@@ -1059,7 +1059,7 @@ class SlackEmulator:
             event.set()
 
     # A polling deadline, not a cancellation scope, hence a plain ``timeout`` parameter.
-    async def wait_for(self, predicate: Callable[[], T | bool | None], timeout: float = 10.0) -> T:  # noqa: ASYNC109
+    async def wait_for(self, predicate: Callable[[], T | bool | None], timeout: float = 30.0) -> T:  # noqa: ASYNC109
         def story() -> str:
             recent = [f"{c.method}({c.error or 'ok'})" for c in self.calls[-8:]]
             return f"slack emulator: {len(self.calls)} API calls, recent: {recent}; {len(self.deliveries)} deliveries"

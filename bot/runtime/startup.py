@@ -182,13 +182,26 @@ async def knowledge_base(settings: Settings, sessions: async_sessionmaker[AsyncS
         if not (unavailable and unavailable.why == "no_embeddings" and settings.embeddings == "auto"):
             return _said(KnowledgeBase(sessions=sessions, embedder=remote, unavailable=unavailable, reprobe=reprobe))
         log.warning("%s. Using the local model instead (EMBEDDINGS=auto)", unavailable)
+    english, multilingual = LocalEmbedder(), MultilingualEmbedder()
     if settings.embeddings_source == "none":
-        idle = MultilingualEmbedder()
         fix = "Set EMBEDDINGS=local (or openai) for hybrid search"
-        off = Unavailable(idle.name, "disabled", "EMBEDDINGS=none", fix)
-        return _said(KnowledgeBase(sessions=sessions, embedder=idle, unavailable=off))
-    local = LocalEmbedder() if settings.embeddings_source == "local-english" else MultilingualEmbedder()
-    return _said(KnowledgeBase(sessions=sessions, embedder=local, unavailable=await local.load()))
+        off = Unavailable(multilingual.name, "disabled", "EMBEDDINGS=none", fix)
+        return _said(KnowledgeBase(sessions=sessions, embedder=multilingual, english=english, unavailable=off))
+    if settings.embeddings_source == "local-english":
+        return _said(KnowledgeBase(sessions=sessions, embedder=english, unavailable=await english.load()))
+    if settings.embeddings_source == "local-multilingual":
+        return _said(KnowledgeBase(sessions=sessions, embedder=multilingual, unavailable=await multilingual.load()))
+    # Only the English model is loaded now: the multilingual one (70 MB more) at the first collection not all in
+    # English, so a knowledge base all in English never loads it; failing then, it is tried again a minute later.
+    return _said(
+        KnowledgeBase(
+            sessions=sessions,
+            embedder=multilingual,
+            english=english,
+            unavailable=await english.load(),
+            reprobe=multilingual.load,
+        )
+    )
 
 
 def _said(kb: KnowledgeBase) -> KnowledgeBase:
@@ -259,7 +272,9 @@ async def _ingest(kb: KnowledgeBase, collections: list[Collection]) -> None:
     shipped: dict[Path, Precomputed | None] = {}
     for collection in collections:
         if collection.vectors is not None and collection.vectors not in shipped and kb.unavailable is None:
-            shipped[collection.vectors] = await Precomputed.load(kb.embedder, collection.vectors)
+            # Only the model the file names is asked to check it (the others are not loaded for it).
+            loads = (await Precomputed.load(model, collection.vectors) for model in kb.models)
+            shipped[collection.vectors] = await anext((p async for p in loads if p is not None), None)
     how = (
         "shipped vectors"
         if any(shipped.values())
@@ -268,12 +283,16 @@ async def _ingest(kb: KnowledgeBase, collections: list[Collection]) -> None:
         else "no vectors yet"
     )
     log.info("first start: adding the knowledge (%d documents, %s)", files, how)
-    embedder = kb.embedder
+    embedder, english = kb.embedder, kb.english
     done = 0
     try:
         for collection in collections:
             vectors = shipped.get(collection.vectors) if collection.vectors is not None else None
-            kb.embedder = vectors or embedder
+            # The shipped vectors stand in for the model that made them, whichever the collection's languages choose.
+            kb.embedder = vectors if vectors is not None and vectors.name == embedder.name else embedder
+            kb.english = (
+                vectors if vectors is not None and english is not None and vectors.name == english.name else english
+            )
 
             def progress(n: int, of: int, source: str, before: int = done) -> None:
                 log.info("  knowledge %d/%d: %s", before + n, files, source)
@@ -295,7 +314,7 @@ async def _ingest(kb: KnowledgeBase, collections: list[Collection]) -> None:
             done += report.added + report.replaced + report.unchanged
             log.info("ingested %s: %d documents, %d chunks", collection.name, report.added, report.chunks)
     finally:
-        kb.embedder = embedder
+        kb.embedder, kb.english = embedder, english
     misses = sum(p.misses for p in shipped.values() if p is not None)
     if misses:
         log.info("%d passages were not among the shipped vectors and were embedded now", misses)
@@ -338,14 +357,13 @@ async def brain(settings: Settings, db: Database, helpdesk: Helpdesk | None = No
     except BaseException:
         await knowledge.close()
         raise
-    min_similarity = (
-        settings.kb_min_similarity if settings.kb_min_similarity is not None else knowledge.embedder.min_similarity
-    )
+    # Unset: each passage judged by the cut-off of the model that embedded it.
+    min_similarity = settings.kb_min_similarity
     roster = helpdesk.roster(knowledge, min_similarity=min_similarity)
     # Descriptions compared with the English model, whatever EMBEDDINGS says: OfflineModel's threshold was
     # calibrated with it (as the Router's was, below), and the multilingual model's similarities run much higher.
     router = SimilarityRouter(
-        knowledge.embedder if isinstance(knowledge.embedder, LocalEmbedder) else LocalEmbedder(),
+        _english(knowledge) or LocalEmbedder(),
         {name: a.description for name, a in roster.agents.items()},
         knowledge=knowledge,
         collections={name: a.knowledge for name, a in roster.agents.items() if a.knowledge},
@@ -379,12 +397,19 @@ def calibrated_router(settings: Settings, knowledge: KnowledgeBase, roster: Rost
     if settings.router_min_score is None:
         return None
     examples = {name: agent.examples for name, agent in roster.agents.items()}
-    if isinstance(knowledge.embedder, LocalEmbedder):
+    if (english := _english(knowledge)) is not None:
         # The message the router embeds is searched next: one embedding, remembered by the knowledge base.
-        return Router(
-            knowledge.embedder, examples, min_score=settings.router_min_score, query_vector=knowledge.query_vector
-        )
+
+        async def query_vector(message: str) -> list[float] | None:
+            return await knowledge.query_vector(message, english)
+
+        return Router(english, examples, min_score=settings.router_min_score, query_vector=query_vector)
     return Router(LocalEmbedder(), examples, min_score=settings.router_min_score)
+
+
+def _english(knowledge: KnowledgeBase) -> LocalEmbedder | None:
+    """The knowledge base's English local model, if it has one (loaded once for both)."""
+    return next((model for model in knowledge.models if isinstance(model, LocalEmbedder)), None)
 
 
 def terminal_engine(
