@@ -34,7 +34,12 @@ log = logging.getLogger(__name__)
 
 ASKS_FOR_PERSON = re.compile(
     r"\b(human|person|real (?:person|people)|someone real|somebody|agent|representative|operator|manager|"
-    r"supervisor|staff|colleague|talk to (?:a|an|some)one|speak (?:to|with) (?:a|an|some)one)\b",
+    r"supervisor|staff|colleague|talk to (?:a|an|some)one|speak (?:to|with) (?:a|an|some)one"
+    # The bot's other languages (agents.language), accents optional: a person, a human, an agent, someone.
+    r"|persona|humano|agente|alguien|operador|"
+    r"mensch(?:en)?|mitarbeiter(?:in)?|jemande[mn]|berater(?:in)?|"
+    r"humain|quelqu.un|conseill[eè]re?|une personne|"
+    r"pessoa|atendente|algu[eé]m)\b",
     re.IGNORECASE,
 )
 

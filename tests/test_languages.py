@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.db import models as m
 from agents.language import Language, heard
+from agents.offline import ASKS_FOR_PERSON
 from agents.texts import CATALOG, TEMPLATES, WHEN, Text, Texts
 from bot.compose import Bot
 from bot.csat import ACTION_PREFIX
@@ -312,6 +313,9 @@ def test_a_too_long_button_in_another_language_stops_the_bot_at_start_up() -> No
         ("please", DE, DE),
         ("firmware 2.1 update", DE, DE),
         ("please", None, Language.EN),  # nothing known yet: what little there is decides
+        # A first sentence without accents, between Spanish and Portuguese, is still Spanish; two words are not told.
+        ("hola, como cambio la bateria de mi dron? no carga", None, ES),
+        ("refund pls", None, None),
         # What the customer pastes or quotes is not how they speak.
         ("```Traceback (most recent call last): File main.py, line 3, in module```\nno me funciona esto", ES, ES),
         ("&gt; Your order has shipped and will arrive tomorrow, thank you\nqué significa esto", None, ES),
@@ -320,6 +324,23 @@ def test_a_too_long_button_in_another_language_stops_the_bot_at_start_up() -> No
     ],
 )
 def test_the_conversations_language_follows_the_customers_prose_and_does_not_flap(
-    written: str, known: Language | None, expected: Language
+    written: str, known: Language | None, expected: Language | None
 ) -> None:
     assert heard(written, known) == expected
+
+
+@pytest.mark.parametrize(
+    ("written", "asks"),
+    [
+        ("quiero hablar con una persona", True),
+        ("Ich möchte mit einem Menschen sprechen", True),
+        ("je veux parler à quelqu'un", True),
+        ("posso falar com um atendente?", True),
+        ("como cambio la bateria", False),
+        ("Akku lädt nicht mehr", False),
+        ("mein Mitarbeiterausweis", False),
+    ],
+)
+def test_a_request_for_a_person_is_heard_in_each_language(written: str, asks: bool) -> None:
+    # The router leaves such a message to the agents (who escalate), and the offline mode escalates it.
+    assert bool(ASKS_FOR_PERSON.search(written)) is asks
