@@ -1,5 +1,5 @@
 """Postgres for tests and benchmarks: a server, a throwaway database built by the migrations, and waiting
-until the bot has processed every stored message and sent every queued Slack call."""
+until the bot has processed every stored message and sent every queued Slack call, and what the tables hold."""
 
 from __future__ import annotations
 
@@ -80,3 +80,24 @@ async def settle(sessions: Sessions, timeout_s: float = 10.0) -> None:
             return
         await asyncio.sleep(0.05)
     raise TimeoutError("work left unfinished")
+
+
+async def held(sessions: Sessions, needles: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """(table, column, needle) for each text or JSON column of any table that holds one of `needles`."""
+    found = []
+    async with sessions() as s:
+        columns = await s.execute(
+            text(
+                "SELECT table_name, column_name, data_type FROM information_schema.columns "
+                "WHERE table_schema = current_schema() "
+                "AND data_type IN ('text', 'character varying', 'json', 'jsonb', 'ARRAY', 'tsvector')"
+            )
+        )
+        for table, column, _ in columns.all():
+            for needle in needles:
+                hit = await s.scalar(
+                    text(f'SELECT count(*) FROM "{table}" WHERE strpos("{column}"::text, :n) > 0'), {"n": needle}
+                )
+                if hit:
+                    found.append((table, column, needle))
+    return found

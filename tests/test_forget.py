@@ -21,34 +21,13 @@ from bot.admin.queries import AdminQueries
 from bot.playground.slack_emulator import BOT_USER_ID, SlackEmulator
 from fakes.openai_server import FakeOpenAI, reply, slow, tool_call, tools
 from harness import documents
-from harness.database import settle
+from harness.database import held, settle
 from harness.scenarios import STAFF, SUPPORT, shown, support
 
 Sessions = async_sessionmaker[AsyncSession]
 CUSTOMER = "U_CUSTOMER"
 THEIRS = ("burnt marmalade", "ZEBRA-4411", "Casey Customer", CUSTOMER)
 """Their id, their name, their words, and their file's text."""
-
-
-async def _held(sessions: Sessions, needles: tuple[str, ...]) -> list[tuple[str, str, str]]:
-    """(table, column, needle) for each text or JSON column of any table that holds one of `needles`."""
-    found = []
-    async with sessions() as s:
-        columns = await s.execute(
-            text(
-                "SELECT table_name, column_name, data_type FROM information_schema.columns "
-                "WHERE table_schema = current_schema() "
-                "AND data_type IN ('text', 'character varying', 'json', 'jsonb', 'ARRAY', 'tsvector')"
-            )
-        )
-        for table, column, _ in columns.all():
-            for needle in needles:
-                hit = await s.scalar(
-                    text(f'SELECT count(*) FROM "{table}" WHERE strpos("{column}"::text, :n) > 0'), {"n": needle}
-                )
-                if hit:
-                    found.append((table, column, needle))
-    return found
 
 
 def _live_posts_holding(emulator: SlackEmulator, needles: tuple[str, ...]) -> list[str]:
@@ -88,7 +67,7 @@ async def test_forget_leaves_nothing_of_the_person_in_any_table_or_live_post(
     shipped_bot: Any, emulator: SlackEmulator, fake_llm: FakeOpenAI, sessions: Sessions
 ) -> None:
     await _seed(emulator, fake_llm, sessions)
-    assert await _held(sessions, THEIRS) and _live_posts_holding(emulator, THEIRS)  # the seed holds them
+    assert await held(sessions, THEIRS) and _live_posts_holding(emulator, THEIRS)  # the seed holds them
     assert _bots_files(emulator)
     usage = await AdminQueries(sessions=sessions).usage(30)
 
@@ -97,7 +76,7 @@ async def test_forget_leaves_nothing_of_the_person_in_any_table_or_live_post(
     # The outbox takes the case, the relays and the answers down.
     await emulator.wait_for(lambda: not _live_posts_holding(emulator, THEIRS), timeout=15)
     await settle(sessions)
-    assert await _held(sessions, THEIRS) == []
+    assert await held(sessions, THEIRS) == []
     async with sessions() as s:
         record = (await s.execute(text("SELECT requested_by, counts FROM forgotten"))).one()
         erased = await s.scalar(text("SELECT count(*) FROM outbox WHERE kind = 'erase' AND outcome = 'sent'"))
@@ -155,11 +134,11 @@ async def test_export_holds_their_messages_and_nobody_elses(
     await emulator.wait_for(lambda: emulator.posts(SUPPORT, theirs.ts))
     await settle(sessions)
 
-    held = await personal.export(sessions, personal.Person("slack", CUSTOMER))
-    written = json.dumps(held)
+    exported = await personal.export(sessions, personal.Person("slack", CUSTOMER))
+    written = json.dumps(exported)
     assert "how do I pair the remote with my osprey?" in written and "Here is how to pair the remote." in written
     assert "propellers" not in written and "U_OTHER" not in written and "Olga" not in written
-    assert len(held["conversations"]) == 1
+    assert len(exported["conversations"]) == 1
 
 
 class _ForgetsWhileSummarising:
@@ -199,7 +178,7 @@ async def test_a_summary_being_written_when_the_person_is_forgotten_is_not_store
         sessions=sessions, model=_ForgetsWhileSummarising(sessions), config=Summarising(model="m", high_water=600)
     )
     assert not await summaries.summarise(cid, None)
-    assert await _held(sessions, THEIRS) == []
+    assert await held(sessions, THEIRS) == []
 
 
 async def _seed_conversation(sessions: Sessions, key: str = "slack:T1:C1:1.0") -> int:

@@ -237,8 +237,6 @@ def parse(text: str) -> Command | UsageError:
         case "forget", [person]:
             mention = _MENTION.match(person)
             if mention is None:
-                return UsageError(
-                    f"`{_unwrap(person)}` is not a person. Pick them with Slack's `@` autocomplete.", usage(name)
-                )
+                return UsageError(f"`{_unwrap(person)}` is not a person. Mention them with `@`.", usage(name))
             return Forget(mention["id"])
     return UsageError("That doesn't look right.", usage(name))

@@ -144,7 +144,7 @@ def parse(body: Mapping[str, Any], policy: TeamsPolicy) -> Parsed:
     ours = tenant == policy.tenant
     admin = ours and aad in policy.admins
     if conversation_type == "personal" and (command := _admin_command(text, admin=admin)) is not None:
-        return parsed(AdminMessage(conversation, user, aad, command))
+        return parsed(AdminMessage(conversation, user, aad, _with_mentions(command, body, policy)))
     if not text:
         return parsed(Ignored("no text"))
     name = _get(sender, "name")
@@ -181,6 +181,23 @@ def _admin_command(text: str, *, admin: bool) -> str | None:
     if admin and first in USAGE:
         return text
     return None
+
+
+def _with_mentions(command: str, body: Mapping[str, Any], policy: TeamsPolicy) -> str:
+    """An admin's command with each person it mentions as the commands' mention, `<@id>` (`bot.admin.parse`): Teams
+    writes a mention as `<at>Name</at>` in the text (read as `@Name`), and the person's id only in its `mention`
+    entity. Without the name, which the recorded command would keep after a forget (the sweep replaces ids). Longer
+    names first, so that `@Casey` does not take `@Casey Customer`'s place."""
+    mentions = []
+    for entity in body.get("entities") or []:
+        person = _get(entity, "mentioned", "id")
+        if _get(entity, "type") == "mention" and person and person not in (policy.bot_id, policy.app_id):
+            shown = incoming_text(str(_get(entity, "text") or ""), bot_names=())
+            if shown.startswith("@"):
+                mentions.append((shown, str(person)))
+    for shown, person in sorted(mentions, key=lambda m: -len(m[0])):
+        command = command.replace(shown, f"<@{person}>", 1)
+    return command
 
 
 def _feedback(body: Mapping[str, Any], conversation: str, user: str) -> FeedbackClick | Ignored:
