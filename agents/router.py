@@ -14,7 +14,6 @@ bundled local embedder (`python -m bench routing`; figures in the README): preci
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -41,7 +40,6 @@ PERSON_EXAMPLES: tuple[str, ...] = (
 )
 """Ways of asking for a person that the regular expression may miss; written for this module, not from a set."""
 
-log = logging.getLogger(__name__)
 MIN_SCORE = 0.24
 """The default threshold (ROUTER_MIN_SCORE): 0.15 was the lowest with precision >= 0.97 on routing.jsonl, where it
 was calibrated, but routing_b.jsonl had 0.95 there; at 0.24 both are at 1.00 (README, Routing without a call)."""
@@ -123,13 +121,15 @@ class Router:
         [vector] = await self.embedder.embed([text])
         return vector
 
-    async def warm(self) -> None:
-        """Load the model and embed the examples now (at start-up, in the background), not on the first message,
-        which would wait seconds for it. A failure is left for `route`, which abstains."""
+    async def warm(self) -> str | None:
+        """Load the model and embed the examples now (at start-up, before the process says it is ready), not on the
+        first message, which would wait seconds for it. None when done, else why not: a failure is left for `route`,
+        which abstains (and tries again at the next message)."""
         try:
             await self._examples()
-        except Exception:  # routing without a call is an optimisation: the first message routes by the model
-            log.warning("the router could not embed its examples; the model routes until it can", exc_info=True)
+        except Exception as exc:  # routing without a call is an optimisation: the first message routes by the model
+            return f"could not embed its examples ({type(exc).__name__}: {exc}); the model routes until it can"
+        return None
 
     async def score(self, text: str) -> Scored:
         if ASKS_FOR_PERSON.search(text):

@@ -1,4 +1,4 @@
-"""`python -m bench [NAME ...] [--quick]`: run the named benchmarks (all when none is named)."""
+"""`python -m bench [NAME ...] [--quick] [--profile]`: run the named benchmarks (all when none is named)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Any
 
 from bench import (
     admin,
+    cpu,
+    embedding,
     engine,
     faults,
     first_start,
@@ -40,6 +42,8 @@ MODULES = (
     faults,
     shape,
     streaming,
+    cpu,
+    embedding,
 )
 BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {m.__name__.removeprefix("bench."): m.main for m in MODULES}
 
@@ -51,12 +55,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--results", type=Path, default=RESULTS, help="folder for the JSON results (default: bench/results)"
     )
+    parser.add_argument("--profile", action="store_true", help="cpu only: flame graphs of the bot process (py-spy)")
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark(s): {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    if args.profile and args.names != ["cpu"]:
+        parser.error("--profile goes with the cpu benchmark alone: python -m bench cpu --profile")
+    options = {"profile": True} if args.profile else {}
     for name in args.names or list(BENCHMARKS):
-        BENCHMARKS[name](quick=args.quick, results=args.results)
+        BENCHMARKS[name](quick=args.quick, results=args.results, **options)
     return 0
 
 

@@ -278,7 +278,27 @@ def streaming(result: Result) -> Table:
     return Table(headers, rows)
 
 
+def cpu(result: Result) -> Table:
+    """`python -m bench cpu`: CPU per customer message with the defaults and stripped, one row per burst."""
+    rows = [
+        [
+            name,
+            f"{w['customers']} in {w['channels']} channel{'s' if w['channels'] > 1 else ''}",
+            f"{w['answered_once']}/{w['customers']}",
+            w["last_answer_s"],
+            w.get("last_vs_single"),
+            w["bot_cpu_ms_per_message"],
+            w["peak_rss_mb"],
+        ]
+        for name, setup in result["setups"].items()
+        for w in setup["waves"]
+    ]
+    headers = ["set-up", "customers at once", "answered once", "last answer s", "last / single", "bot CPU ms/message"]
+    return Table([*headers, "peak RSS MB"], rows)
+
+
 RENDERERS: dict[str, Callable[[Result, Result | None], Table]] = {
+    "cpu": lambda result, _: cpu(result),
     "faults": lambda result, _: faults(result),
     "tools": lambda result, _: tools(result),
     "first_start": lambda result, _: first_start(result),

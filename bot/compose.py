@@ -9,7 +9,6 @@ is made first, so that intake and the desk can ring it before the workers are).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -25,7 +24,7 @@ from agents.address import Platform
 from agents.conversations import Conversations
 from agents.db.engine import make_engine, make_sessions, watch_writes
 from agents.knowledge.store import KnowledgeBase
-from agents.language import Language, warm
+from agents.language import Language
 from agents.leases import Leases, process_owner
 from agents.model import Model
 from agents.offline import FallbackModel, ProviderHealth
@@ -45,6 +44,7 @@ from bot.feedback import Feedback
 from bot.metrics import Metrics
 from bot.retention import Periods, Retention
 from bot.runtime import startup as runtime
+from bot.runtime.warmup import WarmUp, steps
 from bot.runtime.workers import Doorbell, Progress, Workers
 from bot.settings import Settings
 from bot.slack.agent_view import Prompt
@@ -77,6 +77,8 @@ class Bot:
     conversations: Conversations
     desk: CaseDesk
     knowledge: KnowledgeBase
+    warm_up: WarmUp
+    """What the process loads before it says it is ready (the router's examples, the models): /healthz waits for it."""
     teams: TeamsEdge | None = None
     """`POST /api/messages`, when Teams is configured."""
     url: str = ""
@@ -159,6 +161,12 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
     async with runtime.open_database(settings) as db, AsyncExitStack() as closing:
         brain = await runtime.brain(settings, db, helpdesk)
         closing.push_async_callback(brain.close)
+        # Side by side with the rest of the start-up; the process says it is ready once it is over (ready means warm).
+        warm_up = WarmUp(
+            steps(router=brain.router, knowledge=brain.knowledge, runs_turns=settings.process_role != "web")
+        )
+        warm_up.start()
+        closing.push_async_callback(warm_up.stop)
         sides = Sides(
             slack=slack_side(settings) if settings.slack_configured else None,
             teams=teams_side(settings, engine=db.engine, sessions=db.sessions) if settings.teams_configured else None,
@@ -218,7 +226,17 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
         closing.push_async_callback(workers.stop)  # first out: the workers stop before what they use closes
         provider = brain.model.current_health if isinstance(brain.model, FallbackModel) else None
         yield Bot(
-            settings, db, app, workers, metrics, conversations, takeover.desk, brain.knowledge, edge, provider=provider
+            settings,
+            db,
+            app,
+            workers,
+            metrics,
+            conversations,
+            takeover.desk,
+            brain.knowledge,
+            warm_up,
+            edge,
+            provider=provider,
         )
 
 
@@ -232,8 +250,8 @@ def engine(
     after_turn: Callable[..., Awaitable[None]],
     closing: AsyncExitStack,
 ) -> Conversations:
-    """The engine's conversations: the queue, the turns, the transcript; the router and the language model (each
-    customer message's language is told before its turn) warmed in the background."""
+    """The engine's conversations: the queue, the turns, the transcript (the router and the language model they use
+    are warmed by `Bot.warm_up`)."""
     conversations = Conversations(
         takeover=TAKEOVER,
         sessions=db.sessions,
@@ -250,10 +268,6 @@ def engine(
     )
     if conversations.summaries is not None:
         closing.push_async_callback(conversations.summaries.close)
-    if brain.router is not None:
-        warming = asyncio.create_task(brain.router.warm())
-        closing.callback(warming.cancel)
-    closing.callback(asyncio.create_task(asyncio.to_thread(warm)).cancel)  # py3langid's model, half a second
     return conversations
 
 

@@ -65,9 +65,10 @@ def web_app(bot: Bot) -> web.Application:
         return await to_aiohttp_response(await bot.app.async_dispatch(bolt_request))
 
     async def livez(_: web.Request) -> web.Response:
-        # For a load balancer that can reach only this port: the process is up and its workers started. Nothing
-        # else (no database round trip, no details), since anyone can ask.
-        return web.json_response({"ready": bot.workers.ready}, status=200 if bot.workers.ready else 503)
+        # For a load balancer that can reach only this port: the process is up, its workers started and it is warm.
+        # Nothing else (no database round trip, no details), since anyone can ask.
+        ready = bot.workers.ready and bot.warm_up.warm
+        return web.json_response({"ready": ready}, status=200 if ready else 503)
 
     application = web.Application(client_max_size=1024**2)
     if bot.settings.process_role != "worker":
@@ -120,8 +121,13 @@ def _add_monitoring(application: web.Application, bot: Bot) -> None:
         writes = bot.db.writes.status()
         if database == "ok" and writes["status"] != "ok":
             database = f"refusing writes: {writes['last_error']}"
-        ready = database == "ok" and bot.workers.ready
+        ready = database == "ok" and bot.workers.ready and bot.warm_up.warm
         body: dict[str, object] = {"database": database, "ready": ready}
+        if bot.warm_up.pending:
+            body["warming"] = sorted(bot.warm_up.pending)
+        if bot.warm_up.failed:
+            # Ready all the same: each of these has a degraded way to answer (the model routes, full-text search).
+            body["warm_up_failed"] = dict(bot.warm_up.failed)
         if writes["status"] != "ok":
             body["database_writes"] = writes
         if bot.provider is not None:
@@ -207,6 +213,8 @@ async def serve(settings: Settings, *, socket_mode: bool = False) -> int:
         log.info("listening on %s (%s)", bot.url, "socket mode" if socket_mode else "http")
         if bot.monitoring_url != bot.url:
             log.info("/healthz and /metrics on %s", bot.monitoring_url)
+        # Ready means warm: a deployment that waits for this line (or /healthz) sends no customer to a cold process.
+        await bot.warm_up.wait()
         gc.freeze()  # start-up objects live forever: keep them out of full collections, which stall every ack
         print(
             json.dumps(

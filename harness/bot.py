@@ -117,8 +117,10 @@ def free_port() -> int:
 async def serving(
     settings: Settings, slack: SlackEmulator, *, clock: Callable[[], datetime] | None = None
 ) -> AsyncIterator[Bot]:
-    """The bot in this process on a free port (`bot.url`), the emulator delivering to it."""
+    """The bot in this process on a free port (`bot.url`), the emulator delivering to it, once it is warm (as
+    `python -m bot serve` says it is ready)."""
     async with running_bot(settings, clock=clock) as bot, listening(bot, host="127.0.0.1", port=0):
+        await bot.warm_up.wait()
         slack.events_url = f"{bot.url}/slack/events"
         yield bot
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from agents.knowledge.batching import Batcher
 from agents.knowledge.embedders import Unavailable
 
 Array = NDArray[np.float32]
@@ -44,33 +45,54 @@ def load_weights(path: Path) -> dict[str, Array]:
     return weights
 
 
-def _erf(x: Array) -> Array:
-    # Abramowitz & Stegun 7.1.26 (error < 1.5e-7): BERT's GELU is erf-based, and NumPy has no erf.
-    sign = np.sign(x)
-    a = np.abs(x)
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    out: Array = (sign * (1.0 - poly * np.exp(-a * a))).astype(np.float32)
-    return out
+# Abramowitz & Stegun 7.1.26 (error < 1.5e-7): BERT's GELU is erf-based, and NumPy has no erf.
+_ERF_P = np.float32(0.3275911)
+_ERF_A = tuple(np.float32(a) for a in (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592))
 
 
 def _gelu(x: Array) -> Array:
-    return (0.5 * x * (1.0 + _erf(x / np.float32(math.sqrt(2.0))))).astype(np.float32)
+    """x * Phi(x), with Phi from the erf approximation above, in place on scratch arrays: written as a chain of
+    expressions it made a dozen temporaries of the widest activation and took a quarter of the pass."""
+    z = np.abs(x)
+    z *= np.float32(1.0 / math.sqrt(2.0))
+    t = z * _ERF_P
+    t += 1.0
+    np.reciprocal(t, out=t)
+    tail = t * _ERF_A[0]
+    for a in _ERF_A[1:]:
+        tail += a
+        tail *= t
+    np.square(z, out=z)
+    np.negative(z, out=z)
+    np.exp(z, out=z)
+    tail *= z
+    tail *= 0.5  # now 1 - Phi(|x|)
+    phi = np.where(x >= 0, 1.0 - tail, tail)
+    phi *= x
+    return phi
 
 
 def _layer_norm(x: Array, weight: Array, bias: Array, eps: float) -> Array:
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    out: Array = ((x - mean) / np.sqrt(var + eps) * weight + bias).astype(np.float32)
-    return out
+    centred: Array = x - x.mean(-1, keepdims=True)
+    scale = np.sqrt(np.square(centred).mean(-1, keepdims=True) + np.float32(eps))
+    centred /= scale
+    centred *= weight
+    centred += bias
+    return centred
 
 
 class MiniLM:
     """The encoder itself (synchronous; `LocalEmbedder` runs it off the event loop)."""
 
-    def __init__(self, path: Path = MODEL_DIR, *, max_tokens: int = 256) -> None:
+    def __init__(self, path: Path = MODEL_DIR, *, max_tokens: int = 256, threads: int = 1) -> None:
+        from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
         from tokenizers import Tokenizer
 
+        # NumPy's BLAS threads, for the whole process (BLAS has one setting): the bot serves many conversations at
+        # once and runs one pass at a time for all of them; a second BLAS thread per pass spins against the event
+        # loop's core, doubling a short message's CPU time; it only saves wall time on an idle machine
+        # (bench/embedding.py).
+        ThreadpoolController().limit(limits=threads, user_api="blas")
         self.config: dict[str, Any] = json.loads((path / "config.json").read_text())
         self.w = load_weights(path / "model.safetensors")
         self.tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
@@ -81,12 +103,12 @@ class MiniLM:
         self.dim = int(self.config["hidden_size"])
 
     def _dense(self, x: Array, name: str) -> Array:
-        # As one 2-D product: NumPy hands that to BLAS, while a 3-D one by a 2-D matrix loops slowly.
-        flat = x.reshape(-1, x.shape[-1]) @ self.w[f"{name}.weight"].T + self.w[f"{name}.bias"]
-        return flat.reshape(*x.shape[:-1], -1).astype(np.float32, copy=False)
+        out: Array = x @ self.w[f"{name}.weight"].T
+        out += self.w[f"{name}.bias"]
+        return out
 
     def encode(self, texts: list[str], batch: int = 32) -> Array:
-        # Sorting by length keeps padding, and so wasted work, small within each batch.
+        # Sorting by length keeps padding, and so wasted work in attention, small within each batch.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for start in range(0, len(order), batch):
@@ -97,44 +119,53 @@ class MiniLM:
     def _encode_batch(self, texts: list[str]) -> Array:
         encodings = self.tokenizer.encode_batch(texts)
         tokens = np.array([e.ids for e in encodings], dtype=np.int64)
-        mask = np.array([e.attention_mask for e in encodings], dtype=np.float32)
+        mask = np.array([e.attention_mask for e in encodings], dtype=bool)
         w = self.w
         n, length = tokens.shape
-        x = w["embeddings.word_embeddings.weight"][tokens] + w["embeddings.position_embeddings.weight"][:length]
-        x = x + w["embeddings.token_type_embeddings.weight"][0]
+        # Every step but attention works on each token alone, so it runs on the real tokens only, packed as one
+        # (tokens, hidden) matrix: texts of 5 and 20 words padded together would otherwise cost twice the work.
+        x = w["embeddings.word_embeddings.weight"][tokens[mask]]
+        x += w["embeddings.position_embeddings.weight"][np.nonzero(mask)[1]]
+        x += w["embeddings.token_type_embeddings.weight"][0]
         x = _layer_norm(x, w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], self.eps)
         head = self.dim // self.heads
-        blocked = ((1.0 - mask) * np.float32(-1e9))[:, None, None, :]
+        blocked = np.where(mask, np.float32(0.0), np.float32(-1e9))[:, None, None, :]
+        padded = np.zeros((n, length, self.dim), dtype=np.float32)
+
+        def split(t: Array, order: tuple[int, ...] = (0, 2, 1, 3)) -> Array:
+            padded[mask] = t
+            # Contiguous copies: NumPy's batched matmul is only fast (BLAS per slice) on contiguous stacks.
+            return np.ascontiguousarray(padded.reshape(n, length, self.heads, head).transpose(order))
+
         for layer in range(int(self.config["num_hidden_layers"])):
             p = f"encoder.layer.{layer}"
-
-            def split(t: Array, order: tuple[int, ...] = (0, 2, 1, 3)) -> Array:
-                # Contiguous copies: NumPy's batched matmul is only fast (BLAS per slice) on contiguous stacks.
-                return np.ascontiguousarray(t.reshape(n, length, self.heads, head).transpose(order))
-
             q = split(self._dense(x, f"{p}.attention.self.query"))
+            q *= np.float32(1.0 / math.sqrt(head))
             k_t = split(self._dense(x, f"{p}.attention.self.key"), (0, 2, 3, 1))
             v = split(self._dense(x, f"{p}.attention.self.value"))
-            scores = (q @ k_t) / np.float32(math.sqrt(head)) + blocked
-            scores = np.exp(scores - scores.max(-1, keepdims=True))
-            attention = scores / scores.sum(-1, keepdims=True)
-            context = (attention @ v).transpose(0, 2, 1, 3).reshape(n, length, self.dim)
+            scores = q @ k_t
+            scores += blocked
+            scores -= scores.max(-1, keepdims=True)
+            np.exp(scores, out=scores)
+            scores /= scores.sum(-1, keepdims=True)
+            context = (scores @ v).transpose(0, 2, 1, 3)[mask].reshape(-1, self.dim)
+            attended = self._dense(context, f"{p}.attention.output.dense")
+            attended += x
             x = _layer_norm(
-                self._dense(context, f"{p}.attention.output.dense") + x,
+                attended,
                 w[f"{p}.attention.output.LayerNorm.weight"],
                 w[f"{p}.attention.output.LayerNorm.bias"],
                 self.eps,
             )
-            hidden = _gelu(self._dense(x, f"{p}.intermediate.dense"))
-            x = _layer_norm(
-                self._dense(hidden, f"{p}.output.dense") + x,
-                w[f"{p}.output.LayerNorm.weight"],
-                w[f"{p}.output.LayerNorm.bias"],
-                self.eps,
-            )
-        pooled = (x * mask[:, :, None]).sum(1) / np.maximum(mask.sum(1, keepdims=True), 1e-9)
-        out: Array = (pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)).astype(np.float32)
-        return out
+            out = self._dense(_gelu(self._dense(x, f"{p}.intermediate.dense")), f"{p}.output.dense")
+            out += x
+            x = _layer_norm(out, w[f"{p}.output.LayerNorm.weight"], w[f"{p}.output.LayerNorm.bias"], self.eps)
+        # Mean pooling over each text's own tokens: the packed rows are in text order.
+        counts = mask.sum(1)
+        pooled = np.add.reduceat(x, np.concatenate(([0], np.cumsum(counts)[:-1])), axis=0) / counts[:, None]
+        pooled = pooled.astype(np.float32, copy=False)
+        normed: Array = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), np.float32(1e-12))
+        return normed
 
 
 class LocalEmbedder:
@@ -146,6 +177,12 @@ class LocalEmbedder:
         self._model = model
         self.path = path
         self._lock = asyncio.Lock()
+        self._batcher = Batcher()
+
+    @property
+    def passes(self) -> int:
+        """Forward passes run so far: the messages that arrive together share one (`agents.knowledge.batching`)."""
+        return self._batcher.passes
 
     async def load(self) -> Unavailable | None:
         """Load the model now: None when it works, else why not (a damaged or partial install)."""
@@ -168,8 +205,7 @@ class LocalEmbedder:
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
         model = await self._loaded()
-        vectors = await asyncio.to_thread(model.encode, texts)
-        return [[float(v) for v in row] for row in vectors]
+        return await self._batcher.run(model.encode, texts)
 
     async def embed_query(self, texts: list[str]) -> list[list[float]]:
         return await self.embed(texts)

@@ -16,6 +16,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from agents.errors import ProviderError
+from agents.knowledge.batching import Batcher
 from agents.knowledge.embedders import Unavailable
 
 if TYPE_CHECKING:
@@ -37,6 +38,12 @@ class MultilingualEmbedder:
         question would only contend with them (and with Postgres) on a small machine."""
         self._model = model
         self._lock = asyncio.Lock()
+        self._batcher = Batcher()
+
+    @property
+    def passes(self) -> int:
+        """Forward passes run so far: the texts that arrive together share one (`agents.knowledge.batching`)."""
+        return self._batcher.passes
 
     async def load(self) -> Unavailable | None:
         """Load the model now: None when it works, else why not (a damaged or partial install)."""
@@ -72,10 +79,8 @@ class MultilingualEmbedder:
     async def embed(self, texts: list[str]) -> list[list[float]]:
         """Passages."""
         model = await self._model_or_fail()
-        vectors = await asyncio.to_thread(model.passage, texts)
-        return [[float(v) for v in row] for row in vectors]
+        return await self._batcher.run(model.passage, texts)
 
     async def embed_query(self, texts: list[str]) -> list[list[float]]:
         model = await self._model_or_fail()
-        vectors = await asyncio.to_thread(model.query, texts)
-        return [[float(v) for v in row] for row in vectors]
+        return await self._batcher.run(model.query, texts)
