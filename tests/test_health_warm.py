@@ -22,6 +22,8 @@ import aiohttp
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.knowledge import local
+from agents.knowledge.local import LocalEmbedder
+from agents.knowledge.multilingual import MultilingualEmbedder
 from agents.router import MIN_SCORE
 from bot.playground.slack_emulator import SlackEmulator
 from fakes.openai_server import FakeOpenAI
@@ -182,3 +184,18 @@ async def test_a_process_that_runs_no_turns_does_not_warm_them(
         assert bot.warm_up.steps == {} and bot.warm_up.warm
         status, body = await health(bot.monitoring_url)
         assert status == 200 and "warming" not in body, body
+
+
+async def test_with_embeddings_off_the_warm_up_loads_no_model(
+    database_url: str,
+    sessions: async_sessionmaker[AsyncSession],
+    fake_llm: FakeOpenAI,
+    emulator: SlackEmulator,
+) -> None:
+    """EMBEDDINGS=none and the router off: the sample's collections were embedded by MiniLM, but no search embeds,
+    so warming loads neither model (each costs about 100 MB resident)."""
+    settings = harness.bot_settings(database_url, fake_llm, emulator, embeddings="none", router_min_score="off")
+    async with harness.serving(settings, emulator) as bot:
+        assert bot.warm_up.warm and not bot.warm_up.failed
+        local = [model for model in bot.knowledge.models if isinstance(model, LocalEmbedder | MultilingualEmbedder)]
+        assert len(local) == 2 and not any(model.loaded for model in local), local

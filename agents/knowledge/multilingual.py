@@ -41,6 +41,11 @@ class MultilingualEmbedder:
         self._batcher = Batcher()
 
     @property
+    def loaded(self) -> bool:
+        """Whether the model is in memory (about 100 MB resident): loaded at the first embedding or `load`."""
+        return self._model is not None
+
+    @property
     def passes(self) -> int:
         """Forward passes run so far: the texts that arrive together share one (`agents.knowledge.batching`)."""
         return self._batcher.passes

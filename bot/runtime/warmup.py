@@ -47,6 +47,8 @@ async def _local_models(knowledge: KnowledgeBase) -> str | None:
     """The local models the stored collections were embedded with, loaded (the English one usually is already, by
     the start-up's probe; the multilingual one otherwise waits for the first search of a collection not in
     English). One that cannot be loaded leaves the knowledge base on full text, as a first search would."""
+    if knowledge.unavailable is not None and knowledge.unavailable.why == "disabled":
+        return None  # EMBEDDINGS=none: no search embeds, so no model is worth its 100 MB
     used = {collection.embedder for collection in (await knowledge.status()).collections}
     for model in knowledge.models:
         if model.name not in used or not isinstance(model, LocalEmbedder | MultilingualEmbedder):
