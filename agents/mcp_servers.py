@@ -350,7 +350,7 @@ class MCPServer:
                 try:
                     reason = await self._connection(link)
                 except Exception as exc:  # whatever the transport or the server did, the bot keeps serving
-                    reason = describe(exc)
+                    reason = describe(exc, command=self._config.command)
                     log.debug("MCP server %s: connection failed", self.name, exc_info=True)
                 # From the first delay after a connection that worked (and on the first try), doubling while it fails.
                 if not link.worked and self._tried.is_set():
@@ -622,15 +622,17 @@ class _Watched:
         await self.aclose()
 
 
-def describe(exc: BaseException) -> str:
-    """Why a connection failed, in a few words for a log line and /support status."""
+def describe(exc: BaseException, *, command: str | None = None) -> str:
+    """Why a connection failed, in a few words for a log line and /support status (`command`: the stdio server's)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     match exc:
         case TimeoutError() | httpx2.TimeoutException():
             return str(exc) if isinstance(exc, TimeoutError) and str(exc) else "no answer in time"
         case FileNotFoundError() | PermissionError():
-            where = f"{exc.filename}: " if exc.filename else ""
+            # uvloop's spawn names no file where asyncio's names the program: then it is the configured command.
+            program = exc.filename or command
+            where = f"{program}: " if program else ""
             return f"cannot start the server: {where}{exc.strerror or exc}"
         case _ if any(isinstance(cause, ConnectionRefusedError) for cause in _causes(exc)):
             return "connection refused"

@@ -19,6 +19,7 @@ from bench import (
     knowledge,
     relay,
     routing,
+    scale,
     shape,
     slack,
     streaming,
@@ -44,6 +45,7 @@ MODULES = (
     streaming,
     cpu,
     embedding,
+    scale,
 )
 BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {m.__name__.removeprefix("bench."): m.main for m in MODULES}
 

@@ -297,8 +297,37 @@ def cpu(result: Result) -> Table:
     return Table([*headers, "peak RSS MB"], rows)
 
 
+def scale(result: Result) -> Table:
+    """`python -m bench scale`: one web process and 1, 2, 4 workers on one database, one row per configuration."""
+    rows = []
+    for r in result["runs"]:
+        b = r["burst"]
+        cpu, db = b["cpu_ms_per_message"], b["database_per_message"]
+        rows.append(
+            [
+                r["setup"],
+                f"1 + {r['workers']}" + (f", DB_POOL_SIZE={r['db_pool_size']}" if r.get("db_pool_size") else ""),
+                f"{b['answered_once']}/{b['customers']}",
+                b["last_answer_s"],
+                b.get("last_vs_single"),
+                b["messages_per_s"],
+                cpu["web"],
+                cpu["workers"],
+                cpu["postgres"],
+                db["xact_commit"],
+                db["wal_bytes"],
+                b["peak_backends"],
+                b.get("connections_refused"),
+            ]
+        )
+    headers = ["set-up", "web + workers", "answered once", "last answer s", "last / single", "messages/s"]
+    headers += ["web CPU ms/msg", "workers CPU ms/msg", "Postgres CPU ms/msg", "commits/msg", "WAL bytes/msg"]
+    return Table([*headers, "peak backends", "connections refused"], rows)
+
+
 RENDERERS: dict[str, Callable[[Result, Result | None], Table]] = {
     "cpu": lambda result, _: cpu(result),
+    "scale": lambda result, _: scale(result),
     "faults": lambda result, _: faults(result),
     "tools": lambda result, _: tools(result),
     "first_start": lambda result, _: first_start(result),

@@ -193,6 +193,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     from bot import kb, personal
     from bot.chat import chat
     from bot.playground.app import playground
+    from bot.runtime import event_loop
     from bot.server import serve
 
     no_slack = not (settings.slack_bot_token or settings.slack_signing_secret or settings.slack_app_token)
@@ -205,9 +206,9 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         case "chat":
             return asyncio.run(chat(settings, conversation=args.conversation))
         case "serve":
-            return asyncio.run(serve(settings))
+            return event_loop.run(serve(settings), settings.event_loop)
         case "socket":
-            return asyncio.run(serve(settings, socket_mode=True))
+            return event_loop.run(serve(settings, socket_mode=True), settings.event_loop)
         case "kb":
             return asyncio.run(kb.run(settings, args))
         case "eval":
@@ -217,9 +218,10 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         case "run" if nothing:
             # Neither Slack nor Teams is configured: the whole bot in the browser. Partly configured is a mistake that
             # `serve` names, rather than a silent playground.
-            return asyncio.run(playground(settings))
+            return event_loop.run(playground(settings), settings.event_loop)
         case "run":
-            return asyncio.run(serve(settings, socket_mode=not no_slack and settings.slack_app_token is not None))
+            socket_mode = not no_slack and settings.slack_app_token is not None
+            return event_loop.run(serve(settings, socket_mode=socket_mode), settings.event_loop)
         case "playground":
-            return asyncio.run(playground(settings))
+            return event_loop.run(playground(settings), settings.event_loop)
     return 2

@@ -49,6 +49,7 @@ from bot.runtime.workers import Doorbell, Progress, Workers
 from bot.settings import Settings
 from bot.slack.agent_view import Prompt
 from bot.slack.channel import SLACK
+from bot.slack.echoes import Echoes
 from bot.slack.wiring import SlackSide, slack_side
 from bot.staff import Colleagues, Member, Members, StaffGate, StaffList
 from bot.teams.app import TeamsEdge
@@ -87,6 +88,8 @@ class Bot:
     """Where /healthz and /metrics are served: METRICS_HOST:METRICS_PORT, or `url` when METRICS_PORT is PORT."""
     provider: Callable[[], ProviderHealth] | None = None
     """How the LLM provider is doing (None offline): /healthz says degraded while it fails."""
+    echoes: Echoes | None = None
+    """The Slack app's own messages coming back, told apart before Bolt parses them; None without the Slack app."""
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             warm_up,
             edge,
             provider=provider,
+            echoes=None if sides.slack is None or app is None else Echoes(sides.slack.authorisation),
         )
 
 

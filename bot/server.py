@@ -25,6 +25,7 @@ from slack_sdk.signature import SignatureVerifier
 from sqlalchemy import text
 
 from bot.compose import Bot, running_bot
+from bot.runtime import event_loop
 from bot.settings import Settings
 from bot.slack.preflight import RefusedToStart
 
@@ -58,6 +59,8 @@ def web_app(bot: Bot) -> web.Application:
         # checks it again, as it does for Socket Mode.
         if not verifier.is_valid_request(body, dict(request.headers)):
             return web.json_response({"error": "invalid signature"}, status=401)
+        if bot.echoes is not None and bot.echoes.dismissed(body):
+            return web.Response(status=200)  # as Bolt acknowledges a self event: nothing to do, nothing to retry
         try:
             bolt_request = AsyncBoltRequest(body=body, query=request.query_string, headers=dict(request.headers))
         except (ValueError, RecursionError):  # not UTF-8, not JSON or form, or nested past the parser's depth
@@ -210,7 +213,9 @@ async def serve(settings: Settings, *, socket_mode: bool = False) -> int:
         # host the kernel then gives acks the CPU first.
         os.nice(WORKER_NICENESS)
     async with running_bot(settings) as bot, listening(bot, host=settings.host, port=settings.port):
-        log.info("listening on %s (%s)", bot.url, "socket mode" if socket_mode else "http")
+        log.info(
+            "listening on %s (%s, %s event loop)", bot.url, "socket mode" if socket_mode else "http", event_loop.name()
+        )
         if bot.monitoring_url != bot.url:
             log.info("/healthz and /metrics on %s", bot.monitoring_url)
         # Ready means warm: a deployment that waits for this line (or /healthz) sends no customer to a cold process.
@@ -222,6 +227,7 @@ async def serve(settings: Settings, *, socket_mode: bool = False) -> int:
                     "event": "ready",
                     "port": settings.port,
                     "mode": "socket" if socket_mode else "http",
+                    "loop": event_loop.name(),
                     "monitoring": bot.monitoring_url,  # METRICS_PORT=0 picks a port: this says which
                 }
             ),

@@ -643,6 +643,10 @@ class ProcessSettings(_Group):
     playground_port: int = 8000
     """Where the playground page (`python -m bot playground`, or `run` without Slack credentials) listens, on
     127.0.0.1 (0: any free port)."""
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    """The event loop of `serve`, `socket`, `run` and `playground`: `uvloop` (libuv's, several times cheaper per
+    socket operation) where it is installed (Linux and macOS, not Windows), else the standard library's; `asyncio`:
+    always the standard library's. The ready line and the log name the loop in use."""
 
 
 class ObservabilitySettings(_Group):

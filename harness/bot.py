@@ -136,6 +136,8 @@ class BotProcess:
     """From spawning the process to its being ready (imports, migrations check, pools, workers)."""
     monitoring_url: str = ""
     """Where its /healthz and /metrics are, as its ready line says."""
+    loop: str = ""
+    """The event loop it runs on (`uvloop` or `asyncio`), as its ready line says."""
 
     @property
     def events_url(self) -> str:
@@ -203,7 +205,7 @@ async def _ready(bot: BotProcess) -> None:
     said = json.loads(line)
     if said.get("event") != "ready":
         raise RuntimeError(f"the bot said {line!r} instead of being ready")
-    bot.monitoring_url = said["monitoring"]
+    bot.monitoring_url, bot.loop = said["monitoring"], said["loop"]
     async with aiohttp.ClientSession() as http, http.get(f"{bot.monitoring_url}/healthz") as health:
         if health.status != 200:
             raise RuntimeError(f"the bot said it was ready, but /healthz answered {health.status}")

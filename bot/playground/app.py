@@ -28,6 +28,7 @@ from bot.compose import Bot, running_bot
 from bot.declaration.build import declared, test_customer
 from bot.playground.slack_emulator import DeliveryResult, Msg, SlackEmulator
 from bot.playground.state import recent_conversations
+from bot.runtime import event_loop
 from bot.server import until_signalled, web_app
 from bot.settings import Settings
 
@@ -348,5 +349,6 @@ async def playground(settings: Settings) -> int:
     async with running_playground(settings) as pg:
         print(f"Playground: open {pg.url} in a browser. No Slack workspace needed; Ctrl-C stops it.", flush=True)
         print(pg.brain, flush=True)
+        log.info("on the %s event loop", event_loop.name())
         await until_signalled()
     return 0

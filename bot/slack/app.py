@@ -200,6 +200,11 @@ class Authorisation:
         except SlackUnavailable as exc:
             log.warning("%s; asked again on the first request", exc)
 
+    @property
+    def known(self) -> AuthorizeResult | None:
+        """The identity once Slack has said it, without asking."""
+        return self._result
+
     async def result(self) -> AuthorizeResult:
         if self._result is None:
             try:

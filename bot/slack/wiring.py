@@ -43,6 +43,8 @@ class SlackSide:
     files: SlackFiles
     messenger: SlackMessenger
     """On a client that retries nothing: the sender decides what a failed post means (`SlackMessenger`)."""
+    authorisation: Authorisation
+    """Who the bot is (auth.test, asked for when the app is built): for Bolt, and for telling our echoes."""
 
     def client_without_retries(self) -> AsyncWebClient:
         settings = self.settings
@@ -80,11 +82,10 @@ class SlackSide:
         settings = self.settings
         if settings.slack_signing_secret is None:
             return None
-        authorisation = Authorisation(self.client)
-        await authorisation.warm()
+        await self.authorisation.warm()
         app = build_app(
             client=self.client,
-            authorisation=authorisation,
+            authorisation=self.authorisation,
             signing_secret=settings.slack_signing_secret.get_secret_value(),
             intake=intake,
             policy=Policy(None, settings.staff_channel_id, settings.served_channels, settings.slack_answer_bots),
@@ -109,4 +110,5 @@ def slack_side(settings: Settings) -> SlackSide:
         directory=SlackDirectory(client),
         files=SlackFiles(token=token, limits=file_limits(settings), api_url=api),
         messenger=SlackMessenger(slack_client(token=token, base_url=api, idempotent_only=True)),
+        authorisation=Authorisation(client),
     )
