@@ -82,6 +82,16 @@ async def settle(sessions: Sessions, timeout_s: float = 10.0) -> None:
     raise TimeoutError("work left unfinished")
 
 
+async def case_known(sessions: Sessions, case_ts: str, timeout_s: float = 10.0) -> None:
+    """Wait until the bot has recorded the case message `case_ts` (the platform shows a post before the bot has
+    its answer): a colleague's reply in its thread before then is, rightly, not a case thread's."""
+    for _ in range(round(timeout_s / 0.05)):
+        if await count(sessions, m.Escalation, m.Escalation.case_ts == case_ts):
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"case message {case_ts} never recorded")
+
+
 async def held(sessions: Sessions, needles: tuple[str, ...]) -> list[tuple[str, str, str]]:
     """(table, column, needle) for each text or JSON column of any table that holds one of `needles`."""
     found = []

@@ -19,7 +19,7 @@ from bot.playground.slack_emulator import SlackEmulator
 from bot.settings import Settings
 from fakes.openai_server import FakeOpenAI, reply, tool_call, tools
 from harness.bot import bot_settings, serving
-from harness.database import settle
+from harness.database import case_known, settle
 
 Sessions = async_sessionmaker[AsyncSession]
 STAFF, SHARED = "C_STAFF", "C_SHARED"
@@ -170,6 +170,7 @@ async def test_the_staff_name_suffix_is_a_setting(
         fake_llm.script(tools(tool_call("escalate_to_human", {"reason": "customer asked for a person"})))
         said = await emulator.user_says("C_SUPPORT", "a person, please")
         case = (await emulator.wait_for(lambda: case_posts(emulator)))[0]
+        await case_known(sessions, case.ts)
         await emulator.user_says(STAFF, "Sam here.", user="U_STAFF", thread_ts=case.ts)
         relayed = await emulator.wait_for(lambda: [p for p in emulator.posts("C_SUPPORT", said.ts) if p.username])
         await settle(sessions)

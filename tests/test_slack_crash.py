@@ -12,7 +12,7 @@ from agents.db.deliveries import Answer
 from bot.playground.slack_emulator import SlackEmulator
 from fakes.openai_server import FakeOpenAI, reply, slow, tool_call, tools
 from harness.bot import Start, bot_env, bot_process
-from harness.database import settle
+from harness.database import case_known, settle
 
 Sessions = async_sessionmaker[AsyncSession]
 
@@ -67,6 +67,7 @@ async def test_killed_between_a_staff_reply_and_its_relay(
     first = await start_bot()
     said = await emulator.user_says("C_SUPPORT", "a human please")
     [case] = await emulator.wait_for(lambda: [p for p in emulator.posts("C_STAFF") if not p.thread_ts], timeout=20)
+    await case_known(sessions, case.ts)
     posts_before = len(emulator.calls_to("chat.postMessage"))
 
     emulator.hold("chat.postMessage")

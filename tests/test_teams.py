@@ -24,7 +24,7 @@ from fakes.teams_api import Message, Op, TeamsEmulator
 from fakes.teams_identity import TokenKind
 from harness import teams as th
 from harness.bot import BotProcess, bot_env, bot_process, bot_settings, serving
-from harness.database import count, settle
+from harness.database import case_known, count, settle
 from harness.slack import replies_in
 
 Sessions = async_sessionmaker[AsyncSession]
@@ -307,6 +307,7 @@ async def test_staff_in_slack_take_a_teams_customers_case(
     sent = await th.personal(teams, "I want a person")
     [case] = await emulator.wait_for(lambda: [p for p in emulator.posts("C_STAFF") if not p.thread_ts])
     assert "Casey Customer" in case.text and "Where: Microsoft Teams" in case.text and "<#" not in case.text
+    await case_known(sessions, case.ts)
     staff_said = await emulator.user_says("C_STAFF", "Hi, Sam here.", user="U_STAFF", thread_ts=case.ts)
     assert staff_said.result.status == 200
     await emulator.user_says("C_STAFF", "note: VIP", user="U_STAFF", thread_ts=case.ts)
