@@ -174,13 +174,15 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             slack=slack_side(settings) if settings.slack_configured else None,
             teams=teams_side(settings, engine=db.engine, sessions=db.sessions) if settings.teams_configured else None,
         )
+        if sides.slack is not None:
+            closing.push_async_callback(sides.slack.close)
         if sides.teams is not None:
             closing.push_async_callback(sides.teams.messenger.close)
         metrics, doorbell = Metrics(), Doorbell()
         leases = Leases(db.sessions, owner=process_owner(), ttl_s=settings.lease_seconds)
         after_turn = turn_outbox(brain.roster, style, policy, channels=sides.channels, clock=now)
         conversations = engine(settings, db, brain, sides, metrics, leases, after_turn, closing)
-        takeover = await takeover_parts(settings, db, brain, sides, policy, leases, doorbell)
+        takeover = await takeover_parts(settings, db, brain, sides, policy, leases, doorbell, closing)
         sender = delivery(settings, db, sides, takeover)
         retention = Retention(db.sessions, Periods.of(settings))
         intake = Intake(
@@ -283,6 +285,7 @@ async def takeover_parts(
     policy: EscalationPolicy,
     leases: Leases,
     doorbell: Doorbell,
+    closing: AsyncExitStack,
 ) -> Takeover:
     """Human takeover: who counts as staff (asked where the staff channel is), what cases show, the desk."""
     listed = StaffList(settings.staff_ids, settings.staff_usergroup_id)
@@ -293,14 +296,15 @@ async def takeover_parts(
     elif sides.slack is not None:
         members = sides.slack.directory
         check = await sides.slack.staff_channel_check(listed)
+    summarize = None
+    if policy.llm_summary:
+        summarizer = runtime.chat_model(settings)
+        closing.push_async_callback(summarizer.close)
+        summarize = llm_summarizer(runtime.provider_model(settings, summarizer), settings.openai_model)
     cases = CaseRenderer(
         sessions=db.sessions,
         directory=sides.directories(),
-        summarize=(
-            llm_summarizer(runtime.provider_model(settings, runtime.chat_model(settings)), settings.openai_model)
-            if policy.llm_summary
-            else None
-        ),
+        summarize=summarize,
         name_suffix=settings.staff_name_suffix or "",
     )
     csat = Csat(sessions=db.sessions, policy=csat_policy(settings), channels=sides.channels)

@@ -186,4 +186,6 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
         except EmbedderMismatch as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        finally:
+            await kb.close()
     return 0

@@ -136,6 +136,9 @@ class OpenAIEmbedder:
         self.dim = dimensions or 0
         self.batch = batch
 
+    async def close(self) -> None:
+        await self.client.close()
+
     async def embed(self, texts: list[str]) -> list[list[float]]:
         vectors: list[list[float]] = []
         try:

@@ -44,7 +44,7 @@ from agents.db import models as m
 from agents.errors import AgentsError, ProviderError
 from agents.knowledge.chunking import Chunk, chunk_document
 from agents.knowledge.documents import SUFFIXES, Document, find_documents
-from agents.knowledge.embedders import Embedder, Unavailable
+from agents.knowledge.embedders import Embedder, OpenAIEmbedder, Unavailable
 from agents.knowledge.identifiers import in_document, in_question
 from agents.knowledge.readers import Unreadable, read_file
 from agents.language import Language, detect, fold
@@ -301,7 +301,15 @@ class KnowledgeBase:
     async def close(self, *, grace_s: float = 5.0) -> None:
         """Let the background probe or backfill finish, for `grace_s` at most, then stop it: its work is safe to
         interrupt (what it embedded is kept; the rest waits for the next start). Waiting first, because a query
-        cancelled mid-flight can leave its connection, and its locks, behind for a while."""
+        cancelled mid-flight can leave its connection, and its locks, behind for a while. A provider's client
+        closes last."""
+        try:
+            await self._stop_background(grace_s)
+        finally:
+            if isinstance(self.embedder, OpenAIEmbedder):
+                await self.embedder.close()
+
+    async def _stop_background(self, grace_s: float) -> None:
         if self._background is None or self._background.done():
             return
         with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):

@@ -29,7 +29,7 @@ from agents.knowledge.multilingual import MultilingualEmbedder
 from agents.knowledge.store import IngestFailed, KnowledgeBase
 from agents.limits import Limits
 from agents.loop import LLMCallRecord, LoopConfig
-from agents.model import Model, OpenAIChatModel
+from agents.model import Model, OpenAIChatModel, provider_http
 from agents.offline import FallbackModel, OfflineModel, SimilarityRouter
 from agents.redaction import RedactingModel
 from agents.router import Router
@@ -143,6 +143,7 @@ def _provider_client(settings: Settings, *, base_url: str | None, api_key: Secre
         base_url=base_url,
         timeout=settings.llm_timeout_s,
         max_retries=settings.llm_max_retries,
+        http_client=provider_http(),
     )
 
 
@@ -341,9 +342,8 @@ class Brain:
         if self.helpdesk is not None:
             await self.helpdesk.close()
         await self.knowledge.close()
-        closer = getattr(self.model, "close", None) or getattr(getattr(self.model, "primary", None), "close", None)
-        if closer is not None:
-            await closer()
+        if self.provider is not None:  # the chat model's client, whatever wraps the model
+            await self.provider.close()
 
 
 async def brain(settings: Settings, db: Database, helpdesk: Helpdesk | None = None) -> Brain:

@@ -49,8 +49,16 @@ from escalation.views import Person
 log = logging.getLogger(__name__)
 
 
-def slack_client(*, token: str, base_url: str, timeout_s: int = 30, idempotent_only: bool = False) -> AsyncWebClient:
-    """A Web API client that waits out 429s (Retry-After) and retries connection errors and 5xx. Unless
+def slack_client(
+    *,
+    token: str,
+    base_url: str,
+    timeout_s: int = 30,
+    idempotent_only: bool = False,
+    session: aiohttp.ClientSession | None = None,
+) -> AsyncWebClient:
+    """A Web API client that waits out 429s (Retry-After) and retries connection errors and 5xx. `session`: the
+    process's connections to Slack (`slack_session`); without one, slack_sdk opens a connection per call. Unless
     `idempotent_only`: the outbox sender's client retries nothing, since a post retried blindly can land twice,
     and a call waiting out a 429 inside the client could outlive the sender's lease (the sender retries, after
     looking for the post where it would be, and waits out 429s itself)."""
@@ -66,7 +74,15 @@ def slack_client(*, token: str, base_url: str, timeout_s: int = 30, idempotent_o
         base_url=base_url if base_url.endswith("/") else base_url + "/",
         timeout=timeout_s,
         retry_handlers=handlers,
+        session=session,
     )
+
+
+def slack_session(*, timeout_s: int = 30) -> aiohttp.ClientSession:
+    """Kept-alive connections to Slack's Web API, shared by every client of the process: without it each call
+    opened and closed a session and a TCP (and TLS) connection of its own. slack_sdk applies no timeout of its own
+    to a session it is given, so the session carries it."""
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
 
 
 class SlackDirectory:
@@ -255,7 +271,10 @@ def build_app(
 
     # Bolt's own client carries no token: each request's comes from `authorize` (given both, bolt warns).
     bolt_client = AsyncWebClient(
-        base_url=client.base_url, timeout=client.timeout, retry_handlers=list(client.retry_handlers)
+        base_url=client.base_url,
+        timeout=client.timeout,
+        retry_handlers=list(client.retry_handlers),
+        session=client.session,
     )
     app = AsyncApp(client=bolt_client, signing_secret=signing_secret, authorize=authorize)
     # Every listener is there even for a feature not given: its clicks and events are acknowledged, never left to

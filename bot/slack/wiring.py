@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
+import aiohttp
 from prometheus_client import Counter
 from slack_bolt.app.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
@@ -21,7 +22,7 @@ from bot.feedback import Feedback
 from bot.settings import Settings
 from bot.slack.agent_view import AgentView, Prompt
 from bot.slack.ai_status import SlackStatus
-from bot.slack.app import Authorisation, SlackDirectory, build_app, slack_client
+from bot.slack.app import Authorisation, SlackDirectory, build_app, slack_client, slack_session
 from bot.slack.events import Policy
 from bot.slack.files import SlackFiles, file_limits
 from bot.slack.home import Home
@@ -45,10 +46,16 @@ class SlackSide:
     """On a client that retries nothing: the sender decides what a failed post means (`SlackMessenger`)."""
     authorisation: Authorisation
     """Who the bot is (auth.test, asked for when the app is built): for Bolt, and for telling our echoes."""
+    http: aiohttp.ClientSession
+    """The connections every client here shares (`slack_session`); closed with the bot."""
 
     def client_without_retries(self) -> AsyncWebClient:
         settings = self.settings
-        return slack_client(token=self.client.token or "", base_url=settings.slack_api_url, idempotent_only=True)
+        token = self.client.token or ""
+        return slack_client(token=token, base_url=settings.slack_api_url, idempotent_only=True, session=self.http)
+
+    async def close(self) -> None:
+        await self.http.close()
 
     def ai_status(self, *, failures: Counter, title: Callable[[str], str], texts: Texts) -> SlackStatus:
         # Its own client that retries nothing: a status late is a status wrong.
@@ -103,12 +110,14 @@ class SlackSide:
 def slack_side(settings: Settings) -> SlackSide:
     assert settings.slack_bot_token is not None
     token, api = settings.slack_bot_token.get_secret_value(), settings.slack_api_url
-    client = slack_client(token=token, base_url=api)
+    http = slack_session()
+    client = slack_client(token=token, base_url=api, session=http)
     return SlackSide(
         settings=settings,
         client=client,
         directory=SlackDirectory(client),
         files=SlackFiles(token=token, limits=file_limits(settings), api_url=api),
-        messenger=SlackMessenger(slack_client(token=token, base_url=api, idempotent_only=True)),
+        messenger=SlackMessenger(slack_client(token=token, base_url=api, idempotent_only=True, session=http)),
         authorisation=Authorisation(client),
+        http=http,
     )
