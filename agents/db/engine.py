@@ -49,8 +49,11 @@ def make_engine(
         pooled = {"connect_args": {"server_settings": {"idle_in_transaction_session_timeout": timeout_ms}}}
     return create_async_engine(
         async_url(url),
+        # A hard cap, no overflow: a connection opened past the pool was closed again on its return, so a burst
+        # paid a Postgres backend's start and its statements' preparing over and over (and `pool_size` did not
+        # say how many connections a process could take). Connections open as they are first needed.
         pool_size=pool_size,
-        max_overflow=pool_size,
+        max_overflow=0,
         # No pre-ping: with asyncpg it is three round trips (BEGIN, a ping, ROLLBACK) on every checkout, more
         # than a turn's own statements. A connection the server dropped fails its first statement instead;
         # SQLAlchemy then discards the whole pool, and the caller's retry (a turn run again, Slack's redelivery)
