@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import openai
 from openai import AsyncStream
@@ -74,10 +75,13 @@ def _provider_error(exc: openai.OpenAIError) -> ProviderError:
             return ProviderError("other", str(exc))
 
 
-def provider_http() -> openai.DefaultAioHttpClient:
+def provider_http(base_url: str | None) -> openai.DefaultAioHttpClient | None:
     """The SDK's aiohttp transport (its documented choice for concurrency) instead of httpx's own pool, which looks
     at every pooled connection (a syscall each) for each request: with hundreds of turns waiting on the provider
-    at once that scan measured a quarter of the model call's CPU."""
+    at once that scan measured a quarter of the model call's CPU. None (the SDK's httpx client) for a base URL with
+    credentials in it, which httpx sends as Basic authentication and aiohttp refuses beside the API key's header."""
+    if base_url is not None and urlsplit(base_url).username is not None:
+        return None
     return openai.DefaultAioHttpClient()
 
 
@@ -100,7 +104,7 @@ class OpenAIChatModel:
             base_url=base_url,
             timeout=timeout_s,
             max_retries=max_retries,
-            http_client=provider_http(),
+            http_client=provider_http(base_url),
         )
         self.stream = stream
 

@@ -143,7 +143,7 @@ def _provider_client(settings: Settings, *, base_url: str | None, api_key: Secre
         base_url=base_url,
         timeout=settings.llm_timeout_s,
         max_retries=settings.llm_max_retries,
-        http_client=provider_http(),
+        http_client=provider_http(base_url),
     )
 
 
