@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from agents.context_window import RESERVE
 from agents.db import models as m
 from agents.knowledge.embedders import OpenAIEmbedder, Precomputed, probe, text_key
-from agents.knowledge.local import LocalEmbedder
+from agents.knowledge.local import MODEL_DIR, TABLE, LocalEmbedder, Weights
 from agents.knowledge.multilingual import MultilingualEmbedder
 from agents.knowledge.store import KnowledgeBase
 from agents.knowledge.tool import NOTHING_FOUND, search_knowledge_tool
@@ -376,3 +376,25 @@ async def test_the_bot_starts_answers_and_says_why_search_is_full_text(
         [answer] = await emulator.wait_for(lambda: emulator.response_log)
         shown = json.dumps(answer.body["blocks"], ensure_ascii=False)
         assert "*Knowledge*\\nfull-text search" in shown and "no embeddings endpoint" in shown
+
+
+def test_the_local_model_keeps_its_token_table_int8_and_expands_the_rows_it_looks_up() -> None:
+    from safetensors.numpy import load_file
+
+    stored = load_file(str(MODEL_DIR / "model.safetensors"))
+    weights = Weights(MODEL_DIR / "model.safetensors")
+    assert weights.table.dtype == np.int8
+    assert TABLE not in weights.w
+    ids = np.array([0, 101, 102, 2023, 7592, 30521, 2023])
+    expanded = stored[f"{TABLE}.int8"].astype(np.float32) * stored[f"{TABLE}.scale"][:, None]
+    np.testing.assert_allclose(weights.tokens(ids), expanded[ids], rtol=1e-6)
+    # The stacked query, key and value matrices are the stored ones, expanded.
+    layer = "encoder.layer.3.attention.self"
+    for n, part in enumerate(("query", "key", "value")):
+        matrix = (
+            stored[f"{layer}.{part}.weight.int8"].astype(np.float32) * stored[f"{layer}.{part}.weight.scale"][:, None]
+        )
+        np.testing.assert_allclose(weights.w[f"{layer}.qkv.weight"][n * 384 : (n + 1) * 384], matrix, rtol=1e-6)
+        np.testing.assert_array_equal(
+            weights.w[f"{layer}.qkv.bias"][n * 384 : (n + 1) * 384], stored[f"{layer}.{part}.bias"]
+        )

@@ -28,46 +28,89 @@ MODEL = "all-MiniLM-L6-v2"
 MODEL_DIR = Path(__file__).resolve().parent / "minilm"
 
 
-def load_weights(path: Path) -> dict[str, Array]:
-    """float32 weights from the file, int8 matrices (`NAME.int8` with `NAME.scale` per row) expanded."""
-    from safetensors.numpy import load_file
-
-    stored = load_file(str(path))
-    weights: dict[str, Array] = {}
-    for name, value in stored.items():
-        if name.endswith(".int8"):
-            base = name.removesuffix(".int8")
-            weights[base] = value.astype(np.float32) * stored[f"{base}.scale"][:, None]
-        elif not name.endswith(".scale"):
-            weights[name] = value.astype(np.float32)
-    return weights
+TABLE = "embeddings.word_embeddings.weight"
+"""The token embeddings (30522 x 384): kept int8 and mapped from the file, a batch's rows expanded as it looks them up;
+expanded whole they would take 47 MB for the few thousand rows customers' words ever touch."""
+_DTYPES = {"F32": np.float32, "I8": np.int8}
 
 
-# Abramowitz & Stegun 7.1.26 (error < 1.5e-7): BERT's GELU is erf-based, and NumPy has no erf.
-_ERF_P = np.float32(0.3275911)
-_ERF_A = tuple(np.float32(a) for a in (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592))
+class Weights:
+    """The model's weights: every matrix but the token table expanded to float32 in one block of memory of its own
+    (about 43 MB, mapped apart from the malloc heap, so the thread that loads it leaves no arena of that size behind),
+    each layer's query, key and value matrices stacked as one (`attention.self.qkv`: one product instead of three);
+    the token table int8 (`NAME.int8`, with `NAME.scale` per row) as stored."""
+
+    def __init__(self, path: Path) -> None:
+        with path.open("rb") as file:
+            size = int.from_bytes(file.read(8), "little")
+            header: dict[str, Any] = json.loads(file.read(size))
+        header.pop("__metadata__", None)
+        start = 8 + size
+
+        def mapped(name: str) -> NDArray[Any]:
+            spec = header[name]
+            begin = spec["data_offsets"][0]
+            dtype = np.dtype(_DTYPES[spec["dtype"]])
+            return np.memmap(path, dtype=dtype, mode="r", offset=start + begin, shape=tuple(spec["shape"]))
+
+        table = mapped(f"{TABLE}.int8")
+        self.table: NDArray[np.int8] = table
+        self.table_scale: Array = np.array(mapped(f"{TABLE}.scale"))
+        names = sorted({n.removesuffix(".int8").removesuffix(".scale") for n in header} - {TABLE})
+        fused = [n for n in names if ".attention.self." in n]
+        shapes = {n: tuple(header[n if n in header else f"{n}.int8"]["shape"]) for n in names}
+        for layer in {n.split(".attention.self.")[0] for n in fused}:
+            for kind in ("weight", "bias"):
+                parts = [f"{layer}.attention.self.{p}.{kind}" for p in ("query", "key", "value")]
+                first = shapes[parts[0]]
+                shapes[f"{layer}.attention.self.qkv.{kind}"] = (3 * first[0], *first[1:])
+                for part in parts:
+                    del shapes[part]
+        block = np.empty(sum(math.prod(s) for s in shapes.values()), dtype=np.float32)
+        self.w: dict[str, Array] = {}
+        offset = 0
+        for name, shape in shapes.items():
+            self.w[name] = block[offset : offset + math.prod(shape)].reshape(shape)
+            offset += math.prod(shape)
+        for name in names:
+            layer, _, rest = name.partition(".attention.self.")
+            if rest:
+                part, kind = rest.split(".")
+                whole = self.w[f"{layer}.attention.self.qkv.{kind}"]
+                third = whole.shape[0] // 3
+                dest = whole[("query", "key", "value").index(part) * third :][:third]
+            else:
+                dest = self.w[name]
+            if name in header:
+                dest[...] = mapped(name)
+            else:
+                np.multiply(mapped(f"{name}.int8"), mapped(f"{name}.scale")[:, None], out=dest)
+
+    def tokens(self, ids: NDArray[np.int64]) -> Array:
+        """The token embeddings of `ids`, expanded from int8."""
+        rows: Array = self.table[ids].astype(np.float32)
+        rows *= self.table_scale[ids, None]
+        return rows
+
+
+# Tanh approximation of BERT's erf-based GELU (NumPy has no erf): within 5e-4 of it, far inside the int8 weights'
+# own error, in a third of the passes over the widest activation that the erf series took.
+_GELU_A = np.float32(0.044715)
+_GELU_B = np.float32(math.sqrt(2.0 / math.pi))
 
 
 def _gelu(x: Array) -> Array:
-    """x * Phi(x), with Phi from the erf approximation above, in place on scratch arrays: written as a chain of
-    expressions it made a dozen temporaries of the widest activation and took a quarter of the pass."""
-    z = np.abs(x)
-    z *= np.float32(1.0 / math.sqrt(2.0))
-    t = z * _ERF_P
+    """x * Phi(x), in place on `x` (the intermediate activation, used once)."""
+    t = np.square(x)
+    t *= _GELU_A
     t += 1.0
-    np.reciprocal(t, out=t)
-    tail = t * _ERF_A[0]
-    for a in _ERF_A[1:]:
-        tail += a
-        tail *= t
-    np.square(z, out=z)
-    np.negative(z, out=z)
-    np.exp(z, out=z)
-    tail *= z
-    tail *= 0.5  # now 1 - Phi(|x|)
-    phi = np.where(x >= 0, 1.0 - tail, tail)
-    phi *= x
-    return phi
+    t *= x
+    t *= _GELU_B
+    np.tanh(t, out=t)
+    t += 1.0
+    t *= 0.5
+    x *= t
+    return x
 
 
 def _layer_norm(x: Array, weight: Array, bias: Array, eps: float) -> Array:
@@ -92,7 +135,8 @@ class MiniLM:
         # (bench/embedding.py).
         ThreadpoolController().limit(limits=threads, user_api="blas")
         self.config: dict[str, Any] = json.loads((path / "config.json").read_text())
-        self.w = load_weights(path / "model.safetensors")
+        self.weights = Weights(path / "model.safetensors")
+        self.w = self.weights.w
         self.tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         self.tokenizer.enable_truncation(max_length=max_tokens)
         self.tokenizer.enable_padding(pad_id=self.config["pad_token_id"], pad_token="[PAD]")
@@ -122,7 +166,7 @@ class MiniLM:
         n, length = tokens.shape
         # Every step but attention works on each token alone, so it runs on the real tokens only, packed as one
         # (tokens, hidden) matrix: texts of 5 and 20 words padded together would otherwise cost twice the work.
-        x = w["embeddings.word_embeddings.weight"][tokens[mask]]
+        x = self.weights.tokens(tokens[mask])
         x += w["embeddings.position_embeddings.weight"][np.nonzero(mask)[1]]
         x += w["embeddings.token_type_embeddings.weight"][0]
         x = _layer_norm(x, w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], self.eps)
@@ -137,10 +181,11 @@ class MiniLM:
 
         for layer in range(int(self.config["num_hidden_layers"])):
             p = f"encoder.layer.{layer}"
-            q = split(self._dense(x, f"{p}.attention.self.query"))
+            qkv = self._dense(x, f"{p}.attention.self.qkv")
+            q = split(qkv[:, : self.dim])
             q *= np.float32(1.0 / math.sqrt(head))
-            k_t = split(self._dense(x, f"{p}.attention.self.key"), (0, 2, 3, 1))
-            v = split(self._dense(x, f"{p}.attention.self.value"))
+            k_t = split(qkv[:, self.dim : 2 * self.dim], (0, 2, 3, 1))
+            v = split(qkv[:, 2 * self.dim :])
             scores = q @ k_t
             scores += blocked
             scores -= scores.max(-1, keepdims=True)
