@@ -7,13 +7,14 @@ import ast
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from agents.db import deliveries as d
 from agents.db import models as m
 from agents.db.deliveries import KINDS, Delivery, Outcome, delivery_of, enqueue, row_of
 from bot.channels.capabilities import Channels
+from bot.delivery.ledger import DUE_BATCH, Ledger
 from bot.delivery.sender import OutboxSender
 from bot.playground.slack_emulator import SlackEmulator
 from bot.slack.app import slack_client
@@ -98,6 +99,100 @@ async def test_a_row_of_an_unknown_kind_is_given_up_not_retried(
         pigeon, post = (await s.scalars(select(m.Outbox).order_by(m.Outbox.id))).all()
     assert pigeon.outcome == Outcome.GIVEN_UP and pigeon.last_error == "unknown outbox kind 'carrier_pigeon'"
     assert post.result_ts is not None and [p.text for p in emulator.posts("C_SUPPORT")] == ["after the pigeon"]
+
+
+async def _conversations(engine: AsyncEngine, n: int) -> list[int]:
+    async with engine.begin() as conn:
+        made = await conn.execute(
+            text(
+                "INSERT INTO conversations (key, active_agent) "
+                "SELECT 'slack:T0001:C_SUPPORT:' || i, 'triage' FROM generate_series(1, :n) i RETURNING id"
+            ),
+            {"n": n},
+        )
+        return sorted(made.scalars())
+
+
+async def _queue(engine: AsyncEngine, conversation_id: int | None, rows: int, *, backoff: bool = False) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO outbox (conversation_id, kind, channel, text, next_attempt_at) "
+                "SELECT :c, 'post', 'C_SUPPORT', 'words', CASE WHEN :backoff AND i = 1 "
+                "THEN now() + interval '1 hour' END FROM generate_series(1, :rows) i"
+            ),
+            {"c": conversation_id, "rows": rows, "backoff": backoff},
+        )
+
+
+async def test_due_conversations_are_each_found_once_past_long_queues_and_backoffs(
+    sessions: Sessions, engine: AsyncEngine
+) -> None:
+    """A conversation with a long queue is one of the due, one whose first row waits out a backoff is none, nor is
+    one whose rows are all done; more than a pass takes are all reached by the next pass, which goes on after the
+    last one taken, then the search begins from the first again."""
+    waiting, long, done, *rest = await _conversations(engine, DUE_BATCH + 53)
+    await _queue(engine, waiting, 30, backoff=True)
+    await _queue(engine, long, 500)
+    await _queue(engine, done, 3)
+    async with engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE outbox SET done_at = now(), outcome = 'sent' WHERE conversation_id = :c"), {"c": done}
+        )
+    for conversation_id in reversed(rest):  # the newest conversation's rows the oldest
+        await _queue(engine, conversation_id, 2)
+    await _queue(engine, None, 2)
+    ledger = Ledger(engine=engine, owner="test", lease_s=30.0)
+    first, second, third = await ledger.due(), await ledger.due(), await ledger.due()
+    due = [long, *rest]
+    assert len([c for c, _ in first if c is not None]) == DUE_BATCH
+    found = [c for c, _ in first + second if c is not None]
+    assert sorted(found) == due  # each once
+    assert [c for c, _ in first if c is None] == [c for c, _ in second if c is None] == [None]  # in every pass
+    assert [c for c, _ in first] == [long, *reversed(due[1:DUE_BATCH]), None]  # the oldest first row first
+    assert first[0] == (long, "slack:T0001:C_SUPPORT:2")  # with its key
+    assert third == first
+
+
+async def test_a_row_queued_while_its_conversation_is_sent_goes_out_next_pass_in_order(
+    sessions: Sessions, engine: AsyncEngine, emulator: SlackEmulator
+) -> None:
+    """A pass that read fewer rows than it could does not read the conversation again: what was queued meanwhile
+    rang the sender (NOTIFY, the doorbell), and the send loop runs another pass at once after one that sent. Every
+    statement of a pass is a transaction by itself (no BEGIN, no COMMIT)."""
+    root = emulator.add_message("C_SUPPORT", "hi")
+    async with sessions() as s, s.begin():
+        conversation = m.Conversation(key=f"slack:T0001:C_SUPPORT:{root.ts}", active_agent="triage")
+        s.add(conversation)
+        await s.flush()
+        await enqueue(s, [d.AddReaction(conversation.id, "C_SUPPORT", root.ts, "eyes")])
+        await enqueue(s, [d.Post(conversation.id, "C_SUPPORT", root.ts, "first")])
+    client = slack_client(token="xoxb-test", base_url=emulator.api_url, idempotent_only=True)
+    sender = OutboxSender(engine=engine, channels=Channels([SLACK]), messengers=[SlackMessenger(client)])
+    queued: list[int] = []
+
+    async def queue_once() -> None:
+        if not queued:
+            async with sessions() as s, s.begin():
+                await enqueue(s, [d.Post(conversation.id, "C_SUPPORT", root.ts, "second")])
+            queued.append(1)
+
+    statements: list[tuple[str, object]] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append((statement, conn.get_execution_options().get("isolation_level")))
+
+    event.listen(engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        assert await sender.send_pending(pace=queue_once) == 2
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", seen)
+    sender_s = [(sql, level) for sql, level in statements if not sql.startswith("INSERT INTO outbox")]  # the test's
+    reads = [sql for sql, _ in sender_s if "FROM outbox LEFT OUTER JOIN conversations" in sql]
+    assert len(reads) == 1 and {level for _, level in sender_s} == {"AUTOCOMMIT"}
+    assert [p.text for p in emulator.posts("C_SUPPORT", root.ts)] == ["first"]
+    assert await sender.send_pending() == 1
+    assert [p.text for p in emulator.posts("C_SUPPORT", root.ts)] == ["first", "second"]
 
 
 def _imports(path: Any) -> set[str]:

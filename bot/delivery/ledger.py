@@ -1,7 +1,10 @@
 """What the sender records of the outbox's rows, each write in a short statement of its own: a conversation's send
 lease, a post's attempt before it is sent, the post's id claimed for its row, the row's outcome. Writes that are
 valid only while this sender holds the conversation's lease say so in their SQL (`HOLDING_SEND_LEASE`), so that a
-sender that lost it (crashed, frozen, starved) changes nothing another one has gone on with."""
+sender that lost it (crashed, frozen, starved) changes nothing another one has gone on with.
+
+A write that is one statement is its own transaction (autocommit: one round trip, not BEGIN, it, COMMIT), and its
+statement is built once: the sender makes several per customer message."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import bindparam, func, select, text, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
@@ -57,19 +60,68 @@ _ANSWER_FOLLOWS = text(
 )
 """An agent's answer queued after this row in the same transaction (the same turn): a notice before it (a handoff's
 "Connecting you with...") leaves the preview to the answer."""
+DUE_BATCH = 200
+"""Conversations taken in one pass."""
 _DUE_CONVERSATIONS = text(
     """
-    SELECT head.conversation_id, conversations.key FROM (
-        SELECT DISTINCT ON (conversation_id) conversation_id, id, next_attempt_at
-        FROM outbox WHERE done_at IS NULL ORDER BY conversation_id, id
-    ) head LEFT JOIN conversations ON conversations.id = head.conversation_id
-    WHERE head.next_attempt_at IS NULL OR head.next_attempt_at <= now()
-    ORDER BY head.id LIMIT 200
+    WITH RECURSIVE heads AS (
+        (SELECT conversation_id, id, next_attempt_at FROM outbox
+         WHERE done_at IS NULL AND conversation_id > :after ORDER BY conversation_id, id LIMIT 1)
+        UNION ALL
+        SELECT later.* FROM heads CROSS JOIN LATERAL (
+            SELECT conversation_id, id, next_attempt_at FROM outbox
+            WHERE done_at IS NULL AND conversation_id > heads.conversation_id ORDER BY conversation_id, id LIMIT 1
+        ) later
+    ), due AS (
+        (SELECT * FROM heads WHERE next_attempt_at IS NULL OR next_attempt_at <= now() LIMIT :n)
+        UNION ALL
+        (SELECT conversation_id, id, next_attempt_at FROM outbox
+         WHERE done_at IS NULL AND conversation_id IS NULL ORDER BY id LIMIT 1)
+    )
+    SELECT due.conversation_id, conversations.key FROM due
+    LEFT JOIN conversations ON conversations.id = due.conversation_id
+    WHERE due.next_attempt_at IS NULL OR due.next_attempt_at <= now()
+    ORDER BY due.id
     """
 )
-"""Conversations whose next row is due, oldest first, with their keys (which name the customer's platform): ones
-waiting out a backoff (their later rows wait behind it, in order) take no place in the batch, so a pile of them
-never starves a healthy conversation."""
+"""Conversations whose next row is due, oldest first, with their keys (which name the customer's platform), and the
+rows of no conversation's if their first is due. Each conversation's head is one probe of
+`ix_outbox_unsent_by_conversation` (a loose index scan: the recursion goes from one conversation to the next, and
+stops once `:n` are due), so a pass reads what it returns, however long the conversations' queues. Ones waiting
+out a backoff (their later rows wait behind it, in order) take no place in the batch, so a pile of them never
+starves a healthy conversation; a full batch's pass is followed by one beginning after its last conversation
+(`:after`), so the conversations past it are not starved either."""
+_UNSENT = (
+    select(m.Outbox.__table__, m.Conversation.language.label("spoken_language"))
+    .outerjoin(m.Conversation, m.Conversation.id == m.Outbox.conversation_id)
+    .where(m.Outbox.conversation_id.is_not_distinct_from(bindparam("c", type_=m.Outbox.conversation_id.type)))
+    .where(m.Outbox.done_at.is_(None))
+    .order_by(m.Outbox.id)
+    .limit(FETCH_AHEAD)
+)
+_LEASE = text(
+    "INSERT INTO send_leases (conversation_id, owner, until) "
+    "VALUES (:k, :o, now() + make_interval(secs => :ttl)) "
+    "ON CONFLICT (conversation_id) DO UPDATE SET owner = :o, until = EXCLUDED.until "
+    "WHERE send_leases.owner = :o OR send_leases.until < now() RETURNING conversation_id"
+)
+_RELEASE = text("DELETE FROM send_leases WHERE conversation_id = :k AND owner = :o")
+_ATTEMPT = text(
+    "UPDATE outbox SET attempts = attempts + 1, attempted_at = now(), "
+    "uploaded = coalesce(CAST(:uploaded AS jsonb), uploaded) "
+    f"WHERE id = :id AND done_at IS NULL AND attempts = :seen AND {HOLDING_SEND_LEASE} "
+    "RETURNING id"
+)
+_SETTLED = text(f"UPDATE outbox SET attempted_at = NULL WHERE id = :id AND done_at IS NULL AND {HOLDING_SEND_LEASE}")
+_STILL_OURS = text(
+    f"SELECT id FROM outbox WHERE id = :id AND done_at IS NULL AND attempts = :n AND {HOLDING_SEND_LEASE}"
+)
+_CLAIMED = text("SELECT result_ts FROM outbox WHERE id = :id")
+_CHANGED = text(
+    f"UPDATE outbox SET done_at = now(), outcome = '{Outcome.SENT}', attempts = attempts + 1 "
+    "WHERE id = :id AND done_at IS NULL"
+)
+"""A change (a reaction, an edit, a deletion) made, or found made already: the row sent, its one try counted."""
 _SKIP_PAIRS = text(
     f"""
     UPDATE outbox SET done_at = now(), outcome = 'skipped', last_error = 'removed before it was added'
@@ -82,51 +134,44 @@ _SKIP_PAIRS = text(
 
 
 class Ledger:
-    def __init__(self, *, engine: AsyncEngine, owner: str, lease_s: float) -> None:
+    def __init__(self, *, engine: AsyncEngine, owner: str, lease_s: float, autocommit: bool = True) -> None:
         self.engine = engine
+        self.single = engine.execution_options(isolation_level="AUTOCOMMIT") if autocommit else engine
+        """Where a statement that is a transaction by itself runs (`begin()`: with autocommit no BEGIN or COMMIT is
+        sent): unless `autocommit` is False, as behind a pooler in transaction mode, where only a transaction keeps a
+        statement's prepare and its execution on one server connection."""
         self.owner = owner
         self.lease_s = lease_s
         """How long a send lease lasts unrenewed: a crashed sender's conversations wait this long."""
+        self._after = 0
+        """Where the next pass's search for due conversations begins: after the last conversation of a full batch
+        (ids are positive), else from the first."""
 
     async def due(self) -> list[tuple[int | None, str | None]]:
         """(conversation id, key) of each conversation whose next row is due."""
-        async with self.engine.connect() as conn:
-            return [(row.conversation_id, row.key) for row in await conn.execute(_DUE_CONVERSATIONS)]
+        async with self.single.begin() as conn:
+            found = (await conn.execute(_DUE_CONVERSATIONS, {"after": self._after, "n": DUE_BATCH})).all()
+        ids = [row.conversation_id for row in found if row.conversation_id is not None]
+        self._after = max(ids) if len(ids) >= DUE_BATCH else 0
+        return [(row.conversation_id, row.key) for row in found]
 
     async def unsent(self, conversation_id: int | None) -> Sequence[Row[Any]]:
-        """The conversation's next rows not done, in order, each with its conversation's language
-        (`spoken_language`: what an answer's own words are rendered in when it is sent)."""
-        async with self.engine.connect() as conn:
-            return (
-                await conn.execute(
-                    select(m.Outbox.__table__, m.Conversation.language.label("spoken_language"))
-                    .outerjoin(m.Conversation, m.Conversation.id == m.Outbox.conversation_id)
-                    .where(m.Outbox.conversation_id.is_not_distinct_from(conversation_id))
-                    .where(m.Outbox.done_at.is_(None))
-                    .order_by(m.Outbox.id)
-                    .limit(FETCH_AHEAD)
-                )
-            ).all()
+        """The conversation's next rows not done (at most FETCH_AHEAD), in order, each with its conversation's
+        language (`spoken_language`: what an answer's own words are rendered in when it is sent)."""
+        async with self.single.begin() as conn:
+            return (await conn.execute(_UNSENT, {"c": conversation_id})).all()
 
     async def lease(self, key: int) -> bool:
-        """Claim (or renew) the send lease of one conversation's rows; False while another sender holds it."""
-        async with self.engine.begin() as conn:
-            got = await conn.scalar(
-                text(
-                    "INSERT INTO send_leases (conversation_id, owner, until) "
-                    "VALUES (:k, :o, now() + make_interval(secs => :ttl)) "
-                    "ON CONFLICT (conversation_id) DO UPDATE SET owner = :o, until = EXCLUDED.until "
-                    "WHERE send_leases.owner = :o OR send_leases.until < now() RETURNING conversation_id"
-                ),
-                {"k": key, "o": self.owner, "ttl": self.lease_s},
-            )
+        """Claim (or renew) the send lease of one conversation's rows; False while another sender holds it. Its own
+        statement, before the rows are read: a statement reads as of its start, so rows read in the statement that
+        takes the lease could predate what the lease's last holder sent and marked done meanwhile."""
+        async with self.single.begin() as conn:
+            got = await conn.scalar(_LEASE, {"k": key, "o": self.owner, "ttl": self.lease_s})
         return got is not None
 
     async def release(self, key: int) -> None:
-        async with self.engine.begin() as conn:
-            await conn.execute(
-                text("DELETE FROM send_leases WHERE conversation_id = :k AND owner = :o"), {"k": key, "o": self.owner}
-            )
+        async with self.single.begin() as conn:
+            await conn.execute(_RELEASE, {"k": key, "o": self.owner})
 
     async def without_pointless(self, rows: Sequence[Row[Any]], key: int) -> list[Row[Any]]:
         """A working reaction not tried yet whose removal is already queued (the reply was faster than the
@@ -144,7 +189,7 @@ class Ledger:
                 pairs += [added.id, row.id]
         if not pairs:
             return list(rows)
-        async with self.engine.begin() as conn:
+        async with self.single.begin() as conn:
             skipped = await conn.execute(_SKIP_PAIRS, {"ids": pairs, "n": len(pairs), "k": key, "o": self.owner})
             if len(skipped.all()) != len(pairs):
                 return list(rows)
@@ -154,14 +199,9 @@ class Ledger:
         """Record the attempt before a post, only while this sender still holds the lease and nobody else has
         tried the row meanwhile: if the process dies waiting for the platform's answer, the next sender looks for
         the post first. Changes are safe to repeat and need no such record (one commit fewer each)."""
-        async with self.engine.begin() as conn:
+        async with self.single.begin() as conn:
             done = await conn.execute(
-                text(
-                    "UPDATE outbox SET attempts = attempts + 1, attempted_at = now(), "
-                    "uploaded = coalesce(CAST(:uploaded AS jsonb), uploaded) "
-                    f"WHERE id = :id AND done_at IS NULL AND attempts = :seen AND {HOLDING_SEND_LEASE} "
-                    "RETURNING id"
-                ),
+                _ATTEMPT,
                 {
                     "id": row.id,
                     "seen": row.attempts,
@@ -175,25 +215,14 @@ class Ledger:
     async def settled(self, row: Row[Any], key: int) -> None:
         """This sender's attempt at a post was answered "not posted": the row is no longer in doubt (only while
         this sender still holds the lease, so that no other sender's fresh attempt is forgotten)."""
-        async with self.engine.begin() as conn:
-            await conn.execute(
-                text(
-                    f"UPDATE outbox SET attempted_at = NULL WHERE id = :id AND done_at IS NULL AND {HOLDING_SEND_LEASE}"
-                ),
-                {"id": row.id, "k": key, "o": self.owner},
-            )
+        async with self.single.begin() as conn:
+            await conn.execute(_SETTLED, {"id": row.id, "k": key, "o": self.owner})
 
     async def still_ours(self, row: Row[Any], key: int) -> bool:
         """Whether this sender still holds the lease and nobody has tried the row since its own attempt: then no
         other sender can have posted it."""
-        async with self.engine.connect() as conn:
-            mine = await conn.scalar(
-                text(
-                    "SELECT id FROM outbox WHERE id = :id AND done_at IS NULL AND attempts = :n "
-                    f"AND {HOLDING_SEND_LEASE}"
-                ),
-                {"id": row.id, "n": row.attempts + 1, "k": key, "o": self.owner},
-            )
+        async with self.single.begin() as conn:
+            mine = await conn.scalar(_STILL_OURS, {"id": row.id, "n": row.attempts + 1, "k": key, "o": self.owner})
         return mine is not None
 
     async def claim(self, row: Row[Any], ts: str, *, done: bool, preview: int | None = None) -> str | None:
@@ -201,37 +230,51 @@ class Ledger:
         already: None when `ts` is the row's post now, else the post recorded first. One conditional statement, so
         that two senders never both go on. `preview`: the preview `ts` finished, closed in the same transaction, so
         that no later message ever finishes it again."""
-        async with self.engine.begin() as conn:
+        # Closing the preview must commit with the claim; without one, the claim is a statement by itself (a post
+        # once recorded for a row is never replaced, so reading it afterwards needs no transaction).
+        opened = self.engine.begin() if preview is not None else self.single.begin()
+        async with opened as conn:
             claimed = await conn.scalar(_CLAIM_AND_DONE if done else _CLAIM, {"id": row.id, "ts": ts})
             if claimed is not None:
                 if preview is not None:
                     await conn.execute(_CLOSE_PREVIEW, {"id": preview})
                 return None
-            first = await conn.scalar(select(m.Outbox.result_ts).where(m.Outbox.id == row.id))
+            first = await conn.scalar(_CLAIMED, {"id": row.id})
             assert first is not None, "a claim lost to no post"
             return str(first)
 
     async def open_preview(self, row: Row[Any]) -> PreviewRef | None:
-        async with self.engine.connect() as conn:
+        async with self.single.begin() as conn:
             found = (await conn.execute(_OPEN_PREVIEW, {"c": row.conversation_id, "before": row.created_at})).first()
         return None if found is None else PreviewRef(**found._mapping)
 
     async def answer_follows(self, row: Row[Any]) -> bool:
-        async with self.engine.connect() as conn:
+        async with self.single.begin() as conn:
             return bool(
                 await conn.scalar(_ANSWER_FOLLOWS, {"c": row.conversation_id, "id": row.id, "t": row.created_at})
             )
 
     async def done(self, row: Row[Any], outcome: Outcome, *, then: Sequence[Delivery] = (), **values: Any) -> Outcome:
         """The row's outcome, with `then` queued in the same transaction."""
+        done = (
+            update(m.Outbox)
+            .where(m.Outbox.id == row.id, m.Outbox.done_at.is_(None))
+            .values(done_at=func.now(), outcome=str(outcome), **values)
+        )
+        if not then:
+            async with self.single.begin() as conn:
+                await conn.execute(done)
+            return outcome
         async with AsyncSession(self.engine) as s, s.begin():
-            await s.execute(
-                update(m.Outbox)
-                .where(m.Outbox.id == row.id, m.Outbox.done_at.is_(None))
-                .values(done_at=func.now(), outcome=str(outcome), **values)
-            )
+            await s.execute(done)
             await enqueue(s, then)
         return outcome
+
+    async def changed(self, row: Row[Any]) -> Outcome:
+        """A change made, or found made already (`_CHANGED`)."""
+        async with self.single.begin() as conn:
+            await conn.execute(_CHANGED, {"id": row.id})
+        return Outcome.SENT
 
     async def backoff(self, row: Row[Any], error: str, *, delay: timedelta | None = None) -> None:
         """Try again later, this try counted once: a post's attempt is recorded before it is sent, anything else
@@ -248,14 +291,14 @@ class Ledger:
         return await self.done(row, Outcome.GIVEN_UP, last_error=error, then=then)
 
     async def mark(self, row_id: int, **values: Any) -> None:
-        async with self.engine.begin() as conn:
+        async with self.single.begin() as conn:
             await conn.execute(
                 update(m.Outbox).where(m.Outbox.id == row_id, m.Outbox.done_at.is_(None)).values(**values)
             )
 
     async def relayed_copy(self, source: str) -> tuple[Where, str, str | None] | None:
         """Where the copy of a colleague's message is and its id, once it was posted, and the colleague."""
-        async with self.engine.connect() as conn:
+        async with self.single.begin() as conn:
             copy = (
                 await conn.execute(
                     select(m.Outbox.channel, m.Outbox.thread_ts, m.Outbox.result_ts, m.Outbox.author).where(
@@ -270,7 +313,7 @@ class Ledger:
     async def post_of(self, row_id: int) -> tuple[NewMessage, str | None, list[str]] | None:
         """A row's post, its id once it went out (None while it has not), and the files uploaded for it (a file
         relay's): what an `Erase` takes down."""
-        async with self.engine.connect() as conn:
+        async with self.single.begin() as conn:
             row = (await conn.execute(select(m.Outbox).where(m.Outbox.id == row_id))).first()
         if row is None:
             return None
@@ -281,7 +324,7 @@ class Ledger:
 
     async def conversation_key(self, conversation_id: int) -> tuple[str, Language | None] | None:
         """The conversation's key, and its language for what is said to its customer."""
-        async with self.engine.connect() as conn:
+        async with self.single.begin() as conn:
             found = (
                 await conn.execute(
                     select(m.Conversation.key, m.Conversation.language).where(m.Conversation.id == conversation_id)

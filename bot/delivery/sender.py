@@ -37,7 +37,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agents import personal
 from agents.address import Address, Platform
-from agents.db import models as m
 from agents.db.deliveries import (
     AddReaction,
     Answer,
@@ -65,7 +64,7 @@ from agents.texts import Text, Texts
 from bot.channels.capabilities import Channels
 from bot.channels.messenger import FileFetcher, FileSharing, Messenger, Previewing, PreviewRef, Refused, Where
 from bot.delivery.alerts import AdminAlerts, maybe_missing, posted_twice
-from bot.delivery.ledger import Ledger
+from bot.delivery.ledger import FETCH_AHEAD, Ledger
 from bot.delivery.messages import Messages, Undeliverable
 from bot.delivery.owed import posts
 from bot.delivery.pacing import Pacing
@@ -122,9 +121,11 @@ class OutboxSender:
         lease_s: float = 30.0,
         feedback_buttons: bool = True,
         files: FileFetcher | None = None,
+        autocommit: bool = True,
     ) -> None:
+        """`autocommit`: False behind a pooler in transaction mode (`Ledger.single`)."""
         self.channels = channels
-        self.ledger = Ledger(engine=engine, owner=owner or process_owner(), lease_s=lease_s)
+        self.ledger = Ledger(engine=engine, owner=owner or process_owner(), lease_s=lease_s, autocommit=autocommit)
         self.messengers: dict[str, Messenger] = {one.platform: one for one in messengers}
         """Each configured platform's calls, made by clients that retry nothing by themselves."""
         self.staff_platform = staff_platform or channels.default.platform
@@ -179,10 +180,9 @@ class OutboxSender:
             name=f"send-lease-{key}",
         )
         try:
-            while not lost.is_set():
-                rows = await self.ledger.unsent(conversation_id)
-                if not rows:
-                    break
+            rows = await self.ledger.unsent(conversation_id)
+            while rows and not lost.is_set():
+                more = len(rows) == FETCH_AHEAD
                 rows = await self.ledger.without_pointless(rows, key)
                 progressed = True
                 for row in rows:
@@ -198,8 +198,11 @@ class OutboxSender:
                         progressed = False
                         break
                     sent += outcome == Outcome.SENT
-                if not progressed:
+                if not progressed or not more:
+                    # No read for rows queued meanwhile: each rings the sender (NOTIFY, the doorbell), whose next
+                    # pass finds them, and a pass that sent anything is followed by another at once anyway.
                     break
+                rows = await self.ledger.unsent(conversation_id)
         finally:
             keeper.cancel()
             await self.ledger.release(key)
@@ -239,7 +242,7 @@ class OutboxSender:
             if isinstance(delivery, NewMessage):
                 return await self._post_once(row, key, delivery, messenger)
             await self.messages.change(delivery, messenger)
-            return await self.ledger.done(row, Outcome.SENT, attempts=m.Outbox.attempts + 1)
+            return await self.ledger.changed(row)
         except Undeliverable as exc:
             return await self.ledger.give_up(row, str(exc))
         except Refused as exc:
@@ -252,7 +255,7 @@ class OutboxSender:
                 ("no_reaction", RemoveReaction),
                 ("message_not_found", Erase),  # gone already (a colleague deleted it, an earlier try did)
             ):
-                return await self.ledger.done(row, Outcome.SENT, attempts=m.Outbox.attempts + 1)
+                return await self.ledger.changed(row)
             if isinstance(delivery, AddReaction | RemoveReaction | StaffNotice | Typing):
                 # A reaction or a notice is a courtesy (a deleted custom emoji, a restricted channel, a person who
                 # left): it never holds the replies behind it.
