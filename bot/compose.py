@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
+from typing import TYPE_CHECKING
 
 from slack_bolt.app.async_app import AsyncApp
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -52,13 +53,15 @@ from bot.slack.channel import SLACK
 from bot.slack.echoes import Echoes
 from bot.slack.wiring import SlackSide, slack_side
 from bot.staff import Colleagues, Member, Members, StaffGate, StaffList
-from bot.teams.app import TeamsEdge
 from bot.teams.channel import TEAMS
-from bot.teams.wiring import TeamsSide, teams_side
 from escalation.desk import CaseDesk
 from escalation.machine import TAKEOVER
 from escalation.policy import BusinessHours, EscalationPolicy
 from escalation.render import CaseRenderer, Summarizer
+
+if TYPE_CHECKING:
+    from bot.teams.app import TeamsEdge
+    from bot.teams.wiring import TeamsSide
 
 log = logging.getLogger(__name__)
 BOT_ACTOR = "helpdesk-bot"
@@ -172,7 +175,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
         closing.push_async_callback(warm_up.stop)
         sides = Sides(
             slack=slack_side(settings) if settings.slack_configured else None,
-            teams=teams_side(settings, engine=db.engine, sessions=db.sessions) if settings.teams_configured else None,
+            teams=teams_side(settings, db) if settings.teams_configured else None,
         )
         if sides.slack is not None:
             closing.push_async_callback(sides.slack.close)
@@ -244,6 +247,14 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             provider=provider,
             echoes=None if sides.slack is None or app is None else Echoes(sides.slack.authorisation),
         )
+
+
+def teams_side(settings: Settings, db: runtime.Database) -> TeamsSide:
+    """Teams' side of the bot, imported here rather than at the top: Microsoft's Agents SDK (~12 MB of RSS) is
+    loaded only by a bot that Teams is configured for."""
+    from bot.teams.wiring import teams_side
+
+    return teams_side(settings, engine=db.engine, sessions=db.sessions)
 
 
 def engine(

@@ -4,27 +4,34 @@ Under a crowd each message comes as a call of its own (the router's, then the se
 text at a time pays its per-call cost (a thread hop, Python around each layer, all of its weights read from memory
 for a few tokens) for every message.
 `Batcher.run(encode, texts)` queues the texts; one drain task per batcher takes the waiting calls, runs `encode` once
-on up to `limit` texts in a worker thread, and hands each call its own rows. Texts that arrive while a pass runs wait
-for the next one, so a crowd is coalesced without a timer. A call that finds the model idle starts at once, with the
-calls made in the same turn of the event loop: waiting 2 or 5 ms for company saved almost no passes (100 messages
-arriving 2, 8 or 20 ms apart: 9, 75 and 93 passes with 2 ms, 9, 76 and 95 without) and added that wait to a lone
-message's latency.
+on up to `limit` texts in the batcher's own thread, and hands each call its own rows. Texts that arrive while a pass
+runs wait for the next one, so a crowd is coalesced without a timer. A call that finds the model idle starts at
+once, with the calls made in the same turn of the event loop: waiting 2 or 5 ms for company saved almost no passes
+(100 messages arriving 2, 8 or 20 ms apart: 9, 75 and 93 passes with 2 ms, 9, 76 and 95 without) and added that
+wait to a lone message's latency.
 
 One pass at a time per model: the drain task is the only one that runs `encode`. A pass takes texts from the waiting
 calls in turn (a large ingestion cannot hold a customer's question behind all of its chunks), and only calls of one
 `encode` (a model's query and passage modes are not mixed). An error in a pass goes to every call that had texts in
 it; a cancelled caller's rows are dropped, and the others still get theirs.
+
+One thread per model, not the event loop's shared pool: glibc gives each thread that allocates its own malloc arena,
+and a forward pass's temporaries grow it by 8-25 MB that stay resident; passes spread over the pool's threads grew
+one arena per thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
+T = TypeVar("T")
 Array = NDArray[np.float32]
 Encode = Callable[[list[str]], Array]
 
@@ -47,14 +54,29 @@ class _Call:
 
 
 class Batcher:
-    """Coalesces concurrent calls into passes of `encode`, one at a time, each in a worker thread."""
+    """Coalesces concurrent calls into passes of `encode`, one at a time, each in the batcher's thread."""
 
-    def __init__(self, *, limit: int = LIMIT) -> None:
+    def __init__(self, *, limit: int = LIMIT, name: str = "model") -> None:
         self.limit = limit
         self.passes = 0
         """Forward passes run so far (one per `encode` call)."""
+        self.name = name
         self._waiting: list[_Call] = []
         self._drain: asyncio.Task[None] | None = None
+        self._thread: ThreadPoolExecutor | None = None
+        """Started at the first use, so a model never used has none."""
+
+    async def in_thread(self, work: Callable[[], T]) -> T:
+        """`work()` in the batcher's thread (the model's passes, and its loading, whose arena they then reuse)."""
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
+        return await asyncio.get_running_loop().run_in_executor(self._thread, work)
+
+    def close(self) -> None:
+        """Let the thread end once its pass is over; a later call starts another."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=False)
+            self._thread = None
 
     async def run(self, encode: Encode, texts: list[str]) -> list[list[float]]:
         """`encode(texts)` as plain lists of floats, in one pass with whatever other texts are waiting."""
@@ -91,7 +113,8 @@ class Batcher:
         in_pass = {id(c): c for c, _ in picked}.values()
         self.passes += 1
         try:
-            vectors = await asyncio.to_thread(encode, [c.texts[i] for c, i in picked])
+            texts = [c.texts[i] for c, i in picked]
+            vectors = await self.in_thread(lambda: encode(texts))
         except Exception as exc:
             for call in in_pass:
                 if not call.done.done():

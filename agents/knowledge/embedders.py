@@ -81,7 +81,7 @@ class LocalModel(Generic[M]):
     def __init__(self, model: M | None = None) -> None:
         self._model = model
         self._lock = asyncio.Lock()
-        self._batcher = Batcher()
+        self._batcher = Batcher(name=self.name)
 
     def _make(self) -> M:
         """Load the model (run in a thread)."""
@@ -112,8 +112,12 @@ class LocalModel(Generic[M]):
     async def _loaded(self) -> M:
         async with self._lock:
             if self._model is None:
-                self._model = await asyncio.to_thread(self._loaded_and_trimmed)
+                self._model = await self._batcher.in_thread(self._loaded_and_trimmed)
             return self._model
+
+    def close(self) -> None:
+        """Stop the model's thread (the model stays loaded)."""
+        self._batcher.close()
 
     def _loaded_and_trimmed(self) -> M:
         model = self._make()

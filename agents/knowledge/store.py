@@ -44,7 +44,7 @@ from agents.db import models as m
 from agents.errors import AgentsError, ProviderError
 from agents.knowledge.chunking import Chunk, chunk_document
 from agents.knowledge.documents import SUFFIXES, Document, find_documents
-from agents.knowledge.embedders import Embedder, OpenAIEmbedder, Unavailable
+from agents.knowledge.embedders import Embedder, LocalModel, OpenAIEmbedder, Unavailable
 from agents.knowledge.identifiers import in_document, in_question
 from agents.knowledge.readers import Unreadable, read_file
 from agents.language import Language, detect, fold
@@ -301,11 +301,14 @@ class KnowledgeBase:
     async def close(self, *, grace_s: float = 5.0) -> None:
         """Let the background probe or backfill finish, for `grace_s` at most, then stop it: its work is safe to
         interrupt (what it embedded is kept; the rest waits for the next start). Waiting first, because a query
-        cancelled mid-flight can leave its connection, and its locks, behind for a while. A provider's client
-        closes last."""
+        cancelled mid-flight can leave its connection, and its locks, behind for a while. A provider's client and
+        the local models' threads close last."""
         try:
             await self._stop_background(grace_s)
         finally:
+            for model in self.models:
+                if isinstance(model, LocalModel):
+                    model.close()
             if isinstance(self.embedder, OpenAIEmbedder):
                 await self.embedder.close()
 

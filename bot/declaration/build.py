@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import regex
 
@@ -29,11 +29,13 @@ from agents.identity import Author
 from agents.knowledge.store import KnowledgeBase
 from agents.knowledge.tool import knowledge_search
 from agents.language import Language
-from agents.mcp_servers import MCPServer, MCPServerConfig, parse_mcp_servers
 from agents.tools import Tool, function_tool
 from agents.toolsets import Toolset, ToolSource
 from bot.declaration.parse import Blank, Declaration, DeclarationError, Place, load
 from bot.settings import Settings
+
+if TYPE_CHECKING:
+    from agents.mcp_servers import MCPServer, MCPServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -347,19 +349,7 @@ def build(declaration: Declaration) -> Helpdesk:
             )
         if knowledge.vectors and not declaration.resolve(knowledge.vectors).is_file():
             problems.append(declaration.at(("knowledge", name, "vectors"), "no such file; leave vectors out to embed"))
-    mcp: dict[str, MCPServer] = {}
-    for name, raw in spec.mcp_servers.items():
-        entry = dict(raw) if isinstance(raw, Mapping) else raw
-        acting = entry.pop("acting", []) if isinstance(entry, dict) else []
-        try:
-            if not (isinstance(acting, list) and all(isinstance(a, str) for a in acting)):
-                raise ConfigError(f"mcpServers.{name}.acting: a list of the server's tool names that act for the asker")
-            config = parse_mcp_servers({name: entry})[name]
-        except ConfigError as exc:
-            place, message = _located(str(exc))
-            problems.append(declaration.at(place, message))
-            continue
-        mcp[name] = MCPServer(_beside(config, declaration.folder), acting=frozenset(acting))
+    mcp = _mcp_servers(declaration, problems) if spec.mcp_servers else {}
     http: HTTPTools | None = None
     if http_configs:
         try:
@@ -373,6 +363,27 @@ def build(declaration: Declaration) -> Helpdesk:
     if problems:
         raise DeclarationError(declaration.path, problems)
     return Helpdesk(declaration, python_tools, http, mcp, frozenset(c.name for c in http_configs))
+
+
+def _mcp_servers(declaration: Declaration, problems: list[str]) -> dict[str, MCPServer]:
+    """The declared MCP servers, not yet connected; a bad entry is a problem located in the file."""
+    # Imported only here: the MCP SDK and its dependencies are ~27 MB of RSS that a helpdesk without servers never uses.
+    from agents.mcp_servers import MCPServer, parse_mcp_servers
+
+    mcp: dict[str, MCPServer] = {}
+    for name, raw in declaration.spec.mcp_servers.items():
+        entry = dict(raw) if isinstance(raw, Mapping) else raw
+        acting = entry.pop("acting", []) if isinstance(entry, dict) else []
+        try:
+            if not (isinstance(acting, list) and all(isinstance(a, str) for a in acting)):
+                raise ConfigError(f"mcpServers.{name}.acting: a list of the server's tool names that act for the asker")
+            config = parse_mcp_servers({name: entry})[name]
+        except ConfigError as exc:
+            place, message = _located(str(exc))
+            problems.append(declaration.at(place, message))
+            continue
+        mcp[name] = MCPServer(_beside(config, declaration.folder), acting=frozenset(acting))
+    return mcp
 
 
 def _beside(config: MCPServerConfig, folder: Path) -> MCPServerConfig:
