@@ -1,13 +1,13 @@
 """The engine's SQL (`agents.conversations`): storing a message, a turn's first statement (claim or fence the lease,
 count the attempt, read what the turn needs) and its last (fence, write what the turn produced, release the
-lease). Statements built once, at import; the inbox includes STORE_MESSAGE in its own statement."""
+lease). Statements built once, at import (`agents.db.statements`); the inbox includes STORE_MESSAGE in its own
+statement."""
 
 from __future__ import annotations
 
-from sqlalchemy import text
-
 from agents import leases, limits
 from agents.db.notify import TURNS
+from agents.db.statements import Statement
 from agents.summary import UNSUMMARISED, VALID_SUMMARY
 
 STORE_MESSAGE = """
@@ -35,7 +35,7 @@ first, FOR KEY SHARE: storing waits only on a transaction that locks it FOR UPDA
 two first messages of one conversation at once meet in the upsert, whose no-op update of a non-key column returns
 the row without the key lock that would hold up other inserts."""
 
-SUBMIT = text(
+SUBMIT = Statement(
     f"WITH {STORE_MESSAGE.format(guard='true')} "
     "SELECT (SELECT id FROM conversation) AS conversation_id, (SELECT id FROM stored) AS inbound_id"
 )
@@ -77,10 +77,10 @@ _LIMITS = {
     "summary": VALID_SUMMARY.format(c="l"),
     "unsummarised": UNSUMMARISED.format(c="l"),
 }
-START = text(_START_TEMPLATE.format(lease_set=leases.RENEW_SET, lease_where=leases.HELD, **_LIMITS))
-START_CLAIMING = text(_START_TEMPLATE.format(lease_set=leases.CLAIM_SET, lease_where=leases.FREE, **_LIMITS))
+START = Statement(_START_TEMPLATE.format(lease_set=leases.RENEW_SET, lease_where=leases.HELD, **_LIMITS))
+START_CLAIMING = Statement(_START_TEMPLATE.format(lease_set=leases.CLAIM_SET, lease_where=leases.FREE, **_LIMITS))
 
-FINISH = text(
+FINISH = Statement(
     """
 WITH others AS (
     SELECT EXISTS (

@@ -3,9 +3,9 @@ at a time per conversation, in arrival order, across processes.
 
     submit()        stores the message (idempotent on external_id) and returns at once
     run_leased()    under the conversation's lease (agents.leases), runs its waiting messages in order: each in
-                    a short transaction that counts the attempt and reads what the turn needs, the turn itself
-                    (LLM and tool calls) outside any transaction, then one short transaction that checks the
-                    lease's fence and commits everything the turn produced
+                    one statement, committed by itself, that counts the attempt and reads what the turn needs, the
+                    turn itself (LLM and tool calls) outside any transaction, then one short transaction that checks
+                    the lease's fence and commits everything the turn produced (with the host's rows)
     process_next()  claims a lease, runs one message, releases it; handle(): submit, then process until this
                     message is done (what the CLI and tests call)
 
@@ -26,7 +26,7 @@ from enum import StrEnum
 from typing import Any, Literal, Protocol
 
 from sqlalchemy import func, select, text
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from agents import conversation_sql as sql
 from agents import limits
@@ -35,6 +35,7 @@ from agents.attachments import Attachment, AttachmentReader, FileRef, with_attac
 from agents.db import models as m
 from agents.db.deliveries import Source
 from agents.db.engine import database_unavailable
+from agents.db.statements import Statement, alone, engine_of
 from agents.identity import Author
 from agents.language import Language, heard
 from agents.leases import Lease, LeaseLost, Leases, process_owner
@@ -228,7 +229,7 @@ class TurnCommit:
     own words to the customer are in."""
 
 
-TurnHook = Callable[[AsyncSession, TurnCommit], Awaitable[None]]
+TurnHook = Callable[[AsyncConnection, TurnCommit], Awaitable[None]]
 
 
 class Conversations:
@@ -252,6 +253,9 @@ class Conversations:
         router: Router | None = None,
     ) -> None:
         self.sessions = sessions
+        self._engine = engine_of(sessions)
+        self._alone = alone(self._engine)
+        """For the statements that are a transaction each: storing a message, a turn's start, a result read back."""
         self.router = router
         """Routes a message to another agent without a model call when it is sure (agents.router); None: never."""
         self.attachments = attachments
@@ -289,8 +293,9 @@ class Conversations:
         external_id: str | None = None,
         order_key: str | None = None,
     ) -> Submitted:
-        async with self.sessions() as s, s.begin():
-            return await self.submit_in(s, key, text, author=author, external_id=external_id, order_key=order_key)
+        params = self.store_params(key, text, author, external_id, order_key)
+        async with self._alone() as conn:
+            return await _submitted(conn, params)
 
     async def submit_in(
         self,
@@ -308,16 +313,7 @@ class Conversations:
         own rows). `order_key` orders messages of one conversation when arrival order may differ from the
         order they were written in (Slack's ts); messages without one run in arrival order."""
         params = self.store_params(key, text, author, external_id, order_key, kind, files=files)
-        row = (await s.execute(sql.SUBMIT, params)).one()
-        if row.inbound_id is not None:
-            return Submitted(row.conversation_id, row.inbound_id, duplicate=False)
-        existing = await s.scalar(
-            select(m.Inbound.id).where(
-                m.Inbound.conversation_id == row.conversation_id, m.Inbound.external_id == external_id
-            )
-        )
-        assert existing is not None
-        return Submitted(row.conversation_id, existing, duplicate=True)
+        return await _submitted(await s.connection(), params)
 
     def store_params(
         self,
@@ -367,11 +363,11 @@ class Conversations:
                 return done  # run by another process
 
     async def result_of(self, inbound_id: int) -> MessageResult | None:
-        async with self.sessions() as s:
-            row = await s.get(m.Inbound, inbound_id)
-            if row is None or row.outcome is None:
-                return None
-            return MessageResult.from_json(row.id, row.conversation_id, row.outcome)
+        async with self._alone() as conn:
+            row = (await _RESULT.run(conn, {"id": inbound_id})).first()
+        if row is None or row.outcome is None:
+            return None
+        return MessageResult.from_json(inbound_id, row.conversation_id, row.outcome)
 
     async def pending_conversations(self) -> list[int]:
         """Conversations with unprocessed messages, oldest first: what to resume after a restart."""
@@ -497,8 +493,8 @@ class Conversations:
             "history": self.history_limit,
             "uncounted": sorted(i for i, times in self._uncounted.items() if times <= UNCOUNTED_TIMES),
         }
-        async with self.sessions() as s, s.begin():
-            row = (await s.execute(sql.START_CLAIMING if lease is None else sql.START, params)).first()
+        async with self._alone() as conn:
+            row = (await (sql.START_CLAIMING if lease is None else sql.START).run(conn, params)).first()
         if row is None:
             return None
         held = Lease(conversation_id, row.lease_token, self.leases.owner)
@@ -663,8 +659,8 @@ class Conversations:
         lease, inbound = started.lease, started.inbound
         assert inbound is not None
         params = {"id": lease.conversation_id, "token": lease.token, "owner": lease.owner}
-        async with self.sessions() as s, s.begin():
-            row = await s.execute(limits.TELL, params | {"author": inbound.author, "limit": limit})
+        async with self._alone() as conn:
+            row = await conn.execute(limits.TELL, params | {"author": inbound.author, "limit": limit})
             return row.first() is not None
 
     def _staff_message(self, started: _Started, inbound: _Inbound) -> _Commit:
@@ -737,15 +733,17 @@ class Conversations:
             "counters": json.dumps(self.limits.counters(turn)),
             "language": str(started.language) if started.language else None,
         }
-        async with self.sessions() as s, s.begin():
-            row = (await s.execute(sql.FINISH, params)).first()
+        hook = self.after_turn if commit.messages else None
+        # The host's rows commit with the turn's; without any, the statement is a transaction by itself.
+        async with self._alone() if hook is None else self._engine.begin() as conn:
+            row = (await sql.FINISH.run(conn, params)).first()
             if row is None:
                 raise LeaseLost(f"conversation {lease.conversation_id}")
             if row.escalation_id is not None:
                 result = replace(result, escalation_id=row.escalation_id)
-            if self.after_turn is not None and commit.messages:
-                await self.after_turn(
-                    s,
+            if hook is not None:
+                await hook(
+                    conn,
                     TurnCommit(
                         started.key,
                         lease.conversation_id,
@@ -758,6 +756,21 @@ class Conversations:
                     ),
                 )
         return _Done(result, kept=bool(row.kept))
+
+
+_DUPLICATE = Statement("SELECT id FROM inbound WHERE conversation_id = :conversation_id AND external_id = :external_id")
+_RESULT = Statement("SELECT conversation_id, outcome FROM inbound WHERE id = :id")
+
+
+async def _submitted(conn: AsyncConnection, params: dict[str, Any]) -> Submitted:
+    """Store a message (`Conversations.store_params`), or find it stored already under its external_id."""
+    row = (await sql.SUBMIT.run(conn, params)).one()
+    if row.inbound_id is not None:
+        return Submitted(row.conversation_id, row.inbound_id, duplicate=False)
+    found = {"conversation_id": row.conversation_id, "external_id": params["external_id"]}
+    existing = (await _DUPLICATE.run(conn, found)).scalar()
+    assert existing is not None
+    return Submitted(row.conversation_id, existing, duplicate=True)
 
 
 # ---------------------------------------------------------------------------------------------------- values

@@ -18,10 +18,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from agents.db.notify import TURNS
+from agents.db.statements import Statement, alone, engine_of
 
 LEASE_S = 30.0
 
@@ -48,7 +48,7 @@ FREE = "(lease_until IS NULL OR lease_until < now())"
 RENEW_SET = "lease_until = now() + make_interval(secs => :ttl)"
 HELD = "lease_token = :token AND lease_owner = :owner"
 
-_CLAIM_PENDING = text(
+_CLAIM_PENDING = Statement(
     """
     UPDATE conversations c
     SET lease_owner = :owner, lease_until = now() + make_interval(secs => :ttl), lease_token = c.lease_token + 1
@@ -65,21 +65,21 @@ _CLAIM_PENDING = text(
     """
 )
 
-_CLAIM_ONE = text(f"UPDATE conversations SET {CLAIM_SET} WHERE id = :id AND {FREE} RETURNING id, lease_token")
+_CLAIM_ONE = Statement(f"UPDATE conversations SET {CLAIM_SET} WHERE id = :id AND {FREE} RETURNING id, lease_token")
 
-_RENEW = text(f"UPDATE conversations SET {RENEW_SET} WHERE id = :id AND {HELD} RETURNING id")
+_RENEW = Statement(f"UPDATE conversations SET {RENEW_SET} WHERE id = :id AND {HELD} RETURNING id")
 
-_RELEASE = text(
+_RELEASE = Statement(
+    f"""
+    WITH released AS (
+        UPDATE conversations SET lease_owner = NULL, lease_until = now() + make_interval(secs => :after)
+        WHERE id = :id AND lease_token = :token AND lease_owner = :owner
+    )
+    -- Released at once: a message that came in meanwhile waits for this conversation, so say so.
+    SELECT pg_notify('{TURNS}', '')
+    WHERE CAST(:after AS float8) = 0
+      AND EXISTS (SELECT FROM inbound WHERE conversation_id = :id AND processed_at IS NULL)
     """
-    UPDATE conversations SET lease_owner = NULL, lease_until = now() + make_interval(secs => :after)
-    WHERE id = :id AND lease_token = :token AND lease_owner = :owner
-    """
-)
-
-
-_NOTIFY_IF_WAITING = text(
-    f"SELECT pg_notify('{TURNS}', '') WHERE EXISTS "
-    "(SELECT 1 FROM inbound WHERE conversation_id = :id AND processed_at IS NULL)"
 )
 
 
@@ -88,17 +88,19 @@ class Leases:
         self.sessions = sessions
         self.owner = owner
         self.ttl_s = ttl_s
+        self._alone = alone(engine_of(sessions))
+        """Each of a lease's statements commits by itself."""
 
     async def claim_pending(self, limit: int) -> list[Lease]:
         """Leases on up to `limit` conversations that have unprocessed messages and no live lease."""
-        async with self.sessions() as s, s.begin():
-            rows = await s.execute(_CLAIM_PENDING, {"owner": self.owner, "ttl": self.ttl_s, "limit": limit})
-            return [Lease(cid, token, self.owner) for cid, token in rows]
+        async with self._alone() as conn:
+            rows = await _CLAIM_PENDING.run(conn, {"owner": self.owner, "ttl": self.ttl_s, "limit": limit})
+            return [Lease(row.id, row.lease_token, self.owner) for row in rows]
 
     async def claim(self, conversation_id: int) -> Lease | None:
-        async with self.sessions() as s, s.begin():
-            row = (await s.execute(_CLAIM_ONE, {"owner": self.owner, "ttl": self.ttl_s, "id": conversation_id})).first()
-            return Lease(row[0], row[1], self.owner) if row else None
+        async with self._alone() as conn:
+            row = (await _CLAIM_ONE.run(conn, {"owner": self.owner, "ttl": self.ttl_s, "id": conversation_id})).first()
+            return Lease(row.id, row.lease_token, self.owner) if row else None
 
     async def wait_for(self, conversation_id: int, *, timeout_s: float, poll_s: float = 0.05) -> Lease | None:
         """The lease of one conversation, waiting while someone else (a running turn) holds it."""
@@ -110,19 +112,15 @@ class Leases:
         return lease
 
     async def renew(self, lease: Lease) -> bool:
-        async with self.sessions() as s, s.begin():
-            return await fenced(s, lease, ttl_s=self.ttl_s)
+        async with self._alone() as conn:
+            return await _renewed(conn, lease, ttl_s=self.ttl_s)
 
     async def release(self, lease: Lease, *, retry_after_s: float = 0.0) -> None:
         """Give the conversation back; `retry_after_s` keeps it from being claimed again that long (after a
         failure, so that a message that fails is not retried in a tight loop)."""
-        async with self.sessions() as s, s.begin():
-            await s.execute(
-                _RELEASE,
-                {"id": lease.conversation_id, "token": lease.token, "owner": lease.owner, "after": retry_after_s},
-            )
-            if not retry_after_s:  # a message that came in meanwhile waits for this conversation: say so
-                await s.execute(_NOTIFY_IF_WAITING, {"id": lease.conversation_id})
+        values = {"id": lease.conversation_id, "token": lease.token, "owner": lease.owner, "after": retry_after_s}
+        async with self._alone() as conn:
+            await _RELEASE.run(conn, values)
 
     async def keep(self, lease: Lease, lost: asyncio.Event) -> None:
         """Renew the lease every third of its life until cancelled; sets `lost` if it was taken."""
@@ -145,7 +143,9 @@ async def keep_renewed(renew: Callable[[], Awaitable[bool]], *, every_s: float, 
 async def fenced(s: AsyncSession, lease: Lease, *, ttl_s: float = LEASE_S) -> bool:
     """Inside a transaction that writes under `lease`: True (and the lease extended, and the conversation row
     locked until commit) while the lease is still the holder's; False when it was lost."""
-    row = await s.execute(
-        _RENEW, {"id": lease.conversation_id, "token": lease.token, "owner": lease.owner, "ttl": ttl_s}
-    )
-    return row.first() is not None
+    return await _renewed(await s.connection(), lease, ttl_s=ttl_s)
+
+
+async def _renewed(conn: AsyncConnection, lease: Lease, *, ttl_s: float) -> bool:
+    values = {"id": lease.conversation_id, "token": lease.token, "owner": lease.owner, "ttl": ttl_s}
+    return (await _RENEW.run(conn, values)).first() is not None

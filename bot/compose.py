@@ -22,7 +22,7 @@ from slack_bolt.app.async_app import AsyncApp
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agents.address import Platform
-from agents.conversations import Conversations
+from agents.conversations import Conversations, TurnHook
 from agents.db.engine import make_engine, make_sessions, watch_writes
 from agents.knowledge.store import KnowledgeBase
 from agents.language import Language
@@ -264,7 +264,7 @@ def engine(
     sides: Sides,
     metrics: Metrics,
     leases: Leases,
-    after_turn: Callable[..., Awaitable[None]],
+    after_turn: TurnHook,
     closing: AsyncExitStack,
 ) -> Conversations:
     """The engine's conversations: the queue, the turns, the transcript (the router and the language model they use

@@ -7,11 +7,12 @@ import itertools
 import json
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy import Connection, event, func, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
-from agents.conversations import Conversations
+from agents.conversations import Conversations, TurnCommit
 from agents.db import models as m
+from agents.db.deliveries import Post, enqueue
 from agents.identity import Author
 from agents.texts import Text
 from agents.tools import HandoffTo
@@ -611,3 +612,49 @@ async def test_the_prompt_prefix_is_stable_from_call_to_call(
     # Each call after the first finds all of the call before it in the cache, but its closing bracket.
     earlier = [len(json.dumps(r.tools) + json.dumps(r.messages)) - 1 for r in requests[:-1]]
     assert [c.cached_tokens for c in await rows(sessions, m.LLMCall)] == [0] + [n // 4 for n in earlier]
+
+
+async def test_a_message_costs_three_statements_that_commit_alone_and_one_transaction(
+    sessions: Sessions, engine: AsyncEngine, model: Any, fake_llm: FakeOpenAI
+) -> None:
+    """Storing a message, claiming its conversation and starting its turn are one statement each, committed by
+    themselves: no BEGIN and COMMIT round trips around them. The turn's commit, with the host's rows, is the one
+    transaction; nothing is rolled back."""
+
+    async def host(conn: AsyncConnection, commit: TurnCommit) -> None:
+        await enqueue(conn, [Post(commit.conversation_id, "C1", "1.0", commit.result.reply or "")])
+
+    service = Conversations(
+        takeover=TAKEOVER, sessions=sessions, roster=default_roster(), model=model, config=CONFIG, after_turn=host
+    )
+    fake_llm.script(reply("Hello!"))
+    alone: list[str] = []
+    ended: list[str] = []
+
+    def autocommit(conn: Connection) -> bool:
+        return conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+
+    def executed(conn: Connection, _: Any, statement: str, *__: Any) -> None:
+        if autocommit(conn):
+            alone.append(statement.split()[0])
+
+    def committed(conn: Connection) -> None:
+        ended.append("alone" if autocommit(conn) else "commit")
+
+    def rolled_back(conn: Connection) -> None:  # closing an autocommit connection "rolls back" nothing
+        ended.append("alone" if autocommit(conn) else "rollback")
+
+    listeners = (("before_cursor_execute", executed), ("commit", committed), ("rollback", rolled_back))
+    for name, listener in listeners:
+        event.listen(engine.sync_engine, name, listener)
+    try:
+        await service.submit("test:costs", "hi")
+        [lease] = await service.leases.claim_pending(1)
+        [result] = await service.run_leased(lease)
+    finally:
+        for name, listener in listeners:
+            event.remove(engine.sync_engine, name, listener)
+    assert result.reply == "Hello!"
+    assert alone == ["WITH", "UPDATE", "WITH"]  # store, claim, start
+    assert [e for e in ended if e != "alone"] == ["commit"]
+    assert await rows(sessions, m.Outbox) != []

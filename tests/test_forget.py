@@ -230,8 +230,8 @@ async def test_a_message_stored_while_a_forget_commits_starts_a_fresh_conversati
         async def store() -> Any:
             async with sessions() as s, s.begin():
                 return (
-                    await s.execute(
-                        SUBMIT,
+                    await SUBMIT.run(
+                        await s.connection(),
                         {
                             "key": "slack:T1:C1:1.0",
                             "entry": "triage",

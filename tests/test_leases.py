@@ -5,25 +5,30 @@ stand for two processes."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
 from agents.db import models as m
 from agents.db.deliveries import AddReaction, Outcome, Post, RemoveReaction, enqueue
-from agents.leases import LeaseLost, Leases
+from agents.leases import Lease, LeaseLost, Leases
 from agents.model import OpenAIChatModel
 from bot.channels.capabilities import Channels
 from bot.delivery.sender import OutboxSender
+from bot.metrics import Metrics
+from bot.runtime.workers import Workers
 from bot.slack.app import slack_client
 from bot.slack.channel import SLACK
 from bot.slack.messenger import SlackMessenger
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply, slow
+from harness.database import count
 from harness.llm import CONFIG
 from harness.sample import default_roster
 
@@ -118,7 +123,7 @@ async def test_a_claim_that_meets_the_old_holders_commit_does_not_run_its_messag
     from its older snapshot."""
     gate, committing = asyncio.Event(), asyncio.Event()
 
-    async def held_commit(_: AsyncSession, __: object) -> None:
+    async def held_commit(_: AsyncConnection, __: object) -> None:
         committing.set()
         await gate.wait()
 
@@ -141,6 +146,71 @@ async def test_a_claim_that_meets_the_old_holders_commit_does_not_run_its_messag
     assert await claiming is None
     assert fake_llm.calls == 1
     assert await replies(sessions, submitted.conversation_id) == ["first answer"]
+
+
+# --- the dispatcher's claims -----------------------------------------------------------------------------------
+
+
+class _NoOutbox:
+    async def send_pending(self, **_: Any) -> int:
+        return 0
+
+
+async def _processed(sessions: Sessions, n: int) -> None:
+    for _ in range(1000):
+        if await count(sessions, m.Inbound, m.Inbound.processed_at.is_not(None)) >= n:
+            return
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"{n} messages not processed")
+
+
+@asynccontextmanager
+async def _dispatching(service: Conversations, max_turns: int) -> AsyncIterator[Workers]:
+    """Workers that claim only when rung (no polling within a test, no LISTEN)."""
+    workers = Workers(conversations=service, sender=_NoOutbox(), metrics=Metrics(), max_turns=max_turns, poll_s=600)
+    await workers.start()
+    try:
+        yield workers
+    finally:
+        await workers.stop()
+
+
+async def test_a_turn_that_ends_sets_off_no_claim_while_places_are_free(
+    sessions: Sessions, model: OpenAIChatModel, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each stored message costs the dispatcher one claim (the one that finds it): a turn's end sends it claiming
+    only when it had no place left (a claim that finds nothing is a statement for nothing)."""
+    service = process(sessions, model, "A")
+    claims = 0
+    claim_pending = service.leases.claim_pending
+
+    async def counted(limit: int) -> list[Lease]:
+        nonlocal claims
+        claims += 1
+        return await claim_pending(limit)
+
+    monkeypatch.setattr(service.leases, "claim_pending", counted)
+    fake_llm.rule = lambda _: reply("Answered.")
+    async with _dispatching(service, max_turns=8) as workers:
+        for n in range(2):
+            await service.submit(f"test:claims{n}", "hi")
+            workers.wake_turns()
+            await _processed(sessions, n + 1)
+            await asyncio.sleep(0.2)  # room for what the turn's end sets off
+    assert claims == 1 + 2  # at the start, then one per message
+
+
+async def test_with_no_place_left_the_next_conversation_runs_when_a_turn_ends(
+    sessions: Sessions, model: OpenAIChatModel, fake_llm: FakeOpenAI
+) -> None:
+    """One place, two conversations waiting: the second is claimed as the first's turn ends, not at the next poll."""
+    service = process(sessions, model, "A")
+    fake_llm.rule = lambda _: slow(0.2, reply("Answered."))
+    async with _dispatching(service, max_turns=1) as workers:
+        for n in range(2):
+            await service.submit(f"test:one_place{n}", "hi")
+        workers.wake_turns()
+        await _processed(sessions, 2)
 
 
 # --- the outbox's send leases ---------------------------------------------------------------------------------

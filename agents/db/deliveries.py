@@ -19,7 +19,7 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from sqlalchemy import insert, text
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from agents.db import models as m
 
@@ -344,7 +344,7 @@ def delivery_of(row: Mapping[Any, Any]) -> Delivery:
     return cls(**values)
 
 
-async def enqueue(s: AsyncSession, deliveries: Iterable[Delivery]) -> None:
+async def enqueue(s: AsyncSession | AsyncConnection, deliveries: Iterable[Delivery]) -> None:
     """Queue deliveries in the caller's transaction: they are owed exactly when what caused them commits."""
     rows = [row_of(d) for d in deliveries]
     if rows:

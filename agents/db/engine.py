@@ -12,6 +12,7 @@ from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
+from agents.db.statements import TRANSACTION_POOLER
 from agents.db.url import async_url
 
 Sessions = async_sessionmaker[AsyncSession]
@@ -41,7 +42,8 @@ def make_engine(
             "connect_args": {
                 "statement_cache_size": 0,
                 "prepared_statement_name_func": lambda: f"__asyncpg_{uuid.uuid4()}__",
-            }
+            },
+            "execution_options": {TRANSACTION_POOLER: True},
         }
         url = async_url(url).update_query_dict({"prepared_statement_cache_size": "0"}).render_as_string(False)
     elif idle_in_transaction_s is not None:

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agents.address import Address
 from agents.agent import Roster
@@ -62,11 +62,11 @@ def turn_outbox(
     *,
     channels: Channels,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-) -> Callable[[AsyncSession, TurnCommit], Awaitable[None]]:
+) -> Callable[[AsyncConnection, TurnCommit], Awaitable[None]]:
     """The engine's after_turn hook: what the channels should see of a turn (the customer's replies, the case for
     staff, relays both ways), queued in the turn's own transaction."""
 
-    async def after_turn(s: AsyncSession, commit: TurnCommit) -> None:
+    async def after_turn(s: AsyncConnection, commit: TurnCommit) -> None:
         address = Address.parse(commit.key)
         if address is None:
             return
@@ -133,6 +133,6 @@ def turn_outbox(
 _OPEN_PREVIEW = text("SELECT EXISTS (SELECT FROM previews WHERE conversation_id = :c AND state = 'open')")
 
 
-async def _streamed(s: AsyncSession, channel: Channel, conversation_id: int) -> bool:
+async def _streamed(s: AsyncConnection, channel: Channel, conversation_id: int) -> bool:
     """The conversation has a preview open: its answer finishes it in place (`bot.delivery.sender`)."""
     return channel.capabilities.streaming and bool(await s.scalar(_OPEN_PREVIEW, {"c": conversation_id}))
