@@ -46,6 +46,7 @@ from agents.db import models as m
 from agents.db.engine import make_engine, make_sessions
 from agents.identity import Author
 from agents.knowledge.local import LocalEmbedder
+from agents.knowledge.static import StaticEmbedder
 from agents.knowledge.store import KnowledgeBase
 from agents.loop import LoopConfig
 from agents.model import OpenAIChatModel
@@ -372,12 +373,8 @@ CITED = re.compile(r"\[\d+\]")
 def setup_service(bench: Bench, setup: Setup) -> Conversations:
     roster = default_roster(bench.knowledge) if setup.grounded else default_roster()
     examples = {name: agent.examples for name, agent in roster.agents.items()}
-    # As the bot wires it (`bot.runtime.calibrated_router`): the message's vector shared with the knowledge base.
-    router = (
-        Router(bench.knowledge.embedder, examples, min_score=MIN_SCORE, query_vector=bench.knowledge.query_vector)
-        if setup.routed
-        else None
-    )
+    # As the bot wires it (`bot.runtime.calibrated_router`): the static table, its threshold calibrated for it.
+    router = Router(StaticEmbedder(), examples, min_score=MIN_SCORE) if setup.routed else None
     return Conversations(
         takeover=TAKEOVER, sessions=bench.sessions, roster=roster, model=bench.model, config=setup.config, router=router
     )

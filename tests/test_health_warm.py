@@ -2,9 +2,9 @@
 /healthz, /livez) only once the router has embedded its examples; meanwhile /healthz answers 503 and says what it is
 waiting for. A warm-up that fails ends ready all the same, the failure shown.
 
-The router's model is held back for real: the process imports this checkout through a copy of its tree whose bundled
-model's `config.json` is a named pipe, which the model's loading reads from (and waits on) until the test writes the
-real file into it; or which is missing, as in a damaged install."""
+The router's embedding is held back for real: the process imports this checkout through a copy of its tree whose
+static table's scales (`minilm/static.scale.npy`) are a named pipe, which the table's loading reads from (and waits
+on) until the test writes the real file into it; or which is missing, as in a damaged install."""
 
 from __future__ import annotations
 
@@ -21,20 +21,21 @@ from typing import Any
 import aiohttp
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from agents.knowledge import local
+from agents.knowledge import static
 from agents.knowledge.local import LocalEmbedder
 from agents.knowledge.multilingual import MultilingualEmbedder
+from agents.knowledge.static import StaticEmbedder
 from agents.router import MIN_SCORE
 from bot.playground.slack_emulator import SlackEmulator
 from fakes.openai_server import FakeOpenAI
 from harness import bot as harness
 
-CONFIG = Path(local.__file__).resolve().parent / "minilm" / "config.json"
+HELD = Path(static.__file__).resolve().parent / "minilm" / static.SCALE_FILE
 
 
 def shadow_tree(where: Path, config: Callable[[Path], None]) -> Path:
-    """This checkout's packages as links, but for `agents/knowledge/local.py` (copied: it finds its model next to
-    itself) and its model folder, whose `config.json` is made by `config`."""
+    """This checkout's packages as links, but for `agents/knowledge/static.py` (copied: it finds its table next to
+    itself) and its model folder, whose `static.scale.npy` is made by `config`."""
     root = harness.ROOT
     shadow = where / "tree"
     knowledge = shadow / "agents" / "knowledge"
@@ -47,13 +48,13 @@ def shadow_tree(where: Path, config: Callable[[Path], None]) -> Path:
         if entry.name != "knowledge":
             (shadow / "agents" / entry.name).symlink_to(entry)
     for entry in (root / "agents" / "knowledge").iterdir():
-        if entry.name not in ("local.py", "minilm", "__pycache__"):
+        if entry.name not in ("static.py", "minilm", "__pycache__"):
             (knowledge / entry.name).symlink_to(entry)
-    (knowledge / "local.py").write_bytes((root / "agents" / "knowledge" / "local.py").read_bytes())
-    for entry in CONFIG.parent.iterdir():
-        if entry.name != "config.json":
+    (knowledge / "static.py").write_bytes((root / "agents" / "knowledge" / "static.py").read_bytes())
+    for entry in HELD.parent.iterdir():
+        if entry.name != HELD.name:
             (model / entry.name).symlink_to(entry)
-    config(model / "config.json")
+    config(model / HELD.name)
     return shadow
 
 
@@ -101,7 +102,7 @@ async def ready_line(proc: asyncio.subprocess.Process) -> dict[str, Any]:
 
 
 async def release(pipe: Path, proc: asyncio.subprocess.Process) -> None:
-    """The real config.json into the pipe, once the model's loading has opened it (unless the process is gone)."""
+    """The real file into the pipe, once the table's loading has opened it (unless the process is gone)."""
     while proc.returncode is None:
         try:
             fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
@@ -110,8 +111,9 @@ async def release(pipe: Path, proc: asyncio.subprocess.Process) -> None:
                 raise
             await asyncio.sleep(0.05)
             continue
+        os.set_blocking(fd, True)  # 120 kB, more than the pipe's buffer: written as the process reads it
         with os.fdopen(fd, "wb") as writer:
-            writer.write(CONFIG.read_bytes())  # well under the pipe's buffer: never blocks
+            writer.write(HELD.read_bytes())
         return
 
 
@@ -128,7 +130,7 @@ async def test_healthz_says_warming_until_the_router_has_embedded_its_examples(
     tmp_path: Path,
 ) -> None:
     tree = shadow_tree(tmp_path, lambda path: os.mkfifo(path))
-    pipe = tree / "agents" / "knowledge" / "minilm" / "config.json"
+    pipe = tree / "agents" / "knowledge" / "minilm" / HELD.name
     async with serving(router_env(database_url, fake_llm, emulator, tree), tmp_path) as (proc, public, url):
         said = asyncio.ensure_future(ready_line(proc))
         try:
@@ -159,14 +161,14 @@ async def test_a_router_that_cannot_warm_ends_ready_with_the_failure_shown(
     emulator: SlackEmulator,
     tmp_path: Path,
 ) -> None:
-    """A damaged install (the model's files missing): the model routes every message, and the process is ready."""
+    """A damaged install (the table's files missing): the model routes every message, and the process is ready."""
     tree = shadow_tree(tmp_path, lambda path: None)
     async with serving(router_env(database_url, fake_llm, emulator, tree), tmp_path) as (proc, _, url):
         assert (await ready_line(proc))["event"] == "ready"
         status, body = await health(url)
         assert status == 200 and body["ready"] is True and "warming" not in body, body
         assert "FileNotFoundError" in body["warm_up_failed"]["router"], body
-        assert "config.json" in body["warm_up_failed"]["router"]
+        assert HELD.name in body["warm_up_failed"]["router"]
         log = (tmp_path / "bot.log").read_text()
         assert "warm-up of router failed, running without it: could not embed its examples" in log
         assert "degraded: router" in log
@@ -199,3 +201,22 @@ async def test_with_embeddings_off_the_warm_up_loads_no_model(
         assert bot.warm_up.warm and not bot.warm_up.failed
         local = [model for model in bot.knowledge.models if isinstance(model, LocalEmbedder | MultilingualEmbedder)]
         assert len(local) == 2 and not any(model.loaded for model in local), local
+
+
+async def test_the_router_warms_without_minilm(
+    database_url: str,
+    sessions: async_sessionmaker[AsyncSession],
+    fake_llm: FakeOpenAI,
+    emulator: SlackEmulator,
+) -> None:
+    """The router on, no search embedding locally (EMBEDDINGS=none, as with a provider's embeddings): the router's
+    static table is loaded, and MiniLM, which it is distilled from, never is."""
+    settings = harness.bot_settings(database_url, fake_llm, emulator, embeddings="none", router_min_score=MIN_SCORE)
+    async with harness.serving(settings, emulator) as bot:
+        await bot.warm_up.wait()
+        assert not bot.warm_up.failed, bot.warm_up.failed
+        router = bot.conversations.router
+        assert router is not None and isinstance(router.embedder, StaticEmbedder)
+        assert router.embedder.loaded
+        local = [model for model in bot.knowledge.models if isinstance(model, LocalEmbedder | MultilingualEmbedder)]
+        assert not any(model.loaded for model in local), local

@@ -1,6 +1,6 @@
-"""Routing without a call (issue 16): the router (agents.router) with the bundled local model and the shipped
-agents' examples, and the engine switching before the first call when it is sure. Real Postgres, the real OpenAI
-client, the fake LLM over HTTP."""
+"""Routing without a call (issue 16): the router (agents.router) with the static table distilled from MiniLM and
+the shipped agents' examples, and the engine switching before the first call when it is sure. Real Postgres, the
+real OpenAI client, the fake LLM over HTTP."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from agents.agent import Roster
 from agents.conversations import Conversations
 from agents.db import models as m
 from agents.knowledge.local import LocalEmbedder, MiniLM
+from agents.knowledge.static import StaticEmbedder, StaticModel
 from agents.knowledge.store import KnowledgeBase
 from agents.model import OpenAIChatModel
 from agents.router import MIN_SCORE, Router, acts_on
@@ -34,9 +35,15 @@ def minilm() -> MiniLM:
     return MiniLM()  # loaded once for the module: a second per load on a busy machine
 
 
+@cache
+def table() -> StaticModel:
+    return StaticModel()
+
+
 def router(roster: Roster, min_score: float = MIN_SCORE) -> Router:
+    """As the bot routes: with the static table, at the threshold calibrated for it."""
     examples = {name: agent.examples for name, agent in roster.agents.items()}
-    return Router(LocalEmbedder(minilm()), examples, min_score=min_score)
+    return Router(StaticEmbedder(table()), examples, min_score=min_score)
 
 
 def service(sessions: Sessions, model: OpenAIChatModel, roster: Roster) -> Conversations:
@@ -127,20 +134,21 @@ class CountedEmbedder(LocalEmbedder):
         return await super().embed(texts)
 
 
-async def test_the_router_and_the_search_before_the_first_call_embed_a_message_once(
+async def test_the_router_embeds_with_the_static_table_and_the_search_with_the_knowledge_bases_model(
     sessions: Sessions, tmp_path: Path
 ) -> None:
-    """As the bot wires them (`calibrated_router`): with the local model, the router takes the message's vector
-    from the knowledge base, which remembers it for the search that follows."""
+    """As the bot wires them (`calibrated_router`): the router looks the message up in the static table, whatever
+    the knowledge base searches with; MiniLM embeds it once, for the search."""
     embedder = CountedEmbedder()
     kb = KnowledgeBase(sessions=sessions, embedder=embedder)
     (tmp_path / "drones.md").write_text("# Drones\n\n## Landscape\n\nThe Harrier X4 shoots landscapes in 4K.")
     await kb.ingest([tmp_path / "drones.md"], collection="catalogue", root=tmp_path)
     settings = Settings(_env_file=None, router_min_score=MIN_SCORE)  # type: ignore[call-arg]
-    router = calibrated_router(settings, kb, default_roster(kb))
-    assert router is not None
+    router = calibrated_router(settings, default_roster(kb))
+    assert router is not None and isinstance(router.embedder, StaticEmbedder)
     routed = await router.route(SALES_MESSAGE)
     assert routed is not None and routed.agent == "sales"
+    assert SALES_MESSAGE not in embedder.texts
     [hit] = await kb.search(SALES_MESSAGE, collections=["catalogue"], k=1)
     assert hit.similarity is not None
     assert embedder.texts.count(SALES_MESSAGE) == 1

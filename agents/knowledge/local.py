@@ -162,6 +162,11 @@ class MiniLM:
         encodings = self.tokenizer.encode_batch(texts)
         tokens = np.array([e.ids for e in encodings], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encodings], dtype=bool)
+        return self.encode_ids(tokens, mask)
+
+    def encode_ids(self, tokens: NDArray[np.int64], mask: NDArray[Any]) -> Array:
+        """Token ids already made (with [CLS] and [SEP]; `mask` false on padding): `scripts/distil_minilm.py` runs
+        each vocabulary entry alone, which no text tokenises to."""
         w = self.w
         n, length = tokens.shape
         # Every step but attention works on each token alone, so it runs on the real tokens only, packed as one

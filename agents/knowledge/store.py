@@ -766,8 +766,7 @@ class KnowledgeBase:
         """The query's vector by `model` (by default the one for all collections); None (full text only, until a
         probe succeeds) when it fails now."""
         # Remembered: a customer's message is searched before the agent's first call, and the agent's own search
-        # often repeats it; the router embeds the same message just before (`bot.runtime.calibrated_router`);
-        # the local embedder takes tens of milliseconds a query.
+        # often repeats it; the local embedder takes milliseconds a query.
         model = model or self.embedder
         key = (model.name, query)
         if (vector := self._query_vectors.get(key)) is not None:

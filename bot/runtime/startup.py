@@ -26,6 +26,7 @@ from agents.knowledge.documents import find_documents
 from agents.knowledge.embedders import LocalModel, OpenAIEmbedder, Precomputed, Unavailable, probe
 from agents.knowledge.local import LocalEmbedder
 from agents.knowledge.multilingual import MultilingualEmbedder
+from agents.knowledge.static import StaticEmbedder
 from agents.knowledge.store import IngestFailed, KnowledgeBase
 from agents.limits import Limits
 from agents.loop import LLMCallRecord, LoopConfig
@@ -372,7 +373,7 @@ async def brain(settings: Settings, db: Database, helpdesk: Helpdesk | None = No
         min_passage_similarity=min_similarity,
     )
     offline = OfflineModel(router, texts=settings.texts)
-    routes = calibrated_router(settings, knowledge, roster)
+    routes = calibrated_router(settings, roster)
     if not settings.llm_configured:
         return Brain(roster, offline, knowledge, offline=True, router=routes, helpdesk=helpdesk)
     chat = chat_model(settings)
@@ -393,20 +394,14 @@ async def brain(settings: Settings, db: Database, helpdesk: Helpdesk | None = No
     )
 
 
-def calibrated_router(settings: Settings, knowledge: KnowledgeBase, roster: Roster) -> Router | None:
-    """The router with the bundled local model whatever EMBEDDINGS says: its threshold was calibrated with that
-    model. Loaded on the first message, not at start-up."""
+def calibrated_router(settings: Settings, roster: Roster) -> Router | None:
+    """The router with the static table distilled from MiniLM whatever EMBEDDINGS says: its threshold was calibrated
+    with it, and it embeds a message by a look-up, so the router never loads MiniLM (nor shares the knowledge base's
+    vectors, which a search makes with its own model). Loaded at warm-up, else on the first message."""
     if settings.router_min_score is None:
         return None
     examples = {name: agent.examples for name, agent in roster.agents.items()}
-    if (english := _english(knowledge)) is not None:
-        # The message the router embeds is searched next: one embedding, remembered by the knowledge base.
-
-        async def query_vector(message: str) -> list[float] | None:
-            return await knowledge.query_vector(message, english)
-
-        return Router(english, examples, min_score=settings.router_min_score, query_vector=query_vector)
-    return Router(LocalEmbedder(), examples, min_score=settings.router_min_score)
+    return Router(StaticEmbedder(), examples, min_score=settings.router_min_score)
 
 
 def _english(knowledge: KnowledgeBase) -> LocalEmbedder | None:
