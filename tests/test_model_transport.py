@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+from typing import Any
 
+import pytest
+from aiohttp import web
+
+from agents.errors import ProviderError
 from agents.model import OpenAIChatModel
 from fakes.openai_server import FakeOpenAI, reply
 
@@ -31,3 +35,43 @@ async def test_the_model_answers_with_or_without_credentials_in_its_url(fake_llm
         await model.close()
     assert (plain.content, streamed.content) == ("hello", "streamed hello")
     assert "".join(pieces) == "streamed hello"
+
+
+@pytest.mark.parametrize(
+    ("body", "stream"),
+    [
+        ({"choices": "none"}, False),
+        ({"choices": []}, False),
+        ({"choices": [{"message": {"content": 42}}]}, False),
+        ('data: {"choices": [{"delta": {"tool_calls": [{"index": "x"}]}}]}\n\ndata: [DONE]\n\n', True),
+        ('data: {"choices": [{"delta": "words"}]}\n\ndata: [DONE]\n\n', True),
+    ],
+)
+async def test_an_answer_not_shaped_as_a_chat_completion_is_the_providers_failure(body: Any, stream: bool) -> None:
+    """The answer is read as plain JSON (no SDK models): one of the wrong shape is a ProviderError, which the engine
+    handles as any provider failure, never a TypeError deep in a turn."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        if isinstance(body, str):
+            return web.Response(text=body, content_type="text/event-stream")
+        return web.json_response(body)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    model = OpenAIChatModel(api_key="k", base_url=f"http://127.0.0.1:{port}/v1", timeout_s=5.0, max_retries=0)
+
+    async def heard(text: str) -> None:
+        pass
+
+    try:
+        with pytest.raises(ProviderError) as failed:
+            await model.complete(model="m", messages=USER, tools=[], on_text=heard if stream else None)
+    finally:
+        await model.close()
+        await runner.cleanup()
+    assert failed.value.kind == "other" and "not a chat completion" in str(failed.value)
