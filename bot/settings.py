@@ -97,9 +97,10 @@ class DatabaseSettings(_Group):
     data_dir: Path = Path(".data")
     """Local state, including the embedded Postgres. Relative to where the bot starts: a service started from another
     folder (systemd's `WorkingDirectory`) needs it set, or it makes a new database there."""
-    db_pool_size: int = 20
-    """Connections per process; no turn holds one while its model answers, so it is independent of
-    `MAX_CONCURRENT_TURNS`."""
+    db_pool_size: int = 10
+    """Connections per process, at most (no overflow): no turn holds one while its model answers, so it is
+    independent of `MAX_CONCURRENT_TURNS`. Ten keep a process's 500 turns at once fed (each statement is a round
+    trip of a millisecond or less); a web process has `ACK_POOL_SIZE` more."""
     ack_pool_size: int = 10
     """Connections reserved for storing incoming events, so acks never wait behind turns."""
     database_pooler: Literal["session", "transaction"] = "session"
