@@ -349,7 +349,6 @@ def delivery(settings: Settings, db: runtime.Database, sides: Sides, takeover: T
         lease_s=settings.lease_seconds,
         feedback_buttons=settings.feedback_buttons,
         files=sides.slack.files if sides.slack is not None else None,
-        autocommit=settings.database_pooler != "transaction",
     )
 
 

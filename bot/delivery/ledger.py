@@ -3,8 +3,8 @@ lease, a post's attempt before it is sent, the post's id claimed for its row, th
 valid only while this sender holds the conversation's lease say so in their SQL (`HOLDING_SEND_LEASE`), so that a
 sender that lost it (crashed, frozen, starved) changes nothing another one has gone on with.
 
-A write that is one statement is its own transaction (autocommit: one round trip, not BEGIN, it, COMMIT), and its
-statement is built once: the sender makes several per customer message."""
+The sender runs several statements per customer message: each is built once (`agents.db.statements`), and one that
+is a transaction by itself runs alone (autocommit: one round trip, not BEGIN, it, COMMIT)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, func, select, text, update
 from sqlalchemy.engine import Row
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agents.db import models as m
 from agents.db.deliveries import (
@@ -29,6 +28,7 @@ from agents.db.deliveries import (
     delivery_of,
     enqueue,
 )
+from agents.db.statements import Statement, alone
 from agents.language import Language
 from bot.channels.messenger import PreviewRef, Where
 
@@ -38,23 +38,23 @@ FETCH_AHEAD = 20
 """Rows of one conversation read at once (in order; only this sender, holding the lease, sends them)."""
 HOLDING_SEND_LEASE = "EXISTS (SELECT FROM send_leases WHERE conversation_id = :k AND owner = :o AND until > now())"
 """A write by a sender (`:o`) that is valid only while it holds the conversation's (`:k`) send lease."""
-_CLAIM = text(
+_CLAIM = Statement(
     "UPDATE outbox SET result_ts = :ts WHERE id = :id AND (result_ts IS NULL OR result_ts = :ts) RETURNING id"
 )
-_CLAIM_AND_DONE = text(
+_CLAIM_AND_DONE = Statement(
     "UPDATE outbox SET result_ts = :ts, done_at = coalesce(done_at, now()), "
     f"outcome = coalesce(outcome, '{Outcome.SENT}') "
     "WHERE id = :id AND (result_ts IS NULL OR result_ts = :ts) RETURNING id"
 )
 """A post's id claimed for its row (`Ledger.claim`); the second also marks the row sent, unless it already ended."""
-_OPEN_PREVIEW = text(
+_OPEN_PREVIEW = Statement(
     "SELECT id, platform, channel, thread, stream_id, shown, started_at, shown_at FROM previews "
     "WHERE conversation_id = :c AND state = 'open' AND started_at <= :before"
 )
 """The conversation's open preview, if a run began it before the row was written (a later run's preview is its
 own answer's to finish)."""
-_CLOSE_PREVIEW = text("UPDATE previews SET state = 'finished' WHERE id = :id")
-_ANSWER_FOLLOWS = text(
+_CLOSE_PREVIEW = Statement("UPDATE previews SET state = 'finished' WHERE id = :id")
+_ANSWER_FOLLOWS = Statement(
     "SELECT EXISTS (SELECT FROM outbox WHERE conversation_id = :c AND id > :id AND created_at = :t"
     " AND kind IN ('answer', 'post') AND sources IS NOT NULL)"
 )
@@ -62,7 +62,7 @@ _ANSWER_FOLLOWS = text(
 "Connecting you with...") leaves the preview to the answer."""
 DUE_BATCH = 200
 """Conversations taken in one pass."""
-_DUE_CONVERSATIONS = text(
+_DUE_CONVERSATIONS = Statement(
     """
     WITH RECURSIVE heads AS (
         (SELECT conversation_id, id, next_attempt_at FROM outbox
@@ -91,38 +91,56 @@ stops once `:n` are due), so a pass reads what it returns, however long the conv
 out a backoff (their later rows wait behind it, in order) take no place in the batch, so a pile of them never
 starves a healthy conversation; a full batch's pass is followed by one beginning after its last conversation
 (`:after`), so the conversations past it are not starved either."""
-_UNSENT = (
-    select(m.Outbox.__table__, m.Conversation.language.label("spoken_language"))
-    .outerjoin(m.Conversation, m.Conversation.id == m.Outbox.conversation_id)
-    .where(m.Outbox.conversation_id.is_not_distinct_from(bindparam("c", type_=m.Outbox.conversation_id.type)))
-    .where(m.Outbox.done_at.is_(None))
-    .order_by(m.Outbox.id)
-    .limit(FETCH_AHEAD)
+_COLUMNS = ", ".join(f"outbox.{column.name}" for column in m.Outbox.__table__.columns)
+"""Every column of `outbox`, as `delivery_of` reads a row."""
+_UNSENT_SQL = (
+    f"SELECT {_COLUMNS}, conversations.language AS spoken_language FROM outbox "
+    "LEFT OUTER JOIN conversations ON conversations.id = outbox.conversation_id "
+    "WHERE outbox.conversation_id {match} AND outbox.done_at IS NULL ORDER BY outbox.id "
+    f"LIMIT {FETCH_AHEAD}"
 )
-_LEASE = text(
+# Two statements, not `IS NOT DISTINCT FROM :c`, which no index serves: a conversation's rows are an index range
+# (`ix_outbox_unsent_by_conversation`), and the few of no conversation another.
+_UNSENT = Statement(_UNSENT_SQL.replace("{match}", "= :c"))
+_UNSENT_ORPHANS = Statement(_UNSENT_SQL.replace("{match}", "IS NULL"))
+_LEASE = Statement(
     "INSERT INTO send_leases (conversation_id, owner, until) "
     "VALUES (:k, :o, now() + make_interval(secs => :ttl)) "
     "ON CONFLICT (conversation_id) DO UPDATE SET owner = :o, until = EXCLUDED.until "
     "WHERE send_leases.owner = :o OR send_leases.until < now() RETURNING conversation_id"
 )
-_RELEASE = text("DELETE FROM send_leases WHERE conversation_id = :k AND owner = :o")
-_ATTEMPT = text(
+_RELEASE = Statement("DELETE FROM send_leases WHERE conversation_id = :k AND owner = :o")
+_ATTEMPT = Statement(
     "UPDATE outbox SET attempts = attempts + 1, attempted_at = now(), "
     "uploaded = coalesce(CAST(:uploaded AS jsonb), uploaded) "
     f"WHERE id = :id AND done_at IS NULL AND attempts = :seen AND {HOLDING_SEND_LEASE} "
     "RETURNING id"
 )
-_SETTLED = text(f"UPDATE outbox SET attempted_at = NULL WHERE id = :id AND done_at IS NULL AND {HOLDING_SEND_LEASE}")
-_STILL_OURS = text(
+_SETTLED = Statement(
+    f"UPDATE outbox SET attempted_at = NULL WHERE id = :id AND done_at IS NULL AND {HOLDING_SEND_LEASE}"
+)
+_STILL_OURS = Statement(
     f"SELECT id FROM outbox WHERE id = :id AND done_at IS NULL AND attempts = :n AND {HOLDING_SEND_LEASE}"
 )
-_CLAIMED = text("SELECT result_ts FROM outbox WHERE id = :id")
-_CHANGED = text(
+_CLAIMED = Statement("SELECT result_ts FROM outbox WHERE id = :id")
+_CHANGED = Statement(
     f"UPDATE outbox SET done_at = now(), outcome = '{Outcome.SENT}', attempts = attempts + 1 "
     "WHERE id = :id AND done_at IS NULL"
 )
 """A change (a reaction, an edit, a deletion) made, or found made already: the row sent, its one try counted."""
-_SKIP_PAIRS = text(
+_DONE = Statement(
+    "UPDATE outbox SET done_at = now(), outcome = :outcome, result_ts = coalesce(:result_ts, result_ts), "
+    "last_error = coalesce(:last_error, last_error) WHERE id = :id AND done_at IS NULL"
+)
+_WAIT = Statement(
+    "UPDATE outbox SET next_attempt_at = now() + CAST(:delay AS interval) WHERE id = :id AND done_at IS NULL"
+)
+_BACKOFF = Statement(
+    "UPDATE outbox SET last_error = :error, next_attempt_at = now() + CAST(:delay AS interval), "
+    "attempts = greatest(attempts, :tried) WHERE id = :id AND done_at IS NULL"
+)
+"""Tried again after `:delay`, this try counted once (`Ledger.backoff`)."""
+_SKIP_PAIRS = Statement(
     f"""
     UPDATE outbox SET done_at = now(), outcome = 'skipped', last_error = 'removed before it was added'
     WHERE id = ANY(:ids) AND done_at IS NULL
@@ -131,15 +149,19 @@ _SKIP_PAIRS = text(
     RETURNING id
     """
 )
+_RELAYED_COPY = Statement(
+    f"SELECT channel, thread_ts, result_ts, author FROM outbox WHERE kind = '{RelayToCustomer.kind}' "
+    "AND source_ts = :source AND result_ts IS NOT NULL"
+)
+_POST = Statement(f"SELECT {_COLUMNS} FROM outbox WHERE id = :id")
+_CONVERSATION_KEY = Statement("SELECT key, language FROM conversations WHERE id = :id")
 
 
 class Ledger:
-    def __init__(self, *, engine: AsyncEngine, owner: str, lease_s: float, autocommit: bool = True) -> None:
+    def __init__(self, *, engine: AsyncEngine, owner: str, lease_s: float) -> None:
         self.engine = engine
-        self.single = engine.execution_options(isolation_level="AUTOCOMMIT") if autocommit else engine
-        """Where a statement that is a transaction by itself runs (`begin()`: with autocommit no BEGIN or COMMIT is
-        sent): unless `autocommit` is False, as behind a pooler in transaction mode, where only a transaction keeps a
-        statement's prepare and its execution on one server connection."""
+        self._alone = alone(engine)
+        """Where a statement that is a transaction by itself runs."""
         self.owner = owner
         self.lease_s = lease_s
         """How long a send lease lasts unrenewed: a crashed sender's conversations wait this long."""
@@ -149,8 +171,8 @@ class Ledger:
 
     async def due(self) -> list[tuple[int | None, str | None]]:
         """(conversation id, key) of each conversation whose next row is due."""
-        async with self.single.begin() as conn:
-            found = (await conn.execute(_DUE_CONVERSATIONS, {"after": self._after, "n": DUE_BATCH})).all()
+        async with self._alone() as conn:
+            found = (await _DUE_CONVERSATIONS.run(conn, {"after": self._after, "n": DUE_BATCH})).all()
         ids = [row.conversation_id for row in found if row.conversation_id is not None]
         self._after = max(ids) if len(ids) >= DUE_BATCH else 0
         return [(row.conversation_id, row.key) for row in found]
@@ -158,20 +180,22 @@ class Ledger:
     async def unsent(self, conversation_id: int | None) -> Sequence[Row[Any]]:
         """The conversation's next rows not done (at most FETCH_AHEAD), in order, each with its conversation's
         language (`spoken_language`: what an answer's own words are rendered in when it is sent)."""
-        async with self.single.begin() as conn:
-            return (await conn.execute(_UNSENT, {"c": conversation_id})).all()
+        async with self._alone() as conn:
+            if conversation_id is None:
+                return (await _UNSENT_ORPHANS.run(conn, {})).all()
+            return (await _UNSENT.run(conn, {"c": conversation_id})).all()
 
     async def lease(self, key: int) -> bool:
         """Claim (or renew) the send lease of one conversation's rows; False while another sender holds it. Its own
         statement, before the rows are read: a statement reads as of its start, so rows read in the statement that
         takes the lease could predate what the lease's last holder sent and marked done meanwhile."""
-        async with self.single.begin() as conn:
-            got = await conn.scalar(_LEASE, {"k": key, "o": self.owner, "ttl": self.lease_s})
+        async with self._alone() as conn:
+            got = (await _LEASE.run(conn, {"k": key, "o": self.owner, "ttl": self.lease_s})).first()
         return got is not None
 
     async def release(self, key: int) -> None:
-        async with self.single.begin() as conn:
-            await conn.execute(_RELEASE, {"k": key, "o": self.owner})
+        async with self._alone() as conn:
+            await _RELEASE.run(conn, {"k": key, "o": self.owner})
 
     async def without_pointless(self, rows: Sequence[Row[Any]], key: int) -> list[Row[Any]]:
         """A working reaction not tried yet whose removal is already queued (the reply was faster than the
@@ -189,8 +213,8 @@ class Ledger:
                 pairs += [added.id, row.id]
         if not pairs:
             return list(rows)
-        async with self.single.begin() as conn:
-            skipped = await conn.execute(_SKIP_PAIRS, {"ids": pairs, "n": len(pairs), "k": key, "o": self.owner})
+        async with self._alone() as conn:
+            skipped = await _SKIP_PAIRS.run(conn, {"ids": pairs, "n": len(pairs), "k": key, "o": self.owner})
             if len(skipped.all()) != len(pairs):
                 return list(rows)
         return [row for row in rows if row.id not in pairs]
@@ -199,30 +223,28 @@ class Ledger:
         """Record the attempt before a post, only while this sender still holds the lease and nobody else has
         tried the row meanwhile: if the process dies waiting for the platform's answer, the next sender looks for
         the post first. Changes are safe to repeat and need no such record (one commit fewer each)."""
-        async with self.single.begin() as conn:
-            done = await conn.execute(
-                _ATTEMPT,
-                {
-                    "id": row.id,
-                    "seen": row.attempts,
-                    "k": key,
-                    "o": self.owner,
-                    "uploaded": None if uploaded is None else json.dumps(uploaded),
-                },
-            )
-            return done.first() is not None
+        values = {
+            "id": row.id,
+            "seen": row.attempts,
+            "k": key,
+            "o": self.owner,
+            "uploaded": None if uploaded is None else json.dumps(uploaded),
+        }
+        async with self._alone() as conn:
+            return (await _ATTEMPT.run(conn, values)).first() is not None
 
     async def settled(self, row: Row[Any], key: int) -> None:
         """This sender's attempt at a post was answered "not posted": the row is no longer in doubt (only while
         this sender still holds the lease, so that no other sender's fresh attempt is forgotten)."""
-        async with self.single.begin() as conn:
-            await conn.execute(_SETTLED, {"id": row.id, "k": key, "o": self.owner})
+        async with self._alone() as conn:
+            await _SETTLED.run(conn, {"id": row.id, "k": key, "o": self.owner})
 
     async def still_ours(self, row: Row[Any], key: int) -> bool:
         """Whether this sender still holds the lease and nobody has tried the row since its own attempt: then no
         other sender can have posted it."""
-        async with self.single.begin() as conn:
-            mine = await conn.scalar(_STILL_OURS, {"id": row.id, "n": row.attempts + 1, "k": key, "o": self.owner})
+        values = {"id": row.id, "n": row.attempts + 1, "k": key, "o": self.owner}
+        async with self._alone() as conn:
+            mine = (await _STILL_OURS.run(conn, values)).first()
         return mine is not None
 
     async def claim(self, row: Row[Any], ts: str, *, done: bool, preview: int | None = None) -> str | None:
@@ -232,48 +254,47 @@ class Ledger:
         that no later message ever finishes it again."""
         # Closing the preview must commit with the claim; without one, the claim is a statement by itself (a post
         # once recorded for a row is never replaced, so reading it afterwards needs no transaction).
-        opened = self.engine.begin() if preview is not None else self.single.begin()
+        opened = self.engine.begin() if preview is not None else self._alone()
         async with opened as conn:
-            claimed = await conn.scalar(_CLAIM_AND_DONE if done else _CLAIM, {"id": row.id, "ts": ts})
+            claimed = (await (_CLAIM_AND_DONE if done else _CLAIM).run(conn, {"id": row.id, "ts": ts})).first()
             if claimed is not None:
                 if preview is not None:
-                    await conn.execute(_CLOSE_PREVIEW, {"id": preview})
+                    await _CLOSE_PREVIEW.run(conn, {"id": preview})
                 return None
-            first = await conn.scalar(_CLAIMED, {"id": row.id})
+            first = (await _CLAIMED.run(conn, {"id": row.id})).scalar()
             assert first is not None, "a claim lost to no post"
             return str(first)
 
     async def open_preview(self, row: Row[Any]) -> PreviewRef | None:
-        async with self.single.begin() as conn:
-            found = (await conn.execute(_OPEN_PREVIEW, {"c": row.conversation_id, "before": row.created_at})).first()
+        async with self._alone() as conn:
+            found = (await _OPEN_PREVIEW.run(conn, {"c": row.conversation_id, "before": row.created_at})).first()
         return None if found is None else PreviewRef(**found._mapping)
 
     async def answer_follows(self, row: Row[Any]) -> bool:
-        async with self.single.begin() as conn:
-            return bool(
-                await conn.scalar(_ANSWER_FOLLOWS, {"c": row.conversation_id, "id": row.id, "t": row.created_at})
-            )
+        values = {"c": row.conversation_id, "id": row.id, "t": row.created_at}
+        async with self._alone() as conn:
+            return bool((await _ANSWER_FOLLOWS.run(conn, values)).scalar())
 
-    async def done(self, row: Row[Any], outcome: Outcome, *, then: Sequence[Delivery] = (), **values: Any) -> Outcome:
-        """The row's outcome, with `then` queued in the same transaction."""
-        done = (
-            update(m.Outbox)
-            .where(m.Outbox.id == row.id, m.Outbox.done_at.is_(None))
-            .values(done_at=func.now(), outcome=str(outcome), **values)
-        )
-        if not then:
-            async with self.single.begin() as conn:
-                await conn.execute(done)
-            return outcome
-        async with AsyncSession(self.engine) as s, s.begin():
-            await s.execute(done)
-            await enqueue(s, then)
+    async def done(
+        self,
+        row: Row[Any],
+        outcome: Outcome,
+        *,
+        result_ts: str | None = None,
+        last_error: str | None = None,
+        then: Sequence[Delivery] = (),
+    ) -> Outcome:
+        """The row's outcome (with the post's id, or why), with `then` queued in the same transaction."""
+        values = {"id": row.id, "outcome": str(outcome), "result_ts": result_ts, "last_error": last_error}
+        async with self._alone() if not then else self.engine.begin() as conn:
+            await _DONE.run(conn, values)
+            await enqueue(conn, then)
         return outcome
 
     async def changed(self, row: Row[Any]) -> Outcome:
         """A change made, or found made already (`_CHANGED`)."""
-        async with self.single.begin() as conn:
-            await conn.execute(_CHANGED, {"id": row.id})
+        async with self._alone() as conn:
+            await _CHANGED.run(conn, {"id": row.id})
         return Outcome.SENT
 
     async def backoff(self, row: Row[Any], error: str, *, delay: timedelta | None = None) -> None:
@@ -281,8 +302,14 @@ class Ledger:
         (a change, or a post that failed before its attempt, such as rendering it) is counted here."""
         delay = delay or timedelta(seconds=min(2 ** (row.attempts + 1), 300))
         log.warning("outbox row %s failed (%s); next try in %s", row.id, error, delay)
-        tried = func.greatest(m.Outbox.attempts, row.attempts + 1)
-        await self.mark(row.id, last_error=error, next_attempt_at=func.now() + delay, attempts=tried)
+        values = {"id": row.id, "error": error, "delay": delay, "tried": row.attempts + 1}
+        async with self._alone() as conn:
+            await _BACKOFF.run(conn, values)
+
+    async def wait(self, row: Row[Any], delay: timedelta) -> None:
+        """Not tried before `delay` has passed, nor counted as a try."""
+        async with self._alone() as conn:
+            await _WAIT.run(conn, {"id": row.id, "delay": delay})
 
     async def give_up(self, row: Row[Any], error: str, *, then: Sequence[Delivery] = ()) -> Outcome:
         """The row failed for good: its own state (never counted as sent), with `then` queued in the same
@@ -290,31 +317,17 @@ class Ledger:
         log.error("outbox row %s (%s) given up: %s", row.id, row.kind, error)
         return await self.done(row, Outcome.GIVEN_UP, last_error=error, then=then)
 
-    async def mark(self, row_id: int, **values: Any) -> None:
-        async with self.single.begin() as conn:
-            await conn.execute(
-                update(m.Outbox).where(m.Outbox.id == row_id, m.Outbox.done_at.is_(None)).values(**values)
-            )
-
     async def relayed_copy(self, source: str) -> tuple[Where, str, str | None] | None:
         """Where the copy of a colleague's message is and its id, once it was posted, and the colleague."""
-        async with self.single.begin() as conn:
-            copy = (
-                await conn.execute(
-                    select(m.Outbox.channel, m.Outbox.thread_ts, m.Outbox.result_ts, m.Outbox.author).where(
-                        m.Outbox.kind == RelayToCustomer.kind,
-                        m.Outbox.source_ts == source,
-                        m.Outbox.result_ts.is_not(None),
-                    )
-                )
-            ).first()
+        async with self._alone() as conn:
+            copy = (await _RELAYED_COPY.run(conn, {"source": source})).first()
         return None if copy is None else (Where(copy.channel, copy.thread_ts), copy.result_ts, copy.author)
 
     async def post_of(self, row_id: int) -> tuple[NewMessage, str | None, list[str]] | None:
         """A row's post, its id once it went out (None while it has not), and the files uploaded for it (a file
         relay's): what an `Erase` takes down."""
-        async with self.single.begin() as conn:
-            row = (await conn.execute(select(m.Outbox).where(m.Outbox.id == row_id))).first()
+        async with self._alone() as conn:
+            row = (await _POST.run(conn, {"id": row_id})).first()
         if row is None:
             return None
         delivery = delivery_of(row._mapping)
@@ -324,10 +337,6 @@ class Ledger:
 
     async def conversation_key(self, conversation_id: int) -> tuple[str, Language | None] | None:
         """The conversation's key, and its language for what is said to its customer."""
-        async with self.single.begin() as conn:
-            found = (
-                await conn.execute(
-                    select(m.Conversation.key, m.Conversation.language).where(m.Conversation.id == conversation_id)
-                )
-            ).first()
+        async with self._alone() as conn:
+            found = (await _CONVERSATION_KEY.run(conn, {"id": conversation_id})).first()
         return None if found is None else (found.key, Language.parse(found.language))

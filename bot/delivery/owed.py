@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agents.address import Address
@@ -27,6 +26,7 @@ from agents.db.deliveries import (
     Source,
     enqueue,
 )
+from agents.db.statements import Statement
 from agents.markup.limits import split_text
 from agents.texts import Text
 from bot.channels.capabilities import Channel, Channels, ReplyStyle
@@ -130,9 +130,9 @@ def turn_outbox(
     return after_turn
 
 
-_OPEN_PREVIEW = text("SELECT EXISTS (SELECT FROM previews WHERE conversation_id = :c AND state = 'open')")
+_OPEN_PREVIEW = Statement("SELECT EXISTS (SELECT FROM previews WHERE conversation_id = :c AND state = 'open')")
 
 
 async def _streamed(s: AsyncConnection, channel: Channel, conversation_id: int) -> bool:
     """The conversation has a preview open: its answer finishes it in place (`bot.delivery.sender`)."""
-    return channel.capabilities.streaming and bool(await s.scalar(_OPEN_PREVIEW, {"c": conversation_id}))
+    return channel.capabilities.streaming and bool((await _OPEN_PREVIEW.run(s, {"c": conversation_id})).scalar())

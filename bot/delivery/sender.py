@@ -31,7 +31,6 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
-from sqlalchemy import func
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -121,11 +120,9 @@ class OutboxSender:
         lease_s: float = 30.0,
         feedback_buttons: bool = True,
         files: FileFetcher | None = None,
-        autocommit: bool = True,
     ) -> None:
-        """`autocommit`: False behind a pooler in transaction mode (`Ledger.single`)."""
         self.channels = channels
-        self.ledger = Ledger(engine=engine, owner=owner or process_owner(), lease_s=lease_s, autocommit=autocommit)
+        self.ledger = Ledger(engine=engine, owner=owner or process_owner(), lease_s=lease_s)
         self.messengers: dict[str, Messenger] = {one.platform: one for one in messengers}
         """Each configured platform's calls, made by clients that retry nothing by themselves."""
         self.staff_platform = staff_platform or channels.default.platform
@@ -304,7 +301,7 @@ class OutboxSender:
                 return await self.ledger.done(row, Outcome.SKIPPED, last_error="deleted before it was relayed")
             if (wait_s := self.pacing.turn_in(messenger.platform, where.channel, row.id)) > 0:
                 # Waiting for its turn is not a try: neither counted nor an error.
-                await self.ledger.mark(row.id, next_attempt_at=func.now() + timedelta(seconds=wait_s))
+                await self.ledger.wait(row, timedelta(seconds=wait_s))
                 return None
             recording = time.monotonic()
             if not await self.ledger.attempt(row, key):
