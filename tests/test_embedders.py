@@ -5,6 +5,8 @@ the provider's context. Providers are the fake OpenAI server over HTTP, Postgres
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import logging
 from pathlib import Path
@@ -141,6 +143,11 @@ async def test_auto_takes_the_local_model_when_the_provider_has_no_embeddings(
         kb = await knowledge_base(provider(fake_llm), sessions)
     assert kb.unavailable is None and [m.name for m in kb.models] == [LocalEmbedder.name, MultilingualEmbedder.name]
     assert "Using the local model instead" in caplog.text
+    # The provider's client it probed with is closed, not left to the garbage collector (which logs an error).
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        gc.collect()
+        await asyncio.sleep(0)
+    assert "Unclosed" not in caplog.text
 
 
 async def test_an_embedder_failing_during_the_first_start_does_not_stop_it(

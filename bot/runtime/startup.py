@@ -184,6 +184,7 @@ async def knowledge_base(settings: Settings, sessions: async_sessionmaker[AsyncS
         if not (unavailable and unavailable.why == "no_embeddings" and settings.embeddings == "auto"):
             return _said(KnowledgeBase(sessions=sessions, embedder=remote, unavailable=unavailable, reprobe=reprobe))
         log.warning("%s. Using the local model instead (EMBEDDINGS=auto)", unavailable)
+        await remote.close()
     english, multilingual = LocalEmbedder(), MultilingualEmbedder()
     if settings.embeddings_source == "none":
         fix = "Set EMBEDDINGS=local (or openai) for hybrid search"
