@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+import aiohttp
 import openai
 from openai import AsyncStream
 
@@ -62,6 +63,8 @@ class Model(Protocol):
 
 def _provider_error(exc: openai.OpenAIError) -> ProviderError:
     match exc:
+        case openai.APITimeoutError() if (refused := _refused(exc)) is not None:
+            return ProviderError("connection", str(refused))
         case openai.APITimeoutError():
             return ProviderError("timeout", str(exc))
         case openai.APIConnectionError():
@@ -72,6 +75,18 @@ def _provider_error(exc: openai.OpenAIError) -> ProviderError:
             return ProviderError("server", str(exc))
         case _:
             return ProviderError("other", str(exc))
+
+
+def _refused(exc: BaseException) -> BaseException | None:
+    """The connection failure behind a "timeout", if it is one: the SDK's aiohttp transport reports every
+    `aiohttp.ClientConnectionError` (a refused port, a server gone) as a connect timeout, which would point an
+    operator the wrong way. aiohttp's own timeouts are `TimeoutError`s too."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, aiohttp.ClientConnectionError) and not isinstance(seen, TimeoutError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def provider_http(base_url: str | None) -> openai.DefaultAioHttpClient | None:
@@ -145,7 +160,7 @@ class OpenAIChatModel:
                 usage = _usage(response.get("usage"))
         except openai.OpenAIError as exc:
             raise _provider_error(exc) from exc
-        except Malformed as exc:
+        except ValueError as exc:  # Malformed, or JSON the SDK could not parse (a body cut short, an HTML page)
             raise ProviderError("other", f"the provider's answer is not a chat completion: {exc}") from exc
         return ModelResponse(content, calls, usage, (time.perf_counter() - started) * 1000)
 

@@ -227,7 +227,7 @@ class KnowledgeSettings(_Group):
     and providers' models)."""
     router_min_score: float | None = Field(default=MIN_SCORE, ge=0)
     """A message goes to a colleague of the active agent without a model call when the router (the agents' routing
-    examples, the bundled local model) is at least this sure; `off`: the model always routes
+    examples, a static embedding distilled from the bundled model) is at least this sure; `off`: the model always routes
     ([Routing without a call](architecture.md#routing-without-a-call))."""
 
     @field_validator("router_min_score", mode="before")

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 from agents.conversations import Conversations
 from agents.db import models as m
 from agents.db.deliveries import AddReaction, Outcome, Post, RemoveReaction, enqueue
-from agents.leases import Lease, LeaseLost, Leases
+from agents.leases import LeaseLost, Leases
 from agents.model import OpenAIChatModel
 from bot.channels.capabilities import Channels
 from bot.delivery.sender import OutboxSender
@@ -173,31 +173,6 @@ async def _dispatching(service: Conversations, max_turns: int) -> AsyncIterator[
         yield workers
     finally:
         await workers.stop()
-
-
-async def test_a_turn_that_ends_sets_off_no_claim_while_places_are_free(
-    sessions: Sessions, model: OpenAIChatModel, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Each stored message costs the dispatcher one claim (the one that finds it): a turn's end sends it claiming
-    only when it had no place left (a claim that finds nothing is a statement for nothing)."""
-    service = process(sessions, model, "A")
-    claims = 0
-    claim_pending = service.leases.claim_pending
-
-    async def counted(limit: int) -> list[Lease]:
-        nonlocal claims
-        claims += 1
-        return await claim_pending(limit)
-
-    monkeypatch.setattr(service.leases, "claim_pending", counted)
-    fake_llm.rule = lambda _: reply("Answered.")
-    async with _dispatching(service, max_turns=8) as workers:
-        for n in range(2):
-            await service.submit(f"test:claims{n}", "hi")
-            workers.wake_turns()
-            await _processed(sessions, n + 1)
-            await asyncio.sleep(0.2)  # room for what the turn's end sets off
-    assert claims == 1 + 2  # at the start, then one per message
 
 
 async def test_with_no_place_left_the_next_conversation_runs_when_a_turn_ends(

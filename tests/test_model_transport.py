@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import pytest
@@ -45,6 +46,8 @@ async def test_the_model_answers_with_or_without_credentials_in_its_url(fake_llm
         ({"choices": [{"message": {"content": 42}}]}, False),
         ('data: {"choices": [{"delta": {"tool_calls": [{"index": "x"}]}}]}\n\ndata: [DONE]\n\n', True),
         ('data: {"choices": [{"delta": "words"}]}\n\ndata: [DONE]\n\n', True),
+        ("data: <html>busy</html>\n\ndata: [DONE]\n\n", True),
+        ('{"choices": [{"message": {"content": "cut sh', False),
     ],
 )
 async def test_an_answer_not_shaped_as_a_chat_completion_is_the_providers_failure(body: Any, stream: bool) -> None:
@@ -53,7 +56,7 @@ async def test_an_answer_not_shaped_as_a_chat_completion_is_the_providers_failur
 
     async def answer(request: web.Request) -> web.StreamResponse:
         if isinstance(body, str):
-            return web.Response(text=body, content_type="text/event-stream")
+            return web.Response(text=body, content_type="text/event-stream" if stream else "application/json")
         return web.json_response(body)
 
     app = web.Application()
@@ -75,3 +78,17 @@ async def test_an_answer_not_shaped_as_a_chat_completion_is_the_providers_failur
         await model.close()
         await runner.cleanup()
     assert failed.value.kind == "other" and "not a chat completion" in str(failed.value)
+
+
+async def test_a_provider_that_refuses_the_connection_is_a_connection_failure_not_a_timeout() -> None:
+    """The aiohttp transport reports a refused connection as a connect timeout: the error says what happened."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    model = OpenAIChatModel(api_key="k", base_url=f"http://127.0.0.1:{port}/v1", timeout_s=5.0, max_retries=0)
+    try:
+        with pytest.raises(ProviderError) as failed:
+            await model.complete(model="m", messages=USER, tools=[])
+    finally:
+        await model.close()
+    assert failed.value.kind == "connection" and "Cannot connect" in str(failed.value)

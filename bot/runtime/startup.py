@@ -23,7 +23,7 @@ from agents.db import migrate
 from agents.db.embedded import start_embedded
 from agents.db.engine import WriteHealth, make_engine, make_sessions, watch_writes
 from agents.knowledge.documents import find_documents
-from agents.knowledge.embedders import LocalModel, OpenAIEmbedder, Precomputed, Unavailable, probe
+from agents.knowledge.embedders import OpenAIEmbedder, Precomputed, Unavailable, probe
 from agents.knowledge.local import LocalEmbedder
 from agents.knowledge.multilingual import MultilingualEmbedder
 from agents.knowledge.static import StaticEmbedder
@@ -344,8 +344,6 @@ class Brain:
         if self.helpdesk is not None:
             await self.helpdesk.close()
         await self.knowledge.close()
-        if self.router is not None and isinstance(self.router.embedder, LocalModel):  # its own, where not the KB's
-            self.router.embedder.close()
         if self.provider is not None:  # the chat model's client, whatever wraps the model
             await self.provider.close()
 

@@ -217,8 +217,6 @@ class Workers:
         self.load = LoopLoad()
         self._tasks: list[asyncio.Task[None]] = []
         self._running: set[asyncio.Task[None]] = set()
-        self._full = False
-        """The dispatcher waits for a place: a turn that ends wakes it (else a claim would find nothing new)."""
         self.enabled = enabled
         """False in a process that only receives (PROCESS_ROLE=web): nothing runs here, the workers elsewhere
         are woken by the database (NOTIFY)."""
@@ -287,7 +285,6 @@ class Workers:
             self._turns.clear()
             await self.load.calm()
             free = self.max_turns - len(self._running)
-            self._full = free <= 0
             # A batch of turns starting at once is a burst of CPU: smaller ones while the loop is busy.
             batch = CLAIM_BATCH if self.load.lag_s < self.load.late_s / 3 else CLAIM_BATCH // 10
             claimed: list[Lease] = []
@@ -322,8 +319,9 @@ class Workers:
             results = []
         finally:
             self._running.discard(asyncio.current_task())
-            if self._full:
-                self.wake_turns()  # a place is free
+            # A place is free, and a message stored for this conversation just before its lease was released (after
+            # the turn's last look for more) is found now rather than at the next poll.
+            self.wake_turns()
             for one in shown:
                 one.finish(results)
         for result in results:
