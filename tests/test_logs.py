@@ -102,3 +102,22 @@ async def test_the_cli_writes_json_lines_when_asked(database_url: str, tmp_path:
     assert code == 0 and err.strip() and not err.lstrip().startswith("{")
     code, err = await run_cli("migrate", env=env | {"LOG_FORMAT": "yaml"}, cwd=tmp_path)
     assert code == 2 and "LOG_FORMAT: Input should be 'text' or 'json'" in err
+
+
+def test_slack_sdk_builds_its_debug_text_only_when_debug_lines_are_written() -> None:
+    """slack_sdk formats every request and response for a debug line when its client logger's own level is at most
+    DEBUG, unset included: `configure` gives it the process's level."""
+    readers = [logging.getLogger(name) for name in logs.LEVEL_READERS]
+    before = [reader.level for reader in readers]
+    root = logging.getLogger()
+    root_level, root_handlers = root.level, list(root.handlers)
+    try:
+        logs.configure("INFO")
+        assert all(reader.level > logging.DEBUG for reader in readers)
+        logs.configure("DEBUG")  # asked for: the lines are still there
+        assert all(reader.level <= logging.DEBUG for reader in readers)
+    finally:
+        for reader, level in zip(readers, before, strict=True):
+            reader.setLevel(level)
+        root.setLevel(root_level)
+        root.handlers = root_handlers
