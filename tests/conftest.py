@@ -25,7 +25,7 @@ from fakes.teams_api import TeamsEmulator
 from harness import bot as harness
 from harness import teams as teams_harness
 from harness.database import postgres_server, throwaway_database
-from harness.llm import CONFIG, make_model
+from harness.llm import CONFIG, close_models, make_model
 from harness.sample import default_roster
 from harness.scenarios import serving_as_shipped
 
@@ -117,9 +117,15 @@ def fake_llm(fake_server: FakeOpenAI) -> FakeOpenAI:
 
 @pytest.fixture
 async def model(fake_llm: FakeOpenAI) -> AsyncIterator[OpenAIChatModel]:
-    model = make_model(fake_llm)
-    yield model
-    await model.close()
+    yield make_model(fake_llm)
+    await close_models()
+
+
+@pytest.fixture(autouse=True)
+async def _models_closed() -> AsyncIterator[None]:
+    """Whatever a test made with `make_model` is closed after it."""
+    yield
+    await close_models()
 
 
 @pytest.fixture
