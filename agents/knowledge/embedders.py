@@ -72,16 +72,15 @@ class Unavailable:
 M = TypeVar("M")
 
 
-class LocalModel(Generic[M]):
-    """A model run in this process (agents.knowledge.local, .multilingual): loaded once, at its first use or at
-    `load`, off the event loop; the texts that arrive together share a forward pass (`Batcher`)."""
+class Loaded(Generic[M]):
+    """A model of this process, loaded once (at its first use or at `load`, off the event loop): a broken install
+    says so as an `Unavailable` instead of taking the bot down."""
 
     name: str
 
     def __init__(self, model: M | None = None) -> None:
         self._model = model
         self._lock = asyncio.Lock()
-        self._batcher = Batcher(name=self.name)
 
     def _make(self) -> M:
         """Load the model (run in a thread)."""
@@ -91,38 +90,54 @@ class LocalModel(Generic[M]):
         """What failed to load, and what the operator can do: `Unavailable`'s problem and fix."""
         raise NotImplementedError
 
-    @property
-    def loaded(self) -> bool:
-        """Whether the model is in memory (MiniLM: about 55 MB resident): loaded at the first embedding or `load`."""
-        return self._model is not None
+    async def _in_thread(self, make: Callable[[], M]) -> M:
+        """Where loading runs: a thread of the default executor."""
+        return await asyncio.to_thread(make)
 
     @property
-    def passes(self) -> int:
-        """Forward passes run so far: the texts that arrive together share one (`agents.knowledge.batching`)."""
-        return self._batcher.passes
+    def loaded(self) -> bool:
+        """Whether the model is in memory: loaded at the first embedding or `load`."""
+        return self._model is not None
 
     async def load(self) -> Unavailable | None:
         """Load the model now: None when it works, else why not (a damaged or partial install)."""
         try:
             await self._loaded()
-        except Exception as exc:  # any failure to load leaves the bot on full-text search, not down
+        except Exception as exc:  # any failure to load leaves the bot without this model, not down
             return Unavailable(self.name, "broken_model", *self._broken(exc))
         return None
 
     async def _loaded(self) -> M:
         async with self._lock:
             if self._model is None:
-                self._model = await self._batcher.in_thread(self._loaded_and_trimmed)
+                self._model = await self._in_thread(self._make)
             return self._model
+
+
+class LocalModel(Loaded[M]):
+    """A neural model run in this process (agents.knowledge.local, .multilingual; MiniLM about 55 MB resident): the
+    texts that arrive together share a forward pass (`Batcher`), on the model's own thread, where it loads too."""
+
+    def __init__(self, model: M | None = None) -> None:
+        super().__init__(model)
+        self._batcher = Batcher(name=self.name)
+
+    @property
+    def passes(self) -> int:
+        """Forward passes run so far: the texts that arrive together share one (`agents.knowledge.batching`)."""
+        return self._batcher.passes
+
+    async def _in_thread(self, make: Callable[[], M]) -> M:
+        def loaded_and_trimmed() -> M:
+            model = make()
+            release_freed_memory()
+            return model
+
+        return await self._batcher.in_thread(loaded_and_trimmed)
 
     def close(self) -> None:
         """Stop the model's thread (the model stays loaded)."""
         self._batcher.close()
-
-    def _loaded_and_trimmed(self) -> M:
-        model = self._make()
-        release_freed_memory()
-        return model
 
 
 def release_freed_memory() -> None:

@@ -11,14 +11,13 @@ knowledge base searches with a real model.
 
 from __future__ import annotations
 
-import asyncio
 import io
 from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
 
-from agents.knowledge.embedders import Unavailable
+from agents.knowledge.embedders import Loaded
 
 Array = NDArray[np.float32]
 MODEL_DIR = Path(__file__).resolve().parent / "minilm"
@@ -55,39 +54,24 @@ class StaticModel:
         return out
 
 
-class StaticEmbedder:
+class StaticEmbedder(Loaded[StaticModel]):
     name = "static:all-MiniLM-L6-v2"
     dim = 256
     min_similarity = 0.35
     """The protocol's; the static table is the router's alone and was not evaluated for knowledge search."""
 
     def __init__(self, model: StaticModel | None = None, *, path: Path = MODEL_DIR) -> None:
+        super().__init__(model)
         self.path = path
-        self._model = model
-        self._lock = asyncio.Lock()
 
-    @property
-    def loaded(self) -> bool:
-        return self._model is not None
+    def _make(self) -> StaticModel:
+        return StaticModel(self.path)
 
-    async def load(self) -> Unavailable | None:
-        """Load the table now: None when it works, else why not (a damaged or partial install)."""
-        try:
-            await self._loaded()
-        except Exception as exc:  # a broken install leaves the model to route, as without a router
-            return Unavailable(
-                self.name,
-                "broken_model",
-                f"the static embedding in {self.path} could not be loaded ({type(exc).__name__}: {exc})",
-                "Reinstall the bot (`pip install --force-reinstall .`)",
-            )
-        return None
-
-    async def _loaded(self) -> StaticModel:
-        async with self._lock:
-            if self._model is None:
-                self._model = await asyncio.to_thread(StaticModel, self.path)
-            return self._model
+    def _broken(self, exc: Exception) -> tuple[str, str]:
+        return (
+            f"the static embedding in {self.path} could not be loaded ({type(exc).__name__}: {exc})",
+            "Reinstall the bot (`pip install --force-reinstall .`)",
+        )
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
         # On the event loop: a look-up costs less than the hop to a thread would.
