@@ -10,17 +10,20 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
 from typing import Any
 
+import openai
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations
 from agents.db.engine import make_engine, make_sessions
+from agents.knowledge.embedders import OpenAIEmbedder
+from agents.knowledge.store import KnowledgeBase
 from agents.model import OpenAIChatModel
 from bot.compose import Bot
 from bot.playground.slack_emulator import SlackEmulator
 from escalation.machine import TAKEOVER
-from fakes.openai_server import FakeOpenAI
+from fakes.openai_server import EMBEDDING_DIM, FakeOpenAI
 from fakes.teams_api import TeamsEmulator
 from harness import bot as harness
 from harness import teams as teams_harness
@@ -113,6 +116,16 @@ async def fake_server() -> AsyncIterator[FakeOpenAI]:
 def fake_llm(fake_server: FakeOpenAI) -> FakeOpenAI:
     fake_server.reset()
     return fake_server
+
+
+@pytest.fixture
+async def kb(sessions: async_sessionmaker[AsyncSession], fake_llm: FakeOpenAI) -> AsyncIterator[KnowledgeBase]:
+    """A knowledge base on the fake provider's embeddings."""
+    client = openai.AsyncOpenAI(api_key="test", base_url=fake_llm.base_url, max_retries=0)
+    yield KnowledgeBase(
+        sessions=sessions, embedder=OpenAIEmbedder(client=client, model="fake-embed", dimensions=EMBEDDING_DIM)
+    )
+    await client.close()
 
 
 @pytest.fixture

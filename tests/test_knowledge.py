@@ -30,15 +30,6 @@ SAMPLE = SAMPLE_KNOWLEDGE
 Sessions = async_sessionmaker[AsyncSession]
 
 
-@pytest.fixture
-async def kb(sessions: Sessions, fake_llm: FakeOpenAI) -> AsyncIterator[KnowledgeBase]:
-    client = openai.AsyncOpenAI(api_key="test", base_url=fake_llm.base_url, max_retries=0)
-    yield KnowledgeBase(
-        sessions=sessions, embedder=OpenAIEmbedder(client=client, model="fake-embed", dimensions=EMBEDDING_DIM)
-    )
-    await client.close()
-
-
 def test_each_format_reads_into_titled_sections() -> None:
     md = read_document(SAMPLE / "support" / "warranty.md")
     assert md.title == "Warranty and Driftwing Care"

@@ -4,17 +4,14 @@ declared for a collection winning over detection, and the multilingual embedder 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
-import openai
 import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.db import models as m
-from agents.knowledge.embedders import OpenAIEmbedder
 from agents.knowledge.local import LocalEmbedder
 from agents.knowledge.multilingual import MultilingualEmbedder
 from agents.knowledge.store import KnowledgeBase
@@ -22,7 +19,6 @@ from agents.knowledge.tool import knowledge_search, relevant
 from agents.language import Language
 from bot.declaration.build import build
 from bot.declaration.parse import DeclarationError, load
-from fakes.openai_server import EMBEDDING_DIM, FakeOpenAI
 
 Sessions = async_sessionmaker[AsyncSession]
 
@@ -43,15 +39,6 @@ GERMAN = """# Rücksendungen
 
 Rücksendungen sind innerhalb von 30 Tagen kostenlos, wenn die Ware unbenutzt und vollständig ist.
 """
-
-
-@pytest.fixture
-async def kb(sessions: Sessions, fake_llm: FakeOpenAI) -> AsyncIterator[KnowledgeBase]:
-    client = openai.AsyncOpenAI(api_key="test", base_url=fake_llm.base_url, max_retries=0)
-    yield KnowledgeBase(
-        sessions=sessions, embedder=OpenAIEmbedder(client=client, model="fake-embed", dimensions=EMBEDDING_DIM)
-    )
-    await client.close()
 
 
 @pytest.fixture(scope="session")
