@@ -35,7 +35,7 @@ from agents.attachments import Attachment, AttachmentReader, FileRef, with_attac
 from agents.db import models as m
 from agents.db.deliveries import Source
 from agents.db.engine import database_unavailable
-from agents.db.statements import Statement, alone, engine_of
+from agents.db.statements import Conn, Statement, alone, engine_of
 from agents.identity import Author
 from agents.language import Language, heard
 from agents.leases import Lease, LeaseLost, Leases, process_owner
@@ -660,7 +660,7 @@ class Conversations:
         assert inbound is not None
         params = {"id": lease.conversation_id, "token": lease.token, "owner": lease.owner}
         async with self._alone() as conn:
-            row = await conn.execute(limits.TELL, params | {"author": inbound.author, "limit": limit})
+            row = await limits.TELL.run(conn, params | {"author": inbound.author, "limit": limit})
             return row.first() is not None
 
     def _staff_message(self, started: _Started, inbound: _Inbound) -> _Commit:
@@ -742,6 +742,7 @@ class Conversations:
             if row.escalation_id is not None:
                 result = replace(result, escalation_id=row.escalation_id)
             if hook is not None:
+                assert isinstance(conn, AsyncConnection)  # engine.begin()'s
                 await hook(
                     conn,
                     TurnCommit(
@@ -762,7 +763,7 @@ _DUPLICATE = Statement("SELECT id FROM inbound WHERE conversation_id = :conversa
 _RESULT = Statement("SELECT conversation_id, outcome FROM inbound WHERE id = :id")
 
 
-async def _submitted(conn: AsyncConnection, params: dict[str, Any]) -> Submitted:
+async def _submitted(conn: Conn, params: dict[str, Any]) -> Submitted:
     """Store a message (`Conversations.store_params`), or find it stored already under its external_id."""
     row = (await sql.SUBMIT.run(conn, params)).one()
     if row.inbound_id is not None:

@@ -18,10 +18,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.db.notify import TURNS
-from agents.db.statements import Statement, alone, engine_of
+from agents.db.statements import Conn, Statement, alone, engine_of
 
 LEASE_S = 30.0
 
@@ -146,6 +146,6 @@ async def fenced(s: AsyncSession, lease: Lease, *, ttl_s: float = LEASE_S) -> bo
     return await _renewed(await s.connection(), lease, ttl_s=ttl_s)
 
 
-async def _renewed(conn: AsyncConnection, lease: Lease, *, ttl_s: float) -> bool:
+async def _renewed(conn: Conn, lease: Lease, *, ttl_s: float) -> bool:
     values = {"id": lease.conversation_id, "token": lease.token, "owner": lease.owner, "ttl": ttl_s}
     return (await _RENEW.run(conn, values)).first() is not None

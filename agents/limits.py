@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import text
-
 from agents import leases
 from agents.address import Address
+from agents.db.statements import Statement
 from agents.loop import TurnResult
 from agents.texts import Window
 
@@ -127,7 +126,7 @@ counted AS (
 tokens (`:counters`, `Limits.counters`) on the rows of the author (`:customer`) and of the channel of `:key`,
 starting a new minute or day as it comes."""
 
-TELL = text(
+TELL = Statement(
     f"""
 INSERT INTO rate_counters AS r (scope, name, minute, day, told_until)
 SELECT '{Scope.USER}', CAST(:author AS text), {_MINUTE}, {_TODAY},

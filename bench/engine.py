@@ -59,7 +59,7 @@ from bench.setup import machine as base_machine
 from bot.runtime.startup import ensure_sample_knowledge
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, reply
-from harness.database import admin, postgres_server, throwaway_database
+from harness.database import DriverLog, admin, postgres_server, throwaway_database
 from harness.sample import default_roster
 
 TABLES = "conversations, inbound, messages, handoffs, tool_runs, llm_calls, escalations, refunds"
@@ -118,12 +118,19 @@ class Counters:
     """Database work seen by the engine's connection pool, to put the overhead in terms of round trips."""
 
     statements: int = 0
+    """Through SQLAlchemy; `driver` logs the rest (the hot path's, on the driver's own connection)."""
     checkouts: int = 0
     """Connections taken from the pool (make_engine does not pre-ping them)."""
     commits: int = 0
+    driver: DriverLog | None = None
 
-    def snapshot(self) -> tuple[int, int, int]:
-        return self.statements, self.checkouts, self.commits
+    async def snapshot(self) -> tuple[int, int, int]:
+        lone = 0
+        if self.driver is not None:
+            lone = sum(
+                w not in ("BEGIN", "COMMIT", "ROLLBACK") for w in DriverLog.first_words(await self.driver.settled())
+            )
+        return self.statements + lone, self.checkouts, self.commits
 
 
 @dataclass
@@ -143,28 +150,29 @@ class Bench:
 async def bench_environment(server_url: str, params: Params) -> AsyncIterator[Bench]:
     async with throwaway_database(server_url, DATABASE_PREFIX) as url:
         engine = make_engine(url, pool_size=params.pool_size)
-        counters = Counters()
-        _count(engine, counters)
-        async with FakeOpenAI() as fake:
-            fake.rule = policy
-            model = OpenAIChatModel(api_key="bench", base_url=fake.base_url, timeout_s=30.0, max_retries=0)
-            config = LoopConfig(default_model="fake-model")
-            sessions = make_sessions(engine)
-            service = Conversations(
-                takeover=TAKEOVER,
-                sessions=sessions,
-                roster=default_roster(),
-                model=model,
-                config=config,
-                summarising=Summarising(model="fake-model"),
-            )
-            knowledge = KnowledgeBase(sessions=sessions, embedder=LocalEmbedder())
-            await ensure_sample_knowledge(knowledge)
-            try:
-                yield Bench(service, sessions, engine, fake, model, config, counters, knowledge)
-            finally:
-                await model.close()
-                await engine.dispose()
+        with DriverLog(engine) as driver:
+            counters = Counters(driver=driver)
+            _count(engine, counters)
+            async with FakeOpenAI() as fake:
+                fake.rule = policy
+                model = OpenAIChatModel(api_key="bench", base_url=fake.base_url, timeout_s=30.0, max_retries=0)
+                config = LoopConfig(default_model="fake-model")
+                sessions = make_sessions(engine)
+                service = Conversations(
+                    takeover=TAKEOVER,
+                    sessions=sessions,
+                    roster=default_roster(),
+                    model=model,
+                    config=config,
+                    summarising=Summarising(model="fake-model"),
+                )
+                knowledge = KnowledgeBase(sessions=sessions, embedder=LocalEmbedder())
+                await ensure_sample_knowledge(knowledge)
+                try:
+                    yield Bench(service, sessions, engine, fake, model, config, counters, knowledge)
+                finally:
+                    await model.close()
+                    await engine.dispose()
 
 
 def _count(engine: AsyncEngine, counters: Counters) -> None:
@@ -217,11 +225,11 @@ async def timed(
 ) -> Sample:
     """Store the message, then run its turn, as a worker would."""
     service = service or bench.service
-    started, before = time.perf_counter(), bench.counters.snapshot()
+    started, before = time.perf_counter(), await bench.counters.snapshot()
     submitted = await service.submit(key, message, author=author)
-    stored, between = time.perf_counter(), bench.counters.snapshot()
+    stored, between = time.perf_counter(), await bench.counters.snapshot()
     result = await service.process_next(submitted.conversation_id)
-    done, after = time.perf_counter(), bench.counters.snapshot()
+    done, after = time.perf_counter(), await bench.counters.snapshot()
     assert result is not None and result.inbound_id == submitted.inbound_id
     return Sample(
         submitted.inbound_id,
@@ -265,14 +273,14 @@ async def load_sequential(bench: Bench, params: Params) -> dict[str, Any]:
     await reset(bench)
     for i in range(params.warmup_turns):
         await bench.service.handle(f"warm:{i // len(LOAD_CYCLE)}", LOAD_CYCLE[i % len(LOAD_CYCLE)])
-    before = bench.counters.snapshot()
+    before = await bench.counters.snapshot()
     samples: list[Sample] = []
     started, cpu = time.perf_counter(), time.process_time()
     for c in range(params.sequential_conversations):
         for message in LOAD_CYCLE:
             samples.append(await timed(bench, f"seq:{c}", message))
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
-    work = [after - prior for after, prior in zip(bench.counters.snapshot(), before, strict=True)]
+    work = [after - prior for after, prior in zip(await bench.counters.snapshot(), before, strict=True)]
     return await _load_figures(bench, samples, elapsed, cpu, work)
 
 
@@ -284,11 +292,11 @@ async def load_concurrent(bench: Bench, params: Params) -> dict[str, Any]:
     async def customer(c: int) -> list[Sample]:
         return [await timed(bench, f"conc:{c}", message) for message in messages]
 
-    before = bench.counters.snapshot()
+    before = await bench.counters.snapshot()
     started, cpu = time.perf_counter(), time.process_time()
     per_task = await asyncio.gather(*(customer(c) for c in range(params.concurrent_conversations)))
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
-    work = [after - prior for after, prior in zip(bench.counters.snapshot(), before, strict=True)]
+    work = [after - prior for after, prior in zip(await bench.counters.snapshot(), before, strict=True)]
     return await _load_figures(bench, [s for task in per_task for s in task], elapsed, cpu, work)
 
 

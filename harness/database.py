@@ -7,13 +7,14 @@ import asyncio
 import os
 import tempfile
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select, text
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy import event, func, select, text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from agents.db import migrate
@@ -111,3 +112,43 @@ async def held(sessions: Sessions, needles: tuple[str, ...]) -> list[tuple[str, 
                 if hit:
                     found.append((table, column, needle))
     return found
+
+
+class DriverLog:
+    """The statements the driver runs on `engine`'s connections, in order (asyncpg's query loggers, added to each
+    connection as the pool lends it): the hot path's, run on the driver's own connection by
+    `agents.db.statements.alone`, and every transaction's BEGIN, COMMIT and ROLLBACK. SQLAlchemy's own statements
+    run as prepared statements, which the driver does not log; its `before_cursor_execute` event sees those. The
+    driver tells its loggers on the event loop's next turn: `await log.settled()` before reading."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.statements: list[str] = []
+        self._drivers: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def _lent(self, dbapi_connection: Any, *_: Any) -> None:
+        driver = dbapi_connection.driver_connection
+        driver.add_query_logger(self._logged)
+        self._drivers.add(driver)
+
+    def _logged(self, record: Any) -> None:
+        sql = str(record.query).strip().rstrip(";")
+        if "typeinfo_tree" not in sql and "set_config('jit'" not in sql:  # the driver's own, once per new type
+            self.statements.append(sql)
+
+    def __enter__(self) -> DriverLog:
+        event.listen(self.engine.sync_engine, "checkout", self._lent)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        event.remove(self.engine.sync_engine, "checkout", self._lent)
+        for driver in list(self._drivers):
+            driver.remove_query_logger(self._logged)
+
+    async def settled(self) -> list[str]:
+        await asyncio.sleep(0)
+        return self.statements
+
+    @staticmethod
+    def first_words(statements: list[str]) -> list[str]:
+        return [statement.split()[0].upper() for statement in statements]

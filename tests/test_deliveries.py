@@ -20,6 +20,7 @@ from bot.playground.slack_emulator import SlackEmulator
 from bot.slack.app import slack_client
 from bot.slack.channel import SLACK
 from bot.slack.messenger import SlackMessenger
+from harness.database import DriverLog
 from harness.slack_calls import calls
 from tests import ROOT
 
@@ -177,19 +178,23 @@ async def test_a_row_queued_while_its_conversation_is_sent_goes_out_next_pass_in
                 await enqueue(s, [d.Post(conversation.id, "C_SUPPORT", root.ts, "second")])
             queued.append(1)
 
-    statements: list[tuple[str, object]] = []
+    through_sqlalchemy: list[str] = []
 
     def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        statements.append((statement, conn.get_execution_options().get("isolation_level")))
+        through_sqlalchemy.append(statement)
 
     event.listen(engine.sync_engine, "before_cursor_execute", seen)
     try:
-        assert await sender.send_pending(pace=queue_once) == 2
+        with DriverLog(engine) as driver:
+            assert await sender.send_pending(pace=queue_once) == 2
+            statements = await driver.settled()
     finally:
         event.remove(engine.sync_engine, "before_cursor_execute", seen)
-    sender_s = [(sql, level) for sql, level in statements if not sql.startswith("INSERT INTO outbox")]  # the test's
-    reads = [sql for sql, _ in sender_s if "FROM outbox LEFT OUTER JOIN conversations" in sql]
-    assert len(reads) == 1 and {level for _, level in sender_s} == {"AUTOCOMMIT"}
+    # The test's own INSERT goes through SQLAlchemy in a transaction; each of the sender's statements runs alone.
+    assert [sql.split()[0] for sql in through_sqlalchemy] == ["INSERT"]
+    assert DriverLog.first_words(statements).count("BEGIN") == 1  # the test's
+    reads = [sql for sql in statements if "FROM outbox LEFT OUTER JOIN conversations" in sql]
+    assert len(reads) == 1
     assert [p.text for p in emulator.posts("C_SUPPORT", root.ts)] == ["first"]
     assert await sender.send_pending() == 1
     assert [p.text for p in emulator.posts("C_SUPPORT", root.ts)] == ["first", "second"]

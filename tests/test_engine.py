@@ -19,6 +19,7 @@ from agents.tools import HandoffTo
 from bot.examples.driftwing.shop import ORDERS
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, RecordedRequest, cached, error, reply, slow, tool_call, tools
+from harness.database import DriverLog
 from harness.llm import CONFIG, make_model
 from harness.sample import default_roster
 
@@ -628,33 +629,23 @@ async def test_a_message_costs_three_statements_that_commit_alone_and_one_transa
         takeover=TAKEOVER, sessions=sessions, roster=default_roster(), model=model, config=CONFIG, after_turn=host
     )
     fake_llm.script(reply("Hello!"))
-    alone: list[str] = []
-    ended: list[str] = []
-
-    def autocommit(conn: Connection) -> bool:
-        return conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+    through_sqlalchemy: list[str] = []
 
     def executed(conn: Connection, _: Any, statement: str, *__: Any) -> None:
-        if autocommit(conn):
-            alone.append(statement.split()[0])
+        through_sqlalchemy.append(statement.split()[0])
 
-    def committed(conn: Connection) -> None:
-        ended.append("alone" if autocommit(conn) else "commit")
-
-    def rolled_back(conn: Connection) -> None:  # closing an autocommit connection "rolls back" nothing
-        ended.append("alone" if autocommit(conn) else "rollback")
-
-    listeners = (("before_cursor_execute", executed), ("commit", committed), ("rollback", rolled_back))
-    for name, listener in listeners:
-        event.listen(engine.sync_engine, name, listener)
+    event.listen(engine.sync_engine, "before_cursor_execute", executed)
     try:
-        await service.submit("test:costs", "hi")
-        [lease] = await service.leases.claim_pending(1)
-        [result] = await service.run_leased(lease)
+        with DriverLog(engine) as driver:
+            await service.submit("test:costs", "hi")
+            [lease] = await service.leases.claim_pending(1)
+            [result] = await service.run_leased(lease)
+            run = DriverLog.first_words(await driver.settled())
     finally:
-        for name, listener in listeners:
-            event.remove(engine.sync_engine, name, listener)
+        event.remove(engine.sync_engine, "before_cursor_execute", executed)
     assert result.reply == "Hello!"
-    assert alone == ["WITH", "UPDATE", "WITH"]  # store, claim, start
-    assert [e for e in ended if e != "alone"] == ["commit"]
+    # Store, claim and start on the driver's connection, outside any transaction; then the turn's commit, its
+    # statements (the turn's and the host's outbox rows) through SQLAlchemy between BEGIN and COMMIT.
+    assert run == ["WITH", "UPDATE", "WITH", "BEGIN", "COMMIT"]
+    assert through_sqlalchemy == ["WITH", "INSERT"]
     assert await rows(sessions, m.Outbox) != []

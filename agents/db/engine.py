@@ -7,12 +7,10 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from sqlalchemy import event
-from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
-from agents.db.statements import TRANSACTION_POOLER
+from agents.db.statements import TRANSACTION_POOLER, on_error
 from agents.db.url import async_url
 
 Sessions = async_sessionmaker[AsyncSession]
@@ -114,12 +112,12 @@ def watch_writes(engine: AsyncEngine, health: WriteHealth | None = None) -> Writ
     of disk, memory or I/O."""
     health = health if health is not None else WriteHealth()
 
-    def on_error(context: ExceptionContext) -> None:
-        sqlstate = getattr(context.original_exception, "sqlstate", None)
+    def refused(error: BaseException) -> None:
+        sqlstate = getattr(error, "sqlstate", None)
         if isinstance(sqlstate, str) and sqlstate.startswith(REFUSING_WRITES):
-            health.record(sqlstate, context.original_exception)
+            health.record(sqlstate, error)
 
-    event.listen(engine.sync_engine, "handle_error", on_error)
+    on_error(engine, refused)
     return health
 
 

@@ -18,13 +18,13 @@ from typing import Protocol
 
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents.conversation_sql import STORE_MESSAGE
 from agents.conversations import Conversations, InboundKind
 from agents.db import models as m
 from agents.db.deliveries import AddReaction, RelayDelete, RelayEdit, StaffNotice, Typing, enqueue
-from agents.db.statements import Statement, alone, engine_of
+from agents.db.statements import Conn, Statement, alone, engine_of
 from agents.identity import Author, vouched
 from bot.channels.capabilities import Channels, ReplyStyle
 from bot.channels.incoming import (
@@ -239,7 +239,7 @@ class Intake:
 
     async def _store_customer(
         self,
-        conn: AsyncConnection,
+        conn: Conn,
         delivery: Delivery,
         message: CustomerMessage,
         author: Author,

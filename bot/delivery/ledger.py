@@ -12,10 +12,8 @@ import json
 import logging
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
 
-from sqlalchemy.engine import Row
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agents.db import models as m
 from agents.db.deliveries import (
@@ -28,7 +26,7 @@ from agents.db.deliveries import (
     delivery_of,
     enqueue,
 )
-from agents.db.statements import Statement, alone
+from agents.db.statements import Row, Statement, alone
 from agents.language import Language
 from bot.channels.messenger import PreviewRef, Where
 
@@ -177,7 +175,7 @@ class Ledger:
         self._after = max(ids) if len(ids) >= DUE_BATCH else 0
         return [(row.conversation_id, row.key) for row in found]
 
-    async def unsent(self, conversation_id: int | None) -> Sequence[Row[Any]]:
+    async def unsent(self, conversation_id: int | None) -> Sequence[Row]:
         """The conversation's next rows not done (at most FETCH_AHEAD), in order, each with its conversation's
         language (`spoken_language`: what an answer's own words are rendered in when it is sent)."""
         async with self._alone() as conn:
@@ -197,13 +195,13 @@ class Ledger:
         async with self._alone() as conn:
             await _RELEASE.run(conn, {"k": key, "o": self.owner})
 
-    async def without_pointless(self, rows: Sequence[Row[Any]], key: int) -> list[Row[Any]]:
+    async def without_pointless(self, rows: Sequence[Row], key: int) -> list[Row]:
         """A working reaction not tried yet whose removal is already queued (the reply was faster than the
         sender, as under load) is neither added nor removed: two calls nobody would see. Both rows are skipped
         together or not at all, and only while this sender holds the conversation's send lease. What this gives
         up: a sender killed between adding the reaction and recording it leaves that 👀 beside the ✅ (a
         reaction's attempt is not recorded first, to keep it one statement)."""
-        pending_adds: dict[tuple[str, str | None, str | None], Row[Any]] = {}
+        pending_adds: dict[tuple[str, str | None, str | None], Row] = {}
         pairs: list[int] = []
         for row in rows:
             place = (row.channel, row.target_ts, row.reaction)
@@ -219,7 +217,7 @@ class Ledger:
                 return list(rows)
         return [row for row in rows if row.id not in pairs]
 
-    async def attempt(self, row: Row[Any], key: int, *, uploaded: list[str] | None = None) -> bool:
+    async def attempt(self, row: Row, key: int, *, uploaded: list[str] | None = None) -> bool:
         """Record the attempt before a post, only while this sender still holds the lease and nobody else has
         tried the row meanwhile: if the process dies waiting for the platform's answer, the next sender looks for
         the post first. Changes are safe to repeat and need no such record (one commit fewer each)."""
@@ -233,13 +231,13 @@ class Ledger:
         async with self._alone() as conn:
             return (await _ATTEMPT.run(conn, values)).first() is not None
 
-    async def settled(self, row: Row[Any], key: int) -> None:
+    async def settled(self, row: Row, key: int) -> None:
         """This sender's attempt at a post was answered "not posted": the row is no longer in doubt (only while
         this sender still holds the lease, so that no other sender's fresh attempt is forgotten)."""
         async with self._alone() as conn:
             await _SETTLED.run(conn, {"id": row.id, "k": key, "o": self.owner})
 
-    async def still_ours(self, row: Row[Any], key: int) -> bool:
+    async def still_ours(self, row: Row, key: int) -> bool:
         """Whether this sender still holds the lease and nobody has tried the row since its own attempt: then no
         other sender can have posted it."""
         values = {"id": row.id, "n": row.attempts + 1, "k": key, "o": self.owner}
@@ -247,7 +245,7 @@ class Ledger:
             mine = (await _STILL_OURS.run(conn, values)).first()
         return mine is not None
 
-    async def claim(self, row: Row[Any], ts: str, *, done: bool, preview: int | None = None) -> str | None:
+    async def claim(self, row: Row, ts: str, *, done: bool, preview: int | None = None) -> str | None:
         """Record `ts` as this row's post (and, with `done`, the row as sent) unless another post is recorded for it
         already: None when `ts` is the row's post now, else the post recorded first. One conditional statement, so
         that two senders never both go on. `preview`: the preview `ts` finished, closed in the same transaction, so
@@ -265,19 +263,19 @@ class Ledger:
             assert first is not None, "a claim lost to no post"
             return str(first)
 
-    async def open_preview(self, row: Row[Any]) -> PreviewRef | None:
+    async def open_preview(self, row: Row) -> PreviewRef | None:
         async with self._alone() as conn:
             found = (await _OPEN_PREVIEW.run(conn, {"c": row.conversation_id, "before": row.created_at})).first()
         return None if found is None else PreviewRef(**found._mapping)
 
-    async def answer_follows(self, row: Row[Any]) -> bool:
+    async def answer_follows(self, row: Row) -> bool:
         values = {"c": row.conversation_id, "id": row.id, "t": row.created_at}
         async with self._alone() as conn:
             return bool((await _ANSWER_FOLLOWS.run(conn, values)).scalar())
 
     async def done(
         self,
-        row: Row[Any],
+        row: Row,
         outcome: Outcome,
         *,
         result_ts: str | None = None,
@@ -288,16 +286,18 @@ class Ledger:
         values = {"id": row.id, "outcome": str(outcome), "result_ts": result_ts, "last_error": last_error}
         async with self._alone() if not then else self.engine.begin() as conn:
             await _DONE.run(conn, values)
-            await enqueue(conn, then)
+            if then:
+                assert isinstance(conn, AsyncConnection)  # engine.begin()'s
+                await enqueue(conn, then)
         return outcome
 
-    async def changed(self, row: Row[Any]) -> Outcome:
+    async def changed(self, row: Row) -> Outcome:
         """A change made, or found made already (`_CHANGED`)."""
         async with self._alone() as conn:
             await _CHANGED.run(conn, {"id": row.id})
         return Outcome.SENT
 
-    async def backoff(self, row: Row[Any], error: str, *, delay: timedelta | None = None) -> None:
+    async def backoff(self, row: Row, error: str, *, delay: timedelta | None = None) -> None:
         """Try again later, this try counted once: a post's attempt is recorded before it is sent, anything else
         (a change, or a post that failed before its attempt, such as rendering it) is counted here."""
         delay = delay or timedelta(seconds=min(2 ** (row.attempts + 1), 300))
@@ -306,12 +306,12 @@ class Ledger:
         async with self._alone() as conn:
             await _BACKOFF.run(conn, values)
 
-    async def wait(self, row: Row[Any], delay: timedelta) -> None:
+    async def wait(self, row: Row, delay: timedelta) -> None:
         """Not tried before `delay` has passed, nor counted as a try."""
         async with self._alone() as conn:
             await _WAIT.run(conn, {"id": row.id, "delay": delay})
 
-    async def give_up(self, row: Row[Any], error: str, *, then: Sequence[Delivery] = ()) -> Outcome:
+    async def give_up(self, row: Row, error: str, *, then: Sequence[Delivery] = ()) -> Outcome:
         """The row failed for good: its own state (never counted as sent), with `then` queued in the same
         transaction (what a person must hear instead)."""
         log.error("outbox row %s (%s) given up: %s", row.id, row.kind, error)

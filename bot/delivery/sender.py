@@ -29,9 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any
 
-from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agents import personal
@@ -55,6 +53,7 @@ from agents.db.deliveries import (
     Typing,
     delivery_of,
 )
+from agents.db.statements import Row
 from agents.language import Language
 from agents.leases import keep_renewed, process_owner
 from agents.markup.limits import MESSAGE_TEXT, clip
@@ -219,7 +218,7 @@ class OutboxSender:
     def _finds_posts(self, messenger: Messenger) -> bool:
         return self.channels.of(messenger.platform).capabilities.finds_posts
 
-    async def _deliver(self, row: Row[Any], key: int, platform: str) -> Outcome | None:
+    async def _deliver(self, row: Row, key: int, platform: str) -> Outcome | None:
         """Send one row; None when it must wait (a transient failure, a lost lease), so later rows keep their
         order."""
         try:
@@ -278,7 +277,7 @@ class OutboxSender:
             await self.ledger.backoff(row, repr(exc))
             return None
 
-    async def _post_once(self, row: Row[Any], key: int, delivery: NewMessage, messenger: Messenger) -> Outcome | None:
+    async def _post_once(self, row: Row, key: int, delivery: NewMessage, messenger: Messenger) -> Outcome | None:
         """Post a new message, unless an earlier attempt at this row is found where it would be; None when the
         attempt could not be recorded (the lease went to another sender, who goes on from this row)."""
         where = await self.messages.where(delivery)
@@ -344,12 +343,12 @@ class OutboxSender:
             await self.ledger.done(row, Outcome.SENT, result_ts=ts)
         return Outcome.SENT
 
-    async def _forgotten(self, row: Row[Any]) -> bool:
+    async def _forgotten(self, row: Row) -> bool:
         found = await self.ledger.conversation_key(row.conversation_id) if row.conversation_id is not None else None
         return found is not None and personal.is_forgotten(found[0])
 
     async def _preview_for(
-        self, row: Row[Any], delivery: NewMessage, messenger: Messenger, where: Where
+        self, row: Row, delivery: NewMessage, messenger: Messenger, where: Where
     ) -> PreviewRef | None:
         """The open preview this message finishes in place: the conversation's, in the customer's thread, where the
         channel streams. The turn's answer finishes it; a notice only when no answer follows it (an escalation's,
@@ -371,7 +370,7 @@ class OutboxSender:
         return preview
 
     async def _claim_post(
-        self, row: Row[Any], where: Where, ts: str, messenger: Messenger, *, done: bool, preview: int | None = None
+        self, row: Row, where: Where, ts: str, messenger: Messenger, *, done: bool, preview: int | None = None
     ) -> bool:
         """Record `ts` as this row's post (`Ledger.claim`); False when another post is recorded for it already: this
         one is a second (the gap the module's docstring admits: this sender was frozen past its lease after
@@ -387,7 +386,7 @@ class OutboxSender:
             await self.alerts.tell(posted_twice(conversation_id=row.conversation_id, row_id=row.id, ts=ts, error=exc))
         return False
 
-    async def _unknowable(self, row: Row[Any], delivery: NewMessage) -> Outcome:
+    async def _unknowable(self, row: Row, delivery: NewMessage) -> Outcome:
         """A post whose outcome is unknown on a channel that cannot find its posts: posting it again could show it
         twice, so it is given up, counted, and the admins are told what may be missing."""
         error = f"outcome unknown ({row.last_error or 'no answer'}); not posted again"
@@ -400,7 +399,7 @@ class OutboxSender:
         )
         return await self.ledger.give_up(row, error)
 
-    async def _case_failed(self, row: Row[Any], case: CasePost, error: str, *, transient: bool) -> Outcome | None:
+    async def _case_failed(self, row: Row, case: CasePost, error: str, *, transient: bool) -> Outcome | None:
         """A case the staff channel would not take. The admins hear at once (most such failures are theirs to
         fix: invite the bot, correct STAFF_CHANNEL_ID); it is tried again while that can help (at least
         DETERMINISTIC_TRIES times, and for `case_patience`); given up, the admins get the case itself, the customer
@@ -423,7 +422,7 @@ class OutboxSender:
                     return await self.ledger.done(row, Outcome.SENT, result_ts=ts)
         return await self._case_given_up(row, case, error)
 
-    async def _case_given_up(self, row: Row[Any], case: CasePost, error: str) -> Outcome:
+    async def _case_given_up(self, row: Row, case: CasePost, error: str) -> Outcome:
         try:
             text = (await self.messages.renderer().case(case.escalation_id)).text
         except Exception:  # what failed may be the rendering itself

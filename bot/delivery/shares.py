@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
-
-from sqlalchemy.engine import Row
 
 from agents.db.deliveries import FileRelay, Outcome
+from agents.db.statements import Row
 from agents.knowledge.readers import Unreadable
 from bot.channels.messenger import FileFetcher, FileSharing, Refused
 from bot.delivery.ledger import Ledger
@@ -29,7 +27,7 @@ class Shares:
 
     async def share(
         self,
-        row: Row[Any],
+        row: Row,
         key: int,
         relay: FileRelay,
         messenger: FileSharing,
