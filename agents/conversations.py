@@ -410,15 +410,13 @@ class Conversations:
         if started.inbound is None:
             await self.leases.release(started.lease)
             return None
-        keeper = asyncio.create_task(self.leases.keep(started.lease, asyncio.Event()), name="lease-keeper")
         try:
-            done = await self._run(started, keep=False, on_event=on_event)
+            with self.leases.kept(started.lease, asyncio.Event()):
+                done = await self._run(started, keep=False, on_event=on_event)
         except BaseException:
             assert started.inbound is not None
             await self.leases.release(started.lease, retry_after_s=self._retry_delay_s(started.inbound.attempts) / 5)
             raise
-        finally:
-            keeper.cancel()
         return done.result
 
     async def run_leased(self, lease: Lease, *, on_event: EventSink | None = None) -> list[MessageResult]:
@@ -426,31 +424,29 @@ class Conversations:
         commit releases it (after a failure, it is kept from everyone for a second, so a failing message is not
         retried in a tight loop). Raises LeaseLost when the lease was taken: what was committed before stays."""
         lost = asyncio.Event()
-        keeper = asyncio.create_task(self.leases.keep(lease, lost), name=f"lease-{lease.conversation_id}")
         results: list[MessageResult] = []
         started: _Started | None = None
         try:
-            while True:
-                started = await self._start(lease.conversation_id, lease)
-                if started is None:
-                    raise LeaseLost(f"conversation {lease.conversation_id}")
-                if started.inbound is None:  # nothing (more) to do
-                    await self.leases.release(lease)
-                    return results
-                done = await self._run(started, keep=True, on_event=on_event)
-                results.append(done.result)
-                if not done.kept:
-                    return results  # released by the commit: nothing else was waiting
-                if lost.is_set():
-                    raise LeaseLost(f"conversation {lease.conversation_id}")
+            with self.leases.kept(lease, lost):
+                while True:
+                    started = await self._start(lease.conversation_id, lease)
+                    if started is None:
+                        raise LeaseLost(f"conversation {lease.conversation_id}")
+                    if started.inbound is None:  # nothing (more) to do
+                        await self.leases.release(lease)
+                        return results
+                    done = await self._run(started, keep=True, on_event=on_event)
+                    results.append(done.result)
+                    if not done.kept:
+                        return results  # released by the commit: nothing else was waiting
+                    if lost.is_set():
+                        raise LeaseLost(f"conversation {lease.conversation_id}")
         except LeaseLost:
             raise
         except BaseException:
             attempts = started.inbound.attempts if started is not None and started.inbound is not None else 1
             await self.leases.release(lease, retry_after_s=self._retry_delay_s(attempts))
             raise
-        finally:
-            keeper.cancel()
 
     async def run_one(self, lease: Lease, *, on_event: EventSink | None = None) -> MessageResult | None:
         """The oldest waiting message under `lease` (held and renewed by the caller), or None when none waits.

@@ -324,3 +324,24 @@ async def test_conversations_waiting_out_a_backoff_do_not_starve_a_healthy_one(
     thread = await _one_post_queued(sessions, emulator)
     assert await _sender(engine, emulator, "A").send_pending() == 1
     assert [p.text for p in emulator.posts("C_SUPPORT", thread)] == ["the answer"]
+
+
+async def test_a_turn_longer_than_its_lease_keeps_it_renewed(
+    sessions: Sessions, model: OpenAIChatModel, fake_llm: FakeOpenAI
+) -> None:
+    """The renewer starts when the first renewal is due (a timer, not a task per turn): a model call five times the
+    lease's life still finds the lease A's all along, B never takes the conversation, and the answer commits."""
+    a = process(sessions, model, "A", ttl_s=0.3)
+    b = process(sessions, model, "B", ttl_s=0.3)
+    fake_llm.script(slow(1.5, reply("late but mine")))
+    submitted = await a.submit("test:renewed", "hi")
+    [lease] = await a.leases.claim_pending(1)
+    turn = asyncio.create_task(a.run_leased(lease))
+    taken_meanwhile = []
+    while not turn.done():
+        await asyncio.sleep(0.1)
+        taken_meanwhile.append(await b.leases.claim(submitted.conversation_id))
+    [result] = await turn
+    assert result.reply == "late but mine" and len(taken_meanwhile) >= 10
+    assert taken_meanwhile[:-1] == [None] * (len(taken_meanwhile) - 1)  # the last may follow A's release
+    assert await replies(sessions, submitted.conversation_id) == ["late but mine"]

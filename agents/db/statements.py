@@ -12,7 +12,6 @@ told. Statements that must commit together run in one (`engine.begin()`), throug
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeAlias
@@ -217,6 +216,6 @@ def alone(engine: AsyncEngine) -> Callable[[], AbstractAsyncContextManager[Conn]
         try:
             yield conn
         finally:
-            await asyncio.shield(conn.give_back())
+            await conn.give_back()
 
     return lent

@@ -55,7 +55,7 @@ from agents.db.deliveries import (
 )
 from agents.db.statements import Row
 from agents.language import Language
-from agents.leases import keep_renewed, process_owner
+from agents.leases import process_owner, renewing
 from agents.markup.limits import MESSAGE_TEXT, clip
 from agents.markup.text import escape
 from agents.texts import Text, Texts
@@ -171,36 +171,32 @@ class OutboxSender:
         # Renewed in the background while rows go out, however long one takes (a case summary, a slow platform):
         # only a sender that is dead or frozen loses the lease.
         lost = asyncio.Event()
-        keeper = asyncio.create_task(
-            keep_renewed(lambda: self.ledger.lease(key), every_s=self.ledger.lease_s / 3, lost=lost),
-            name=f"send-lease-{key}",
-        )
         try:
-            rows = await self.ledger.unsent(conversation_id)
-            while rows and not lost.is_set():
-                more = len(rows) == FETCH_AHEAD
-                rows = await self.ledger.without_pointless(rows, key)
-                progressed = True
-                for row in rows:
-                    if lost.is_set():
-                        break
-                    if row.next_attempt_at and row.next_attempt_at > datetime.now(UTC):
-                        progressed = False  # the head waits out its backoff and the rest wait behind it
-                        break
-                    if pace is not None:
-                        await pace()
-                    outcome = await self._deliver(row, key, platform)
-                    if outcome is None:
-                        progressed = False
-                        break
-                    sent += outcome == Outcome.SENT
-                if not progressed or not more:
-                    # No read for rows queued meanwhile: each rings the sender (NOTIFY, the doorbell), whose next
-                    # pass finds them, and a pass that sent anything is followed by another at once anyway.
-                    break
+            with renewing(lambda: self.ledger.lease(key), every_s=self.ledger.lease_s / 3, lost=lost):
                 rows = await self.ledger.unsent(conversation_id)
+                while rows and not lost.is_set():
+                    more = len(rows) == FETCH_AHEAD
+                    rows = await self.ledger.without_pointless(rows, key)
+                    progressed = True
+                    for row in rows:
+                        if lost.is_set():
+                            break
+                        if row.next_attempt_at and row.next_attempt_at > datetime.now(UTC):
+                            progressed = False  # the head waits out its backoff and the rest wait behind it
+                            break
+                        if pace is not None:
+                            await pace()
+                        outcome = await self._deliver(row, key, platform)
+                        if outcome is None:
+                            progressed = False
+                            break
+                        sent += outcome == Outcome.SENT
+                    if not progressed or not more:
+                        # No read for rows queued meanwhile: each rings the sender (NOTIFY, the doorbell), whose next
+                        # pass finds them, and a pass that sent anything is followed by another at once anyway.
+                        break
+                    rows = await self.ledger.unsent(conversation_id)
         finally:
-            keeper.cancel()
             await self.ledger.release(key)
         return sent
 
