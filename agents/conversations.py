@@ -26,7 +26,7 @@ from enum import StrEnum
 from typing import Any, Literal, Protocol
 
 from sqlalchemy import func, select, text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from agents import conversation_sql as sql
 from agents import limits
@@ -35,7 +35,7 @@ from agents.attachments import Attachment, AttachmentReader, FileRef, with_attac
 from agents.db import models as m
 from agents.db.deliveries import Source
 from agents.db.engine import database_unavailable
-from agents.db.statements import Conn, Statement, alone, engine_of
+from agents.db.statements import Conn, Statement, alone, begun, engine_of
 from agents.identity import Author
 from agents.language import Language, heard
 from agents.leases import Lease, LeaseLost, Leases, process_owner
@@ -229,7 +229,7 @@ class TurnCommit:
     own words to the customer are in."""
 
 
-TurnHook = Callable[[AsyncConnection, TurnCommit], Awaitable[None]]
+TurnHook = Callable[[Conn, TurnCommit], Awaitable[None]]
 
 
 class Conversations:
@@ -255,6 +255,7 @@ class Conversations:
         self.sessions = sessions
         self._engine = engine_of(sessions)
         self._alone = alone(self._engine)
+        self._begun = begun(self._engine)
         """For the statements that are a transaction each: storing a message, a turn's start, a result read back."""
         self.router = router
         """Routes a message to another agent without a model call when it is sure (agents.router); None: never."""
@@ -731,14 +732,13 @@ class Conversations:
         }
         hook = self.after_turn if commit.messages else None
         # The host's rows commit with the turn's; without any, the statement is a transaction by itself.
-        async with self._alone() if hook is None else self._engine.begin() as conn:
+        async with self._alone() if hook is None else self._begun() as conn:
             row = (await sql.FINISH.run(conn, params)).first()
             if row is None:
                 raise LeaseLost(f"conversation {lease.conversation_id}")
             if row.escalation_id is not None:
                 result = replace(result, escalation_id=row.escalation_id)
             if hook is not None:
-                assert isinstance(conn, AsyncConnection)  # engine.begin()'s
                 await hook(
                     conn,
                     TurnCommit(

@@ -8,11 +8,12 @@ import json
 from typing import Any
 
 from sqlalchemy import Connection, event, func, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations, TurnCommit
 from agents.db import models as m
 from agents.db.deliveries import Post, enqueue
+from agents.db.statements import Conn
 from agents.identity import Author
 from agents.texts import Text
 from agents.tools import HandoffTo
@@ -620,9 +621,9 @@ async def test_a_message_costs_three_statements_that_commit_alone_and_one_transa
 ) -> None:
     """Storing a message, claiming its conversation and starting its turn are one statement each, committed by
     themselves: no BEGIN and COMMIT round trips around them. The turn's commit, with the host's rows, is the one
-    transaction; nothing is rolled back."""
+    transaction. All on the driver's own connection: none goes through SQLAlchemy's."""
 
-    async def host(conn: AsyncConnection, commit: TurnCommit) -> None:
+    async def host(conn: Conn, commit: TurnCommit) -> None:
         await enqueue(conn, [Post(commit.conversation_id, "C1", "1.0", commit.result.reply or "")])
 
     service = Conversations(
@@ -644,8 +645,7 @@ async def test_a_message_costs_three_statements_that_commit_alone_and_one_transa
     finally:
         event.remove(engine.sync_engine, "before_cursor_execute", executed)
     assert result.reply == "Hello!"
-    # Store, claim and start on the driver's connection, outside any transaction; then the turn's commit, its
-    # statements (the turn's and the host's outbox rows) through SQLAlchemy between BEGIN and COMMIT.
-    assert run == ["WITH", "UPDATE", "WITH", "BEGIN", "COMMIT"]
-    assert through_sqlalchemy == ["WITH", "INSERT"]
+    # Store, claim and start outside any transaction; the turn's commit and the host's outbox row in one.
+    assert run == ["WITH", "UPDATE", "WITH", "BEGIN", "WITH", "INSERT", "COMMIT"]
+    assert through_sqlalchemy == []
     assert await rows(sessions, m.Outbox) != []

@@ -18,6 +18,7 @@ from sqlalchemy.exc import DBAPIError
 from agents.conversations import SET_ASIDE, Conversations, MessageResult, ResultKind, TurnCommit
 from agents.db import models as m
 from agents.db.deliveries import CasePost, Outcome
+from agents.db.statements import Statement
 from agents.identity import Author
 from bot.playground.slack_emulator import SlackEmulator
 from escalation.machine import TAKEOVER, Mode
@@ -240,6 +241,9 @@ async def test_a_failing_staff_message_is_set_aside_without_an_apology_loop(
     assert row is not None and row.attempts == service.max_attempts + 1
 
 
+DISK_FULL = Statement("DO $$ BEGIN RAISE EXCEPTION 'No space left on device' USING ERRCODE = 'disk_full'; END $$")
+
+
 async def test_a_turn_the_database_cannot_store_is_answered_once_it_can_not_apologised_for(
     sessions: Sessions, model: Any, fake_llm: FakeOpenAI
 ) -> None:
@@ -253,9 +257,7 @@ async def test_a_turn_the_database_cannot_store_is_answered_once_it_can_not_apol
         nonlocal refusals
         if refusals:
             refusals -= 1
-            await s.execute(
-                text("DO $$ BEGIN RAISE EXCEPTION 'No space left on device' USING ERRCODE = 'disk_full'; END $$")
-            )
+            await DISK_FULL.run(s, {})
 
     fake_llm.rule = lambda _: reply("Happy to help.")
     service = failing_host(sessions, model, host)

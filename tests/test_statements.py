@@ -12,7 +12,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, NoResultFound
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agents.db.engine import database_unavailable, make_engine, watch_writes
-from agents.db.statements import Lent, Statement, alone
+from agents.db.statements import Lent, Statement, alone, begun
 from harness.database import admin
 
 DISK_FULL = Statement(
@@ -92,3 +92,26 @@ async def test_a_statement_cancelled_midway_does_not_lend_its_connection_again(o
         await task
     async with alone(one_connection)() as conn:
         assert (await PID.run(conn, {})).scalar() not in (None, pid)
+
+
+async def test_a_transaction_commits_its_statements_together_or_none_of_them(one_connection: AsyncEngine) -> None:
+    insert, count = Statement("INSERT INTO tx_probe VALUES (:n)"), Statement("SELECT count(*) FROM tx_probe")
+    async with alone(one_connection)() as conn:
+        await Statement("CREATE TABLE tx_probe (n int PRIMARY KEY)").run(conn, {})
+    try:
+        async with begun(one_connection)() as conn:
+            await insert.run_many(conn, [{"n": 1}, {"n": 2}])
+        with pytest.raises(IntegrityError):
+            async with begun(one_connection)() as conn:
+                await insert.run(conn, {"n": 3})
+                await insert.run(conn, {"n": 1})  # refused: the 3 goes too
+        with pytest.raises(RuntimeError):
+            async with begun(one_connection)() as conn:
+                await insert.run(conn, {"n": 4})
+                raise RuntimeError("the block's own failure")
+        async with alone(one_connection)() as conn:  # the same connection, outside any transaction again
+            assert (await count.run(conn, {})).scalar() == 2
+            assert not isinstance(conn, Lent) or not conn.driver.is_in_transaction()
+    finally:
+        async with alone(one_connection)() as conn:
+            await Statement("DROP TABLE tx_probe").run(conn, {})

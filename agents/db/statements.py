@@ -12,9 +12,10 @@ told. Statements that must commit together run in one (`engine.begin()`), throug
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, TypeAlias
+from functools import partial
+from typing import Any, TypeAlias, TypeVar
 from weakref import WeakKeyDictionary
 
 from sqlalchemy import event, text
@@ -29,6 +30,7 @@ TRANSACTION_POOLER = "helpdesk_transaction_pooler"
 
 _DRIVER = PGDialect_asyncpg()  # type: ignore[no-untyped-call]
 
+T = TypeVar("T")
 ErrorCallback = Callable[[BaseException], None]
 _CALLBACKS: WeakKeyDictionary[Engine, list[ErrorCallback]] = WeakKeyDictionary()
 
@@ -119,6 +121,14 @@ class Statement:
             return Rows([], result.rowcount)
         return _rows(tuple(result.keys()), result.all())
 
+    async def run_many(self, conn: Conn, rows: Sequence[Mapping[str, Any]]) -> None:
+        """The statement once for each of `rows` (no rows read): one round trip, the driver pipelining them."""
+        ordered = [tuple(values[name] for name in self.names) for values in rows]
+        if isinstance(conn, Lent):
+            await conn.call(conn.driver.executemany(self.sql, ordered), self)
+        else:
+            await conn.exec_driver_sql(self.sql, ordered)
+
 
 class Lent:
     """The driver's connection, lent by the engine's pool for statements that are each a transaction."""
@@ -126,16 +136,19 @@ class Lent:
     def __init__(self, engine: Engine, fairy: Any) -> None:
         self._engine = engine
         self._fairy = fairy
-        self._driver = fairy.driver_connection
+        self.driver = fairy.driver_connection
         self._broken: BaseException | None = None
 
     async def run(self, statement: Statement, values: tuple[Any, ...]) -> Rows:
+        if statement.returns_rows:
+            records = await self.call(self.driver.fetch(statement.sql, *values), statement)
+            return _rows(tuple(records[0].keys()) if records else (), records)
+        return Rows([], _touched(await self.call(self.driver.execute(statement.sql, *values), statement)))
+
+    async def call(self, work: Awaitable[T], statement: Statement | str) -> T:
+        """`work` on the driver's connection, its failure as SQLAlchemy's."""
         try:
-            if statement.returns_rows:
-                records = await self._driver.fetch(statement.sql, *values)
-                return _rows(tuple(records[0].keys()) if records else (), records)
-            status = await self._driver.execute(statement.sql, *values)
-            return Rows([], _touched(status))
+            return await work
         except Exception as exc:
             raise self._translated(exc, statement) from exc
         except BaseException as exc:
@@ -144,7 +157,23 @@ class Lent:
             self._broken = exc
             raise
 
-    def _translated(self, exc: Exception, statement: Statement) -> Exception:
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Lent]:
+        """The block's statements in one transaction: committed at its end, rolled back if it raises."""
+        began = self.driver.transaction()
+        await self.call(began.start(), "BEGIN")
+        try:
+            yield self
+        except BaseException:
+            if self._broken is None and not self.driver.is_closed():
+                try:
+                    await self.call(began.rollback(), "ROLLBACK")
+                except Exception:  # the block's own failure is the one to raise; this connection is not lent again
+                    self._broken = self._broken or RuntimeError("rollback failed")
+            raise
+        await self.call(began.commit(), "COMMIT")
+
+    def _translated(self, exc: Exception, statement: Statement | str) -> Exception:
         """`exc` as SQLAlchemy raises it for its own statements (`DBAPIError` and its kinds), telling the engine's
         `on_error` callbacks; a dropped connection invalidates the pool's connections of its generation."""
         dialect = self._engine.dialect
@@ -152,9 +181,9 @@ class Lent:
         try:
             AsyncAdapt_asyncpg_connection._handle_exception_no_connection(dbapi, exc)
         except dbapi.Error as adapted:
-            disconnected = bool(self._driver.is_closed())
+            disconnected = bool(self.driver.is_closed())
             wrapped = DBAPIError.instance(
-                statement.sql, None, adapted, dbapi.Error,
+                statement if isinstance(statement, str) else statement.sql, None, adapted, dbapi.Error,
                 hide_parameters=True, dialect=dialect, connection_invalidated=disconnected,
             )  # fmt: skip
             if disconnected:
@@ -210,12 +239,27 @@ def alone(engine: AsyncEngine) -> Callable[[], AbstractAsyncContextManager[Conn]
     if engine.get_execution_options().get(TRANSACTION_POOLER):
         return engine.begin
 
-    @asynccontextmanager
-    async def lent() -> Any:
-        conn = Lent(engine.sync_engine, await engine.raw_connection())
-        try:
-            yield conn
-        finally:
-            await conn.give_back()
+    return partial(_lent, engine)
 
-    return lent
+
+def begun(engine: AsyncEngine) -> Callable[[], AbstractAsyncContextManager[Conn]]:
+    """A connection of `engine` in a transaction, for statements that must commit together (`async with
+    begun(engine)() as conn`): the driver's own, as with `alone`; SQLAlchemy's behind a transaction pooler."""
+    if engine.get_execution_options().get(TRANSACTION_POOLER):
+        return engine.begin
+    return partial(_begun, engine)
+
+
+@asynccontextmanager
+async def _lent(engine: AsyncEngine) -> AsyncIterator[Lent]:
+    conn = Lent(engine.sync_engine, await engine.raw_connection())
+    try:
+        yield conn
+    finally:
+        await conn.give_back()
+
+
+@asynccontextmanager
+async def _begun(engine: AsyncEngine) -> AsyncIterator[Lent]:
+    async with _lent(engine) as conn, conn.transaction():
+        yield conn

@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from agents.address import Address
 from agents.agent import Roster
 from agents.conversations import ResultKind, TurnCommit
@@ -26,7 +24,7 @@ from agents.db.deliveries import (
     Source,
     enqueue,
 )
-from agents.db.statements import Statement
+from agents.db.statements import Conn, Statement
 from agents.markup.limits import split_text
 from agents.texts import Text
 from bot.channels.capabilities import Channel, Channels, ReplyStyle
@@ -62,11 +60,11 @@ def turn_outbox(
     *,
     channels: Channels,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-) -> Callable[[AsyncConnection, TurnCommit], Awaitable[None]]:
+) -> Callable[[Conn, TurnCommit], Awaitable[None]]:
     """The engine's after_turn hook: what the channels should see of a turn (the customer's replies, the case for
     staff, relays both ways), queued in the turn's own transaction."""
 
-    async def after_turn(s: AsyncConnection, commit: TurnCommit) -> None:
+    async def after_turn(s: Conn, commit: TurnCommit) -> None:
         address = Address.parse(commit.key)
         if address is None:
             return
@@ -133,6 +131,6 @@ def turn_outbox(
 _OPEN_PREVIEW = Statement("SELECT EXISTS (SELECT FROM previews WHERE conversation_id = :c AND state = 'open')")
 
 
-async def _streamed(s: AsyncConnection, channel: Channel, conversation_id: int) -> bool:
+async def _streamed(s: Conn, channel: Channel, conversation_id: int) -> bool:
     """The conversation has a preview open: its answer finishes it in place (`bot.delivery.sender`)."""
     return channel.capabilities.streaming and bool((await _OPEN_PREVIEW.run(s, {"c": conversation_id})).scalar())
