@@ -200,6 +200,43 @@ async def test_a_row_queued_while_its_conversation_is_sent_goes_out_next_pass_in
     assert [p.text for p in emulator.posts("C_SUPPORT", root.ts)] == ["first", "second"]
 
 
+async def test_changes_are_marked_done_with_the_release_of_the_lease(
+    sessions: Sessions, engine: AsyncEngine, emulator: SlackEmulator
+) -> None:
+    """A reaction costs its call and no statement of its own: the changes made under a send lease are marked done
+    in the statement that releases it. The post between them keeps its attempt, recorded before it is made."""
+    root = emulator.add_message("C_SUPPORT", "hi")
+    async with sessions() as s, s.begin():
+        conversation = m.Conversation(key=f"slack:T0001:C_SUPPORT:{root.ts}", active_agent="triage")
+        s.add(conversation)
+        await s.flush()
+        await enqueue(s, [d.AddReaction(conversation.id, "C_SUPPORT", root.ts, "eyes")])
+    client = slack_client(token="xoxb-test", base_url=emulator.api_url, idempotent_only=True)
+    sender = OutboxSender(engine=engine, channels=Channels([SLACK]), messengers=[SlackMessenger(client)])
+    assert await sender.send_pending() == 1  # the working reaction, while the turn runs
+    async with sessions() as s, s.begin():
+        await enqueue(
+            s,
+            [
+                d.Post(conversation.id, "C_SUPPORT", root.ts, "the answer"),
+                d.RemoveReaction(conversation.id, "C_SUPPORT", root.ts, "eyes"),
+                d.AddReaction(conversation.id, "C_SUPPORT", root.ts, "white_check_mark"),
+            ],
+        )
+    with DriverLog(engine) as driver:
+        assert await sender.send_pending() == 3
+        statements = await driver.settled()
+    # The due conversations, the lease, the rows, the answer's look for a preview to finish, its attempt and its
+    # claim, and the release.
+    assert DriverLog.first_words(statements) == ["WITH", "INSERT", "SELECT", "SELECT", "UPDATE", "UPDATE", "WITH"]
+    assert "DELETE FROM send_leases" in statements[-1]
+    message = emulator.message("C_SUPPORT", root.ts)
+    assert message is not None and set(message.reactions) == {"white_check_mark"}
+    async with sessions() as s:
+        rows = (await s.execute(select(m.Outbox.outcome, m.Outbox.attempts).order_by(m.Outbox.id))).all()
+    assert [tuple(row) for row in rows] == [(Outcome.SENT, 1)] * 4
+
+
 def _imports(path: Any) -> set[str]:
     modules: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):

@@ -107,7 +107,15 @@ _LEASE = Statement(
     "ON CONFLICT (conversation_id) DO UPDATE SET owner = :o, until = EXCLUDED.until "
     "WHERE send_leases.owner = :o OR send_leases.until < now() RETURNING conversation_id"
 )
-_RELEASE = Statement("DELETE FROM send_leases WHERE conversation_id = :k AND owner = :o")
+_RELEASE = Statement(
+    f"""
+    WITH changed AS (
+        UPDATE outbox SET done_at = now(), outcome = '{Outcome.SENT}', attempts = attempts + 1
+        WHERE id = ANY(CAST(:changed AS bigint[])) AND done_at IS NULL
+    )
+    DELETE FROM send_leases WHERE conversation_id = :k AND owner = :o
+    """
+)
 _ATTEMPT = Statement(
     "UPDATE outbox SET attempts = attempts + 1, attempted_at = now(), "
     "uploaded = coalesce(CAST(:uploaded AS jsonb), uploaded) "
@@ -123,9 +131,10 @@ _STILL_OURS = Statement(
 _CLAIMED = Statement("SELECT result_ts FROM outbox WHERE id = :id")
 _CHANGED = Statement(
     f"UPDATE outbox SET done_at = now(), outcome = '{Outcome.SENT}', attempts = attempts + 1 "
-    "WHERE id = :id AND done_at IS NULL"
+    "WHERE id = ANY(CAST(:changed AS bigint[])) AND done_at IS NULL"
 )
-"""A change (a reaction, an edit, a deletion) made, or found made already: the row sent, its one try counted."""
+"""Changes (a reaction, an edit, a deletion) made, or found made already: the rows sent, their one try counted.
+Usually with the lease's release, in the same statement (`_RELEASE`)."""
 _DONE = Statement(
     "UPDATE outbox SET done_at = now(), outcome = :outcome, result_ts = coalesce(:result_ts, result_ts), "
     "last_error = coalesce(:last_error, last_error) WHERE id = :id AND done_at IS NULL"
@@ -164,6 +173,8 @@ class Ledger:
         self.lease_s = lease_s
         """How long a send lease lasts unrenewed: a crashed sender's conversations wait this long."""
         self._after = 0
+        self._changed: dict[int, list[int]] = {}
+        """Rows changed under each send lease this sender holds, by its key, not marked done yet."""
         """Where the next pass's search for due conversations begins: after the last conversation of a full batch
         (ids are positive), else from the first."""
 
@@ -179,6 +190,8 @@ class Ledger:
         """The conversation's next rows not done (at most FETCH_AHEAD), in order, each with its conversation's
         language (`spoken_language`: what an answer's own words are rendered in when it is sent)."""
         async with self._alone() as conn:
+            if changed := self._changed.pop(conversation_id or 0, None):  # or they would be read as unsent
+                await _CHANGED.run(conn, {"changed": changed})
             if conversation_id is None:
                 return (await _UNSENT_ORPHANS.run(conn, {})).all()
             return (await _UNSENT.run(conn, {"c": conversation_id})).all()
@@ -192,8 +205,10 @@ class Ledger:
         return got is not None
 
     async def release(self, key: int) -> None:
+        """The send lease given up, and the changes made under it marked done (`changed`)."""
+        changed = self._changed.pop(key, [])
         async with self._alone() as conn:
-            await _RELEASE.run(conn, {"k": key, "o": self.owner})
+            await _RELEASE.run(conn, {"k": key, "o": self.owner, "changed": changed})
 
     async def without_pointless(self, rows: Sequence[Row], key: int) -> list[Row]:
         """A working reaction not tried yet whose removal is already queued (the reply was faster than the
@@ -291,10 +306,12 @@ class Ledger:
                 await enqueue(conn, then)
         return outcome
 
-    async def changed(self, row: Row) -> Outcome:
-        """A change made, or found made already (`_CHANGED`)."""
-        async with self._alone() as conn:
-            await _CHANGED.run(conn, {"id": row.id})
+    def changed(self, row: Row) -> Outcome:
+        """A change made, or found made already. Marked done when the lease is released, in the same statement, or
+        before the conversation's rows are read again: one commit per pass, not one per reaction. A change is safe
+        to make twice (a reaction there already, a message deleted already), so a sender that dies before leaves it
+        to the next one, who finds it made."""
+        self._changed.setdefault(row.conversation_id or 0, []).append(row.id)
         return Outcome.SENT
 
     async def backoff(self, row: Row, error: str, *, delay: timedelta | None = None) -> None:

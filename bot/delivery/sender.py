@@ -234,7 +234,7 @@ class OutboxSender:
             if isinstance(delivery, NewMessage):
                 return await self._post_once(row, key, delivery, messenger)
             await self.messages.change(delivery, messenger)
-            return await self.ledger.changed(row)
+            return self.ledger.changed(row)
         except Undeliverable as exc:
             return await self.ledger.give_up(row, str(exc))
         except Refused as exc:
@@ -247,7 +247,7 @@ class OutboxSender:
                 ("no_reaction", RemoveReaction),
                 ("message_not_found", Erase),  # gone already (a colleague deleted it, an earlier try did)
             ):
-                return await self.ledger.changed(row)
+                return self.ledger.changed(row)
             if isinstance(delivery, AddReaction | RemoveReaction | StaffNotice | Typing):
                 # A reaction or a notice is a courtesy (a deleted custom emoji, a restricted channel, a person who
                 # left): it never holds the replies behind it.
