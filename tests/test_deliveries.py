@@ -4,6 +4,7 @@ that posts them, and escalation that renders without posting."""
 from __future__ import annotations
 
 import ast
+import asyncio
 from typing import Any
 
 import pytest
@@ -193,7 +194,7 @@ async def test_a_row_queued_while_its_conversation_is_sent_goes_out_next_pass_in
     # The test's own INSERT goes through SQLAlchemy in a transaction; each of the sender's statements runs alone.
     assert [sql.split()[0] for sql in through_sqlalchemy] == ["INSERT"]
     assert DriverLog.first_words(statements).count("BEGIN") == 1  # the test's
-    reads = [sql for sql in statements if "FROM outbox LEFT OUTER JOIN conversations" in sql]
+    reads = [sql for sql in statements if "AS spoken_language" in sql]  # the rows to send read
     assert len(reads) == 1
     assert [p.text for p in emulator.posts("C_SUPPORT", root.ts)] == ["first"]
     assert await sender.send_pending() == 1
@@ -235,6 +236,67 @@ async def test_changes_are_marked_done_with_the_release_of_the_lease(
     async with sessions() as s:
         rows = (await s.execute(select(m.Outbox.outcome, m.Outbox.attempts).order_by(m.Outbox.id))).all()
     assert [tuple(row) for row in rows] == [(Outcome.SENT, 1)] * 4
+
+
+async def _conversations_with_a_post(sessions: Sessions, emulator: SlackEmulator, n: int) -> list[int]:
+    ids = []
+    for i in range(n):
+        root = emulator.add_message("C_SUPPORT", f"question {i}")
+        async with sessions() as s, s.begin():
+            conversation = m.Conversation(key=f"slack:T0001:C_SUPPORT:{root.ts}", active_agent="triage")
+            s.add(conversation)
+            await s.flush()
+            await enqueue(s, [d.Post(conversation.id, "C_SUPPORT", root.ts, f"answer {i}")])
+            ids.append(conversation.id)
+    return ids
+
+
+async def test_a_pass_leases_its_conversations_and_reads_their_rows_in_a_statement_each(
+    sessions: Sessions, engine: AsyncEngine, emulator: SlackEmulator
+) -> None:
+    """Under load many conversations are due at once: their leases are one statement and their rows another, not
+    two per conversation. A conversation another sender holds is left to it; the rest go out."""
+    ids = await _conversations_with_a_post(sessions, emulator, 5)
+    other = Ledger(engine=engine, owner="another sender", lease_s=30.0)
+    assert await other.lease(ids[2])
+    client = slack_client(token="xoxb-test", base_url=emulator.api_url, idempotent_only=True)
+    sender = OutboxSender(engine=engine, channels=Channels([SLACK]), messengers=[SlackMessenger(client)])
+    with DriverLog(engine) as driver:
+        assert await sender.send_pending() == 4
+        statements = await driver.settled()
+    leases = [sql for sql in statements if sql.startswith("INSERT INTO send_leases")]
+    reads = [sql for sql in statements if "AS spoken_language" in sql]
+    assert len(leases) == 1 and len(reads) == 1
+    assert sorted(p.text for p in emulator.posts("C_SUPPORT") if p.text.startswith("answer")) == [
+        f"answer {i}" for i in (0, 1, 3, 4)
+    ]
+    await other.release(ids[2])
+    assert await sender.send_pending() == 1
+
+
+async def test_a_pass_cancelled_before_its_conversations_are_sent_gives_their_leases_back(
+    sessions: Sessions, engine: AsyncEngine, emulator: SlackEmulator
+) -> None:
+    ids = await _conversations_with_a_post(sessions, emulator, 3)
+    client = slack_client(token="xoxb-test", base_url=emulator.api_url, idempotent_only=True)
+    sender = OutboxSender(engine=engine, channels=Channels([SLACK]), messengers=[SlackMessenger(client)])
+    stuck, forever = asyncio.Event(), asyncio.Event()
+
+    async def stall() -> None:
+        stuck.set()
+        await forever.wait()
+
+    sending = asyncio.create_task(sender.send_pending(concurrency=1, pace=stall))
+    await asyncio.wait_for(stuck.wait(), 10)
+    async with sessions() as s:
+        held = set(await s.scalars(select(m.SendLease.conversation_id)))
+    assert held == set(ids)  # all three leased, one of them being sent
+    sending.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await sending
+    async with sessions() as s:
+        assert list(await s.scalars(select(m.SendLease.conversation_id))) == []
+    assert await sender.send_pending() == 3
 
 
 def _imports(path: Any) -> set[str]:

@@ -101,12 +101,33 @@ _UNSENT_SQL = (
 # (`ix_outbox_unsent_by_conversation`), and the few of no conversation another.
 _UNSENT = Statement(_UNSENT_SQL.replace("{match}", "= :c"))
 _UNSENT_ORPHANS = Statement(_UNSENT_SQL.replace("{match}", "IS NULL"))
+_UNSENT_OF_EACH = Statement(
+    f"""
+    SELECT {_COLUMNS.replace("outbox.", "o.")}, conversations.language AS spoken_language
+    FROM unnest(CAST(:ids AS bigint[])) AS due(id)
+    CROSS JOIN LATERAL (
+        SELECT * FROM outbox WHERE outbox.conversation_id = due.id AND outbox.done_at IS NULL
+        ORDER BY outbox.id LIMIT {FETCH_AHEAD}
+    ) o
+    LEFT OUTER JOIN conversations ON conversations.id = o.conversation_id
+    ORDER BY o.id
+    """
+)
+"""`_UNSENT` of several conversations in one statement: each one's range of the index, as alone."""
 _LEASE = Statement(
     "INSERT INTO send_leases (conversation_id, owner, until) "
     "VALUES (:k, :o, now() + make_interval(secs => :ttl)) "
     "ON CONFLICT (conversation_id) DO UPDATE SET owner = :o, until = EXCLUDED.until "
     "WHERE send_leases.owner = :o OR send_leases.until < now() RETURNING conversation_id"
 )
+_LEASE_EACH = Statement(
+    "INSERT INTO send_leases (conversation_id, owner, until) "
+    "SELECT k, :o, now() + make_interval(secs => :ttl) FROM unnest(CAST(:keys AS bigint[])) AS k ORDER BY k "
+    "ON CONFLICT (conversation_id) DO UPDATE SET owner = :o, until = EXCLUDED.until "
+    "WHERE send_leases.owner = :o OR send_leases.until < now() RETURNING conversation_id"
+)
+"""`_LEASE` of several conversations in one statement, in key order: two senders leasing overlapping sets wait for
+each other's rows in the same order, and never deadlock."""
 _RELEASE = Statement(
     f"""
     WITH changed AS (
@@ -195,6 +216,25 @@ class Ledger:
             if conversation_id is None:
                 return (await _UNSENT_ORPHANS.run(conn, {})).all()
             return (await _UNSENT.run(conn, {"c": conversation_id})).all()
+
+    async def unsent_of_each(self, conversation_ids: Sequence[int]) -> dict[int, list[Row]]:
+        """`unsent` of each conversation, in one statement (under load a pass has many conversations due); a
+        conversation with none has no entry."""
+        found: dict[int, list[Row]] = {}
+        async with self._alone() as conn:
+            changed = [row for cid in conversation_ids for row in self._changed.pop(cid, ())]
+            if changed:
+                await _CHANGED.run(conn, {"changed": changed})
+            for row in await _UNSENT_OF_EACH.run(conn, {"ids": list(conversation_ids)}):
+                found.setdefault(row.conversation_id, []).append(row)
+        return found
+
+    async def lease_each(self, keys: Sequence[int]) -> set[int]:
+        """`lease` of several conversations' rows, in one statement; the keys this sender now holds. Its own
+        statement, before the rows are read, as `lease`."""
+        values = {"keys": sorted(set(keys)), "o": self.owner, "ttl": self.lease_s}
+        async with self._alone() as conn:
+            return {row.conversation_id for row in await _LEASE_EACH.run(conn, values)}
 
     async def lease(self, key: int) -> bool:
         """Claim (or renew) the send lease of one conversation's rows; False while another sender holds it. Its own

@@ -149,31 +149,53 @@ class OutboxSender:
         """Send every due row of every conversation not being sent by someone else; returns rows sent. `pace`
         is awaited before each row (the workers hold sends back while the process is saturated)."""
         conversations = await self.ledger.due()
+        if not conversations:
+            return 0
+        # The pass's conversations leased, and their rows read, in a statement each (not two per conversation).
+        leased = await self.ledger.lease_each([cid or 0 for cid, _ in conversations])
+        leased_at = time.monotonic()
+        started: set[int] = set()
         limit = asyncio.Semaphore(concurrency)
+        try:
+            ahead = await self.ledger.unsent_of_each([cid for cid, _ in conversations if cid in leased])
 
-        async def one(cid: int | None, key: str | None) -> int:
-            async with limit:
-                return await self._send_conversation(cid, self.channels.platform_of_key(key), pace)
+            async def one(cid: int | None, key: str | None) -> int:
+                async with limit:
+                    started.add(cid or 0)
+                    rows = ahead.get(cid, []) if cid is not None else None
+                    return await self._send_leased(cid, self.channels.platform_of_key(key), rows, leased_at, pace)
 
-        results = await asyncio.gather(*(one(*due) for due in conversations), return_exceptions=True)
+            due = [(cid, key) for cid, key in conversations if (cid or 0) in leased]
+            results = await asyncio.gather(*(one(*each) for each in due), return_exceptions=True)
+        finally:
+            for key in leased - started:  # the rows could not be read, or the pass was cancelled
+                with contextlib.suppress(Exception):
+                    await self.ledger.release(key)
         for failure in (r for r in results if isinstance(r, BaseException)):
             log.error("outbox: sending a conversation failed", exc_info=failure)
         return sum(r for r in results if isinstance(r, int))
 
-    async def _send_conversation(
-        self, conversation_id: int | None, platform: str, pace: Callable[[], Awaitable[None]] | None = None
+    async def _send_leased(
+        self,
+        conversation_id: int | None,
+        platform: str,
+        rows: Sequence[Row] | None,
+        leased_at: float,
+        pace: Callable[[], Awaitable[None]] | None = None,
     ) -> int:
-        """`platform`: the customer's, where the conversation's own rows go."""
+        """Send the conversation's rows under the lease taken for it at `leased_at`; `rows`, its rows read then
+        (None: read them now). `platform`: the customer's, where the conversation's own rows go."""
         key = conversation_id or 0
-        if not await self.ledger.lease(key):
-            return 0
         sent = 0
         # Renewed in the background while rows go out, however long one takes (a case summary, a slow platform):
         # only a sender that is dead or frozen loses the lease.
         lost = asyncio.Event()
         try:
+            if time.monotonic() - leased_at > self.ledger.lease_s / 3 and not await self.ledger.lease(key):
+                return 0  # it waited its turn in the pass so long that another sender has it now
             with renewing(lambda: self.ledger.lease(key), every_s=self.ledger.lease_s / 3, lost=lost):
-                rows = await self.ledger.unsent(conversation_id)
+                if rows is None:
+                    rows = await self.ledger.unsent(conversation_id)
                 while rows and not lost.is_set():
                     more = len(rows) == FETCH_AHEAD
                     rows = await self.ledger.without_pointless(rows, key)
