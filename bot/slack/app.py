@@ -78,14 +78,20 @@ def slack_client(
     )
 
 
+SLACK_CONNECTIONS = 64
+"""Connections to Slack's Web API a process keeps at most (`slack_session`)."""
+
+
 def slack_session(*, timeout_s: int = 30) -> aiohttp.ClientSession:
     """Kept-alive connections to Slack's Web API, shared by every client of the process: without it each call
     opened and closed a session and a TCP (and TLS) connection of its own. slack_sdk applies no timeout of its own
     to a session it is given, so the session carries it: on connecting and on each read, not on the whole call,
-    which would count the wait for a free connection (a burst's status lines queue behind its posts). No cap on
-    connections: what calls Slack is bounded already (the sender's concurrency, a status per running turn)."""
+    which would count the wait for a free connection (a burst's status lines queue behind its posts). At most
+    `SLACK_CONNECTIONS` at once: a burst of new customers looked each up (users.info) on a connection of its own,
+    a TCP and TLS handshake apiece, where a few dozen kept-alive ones carry more calls than Slack's rate limits
+    allow."""
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
-    return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
+    return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=SLACK_CONNECTIONS))
 
 
 class SlackDirectory:
