@@ -8,6 +8,7 @@ is a transaction by itself runs alone (autocommit: one round trip, not BEGIN, it
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Sequence
@@ -134,7 +135,7 @@ _RELEASE = Statement(
         UPDATE outbox SET done_at = now(), outcome = '{Outcome.SENT}', attempts = attempts + 1
         WHERE id = ANY(CAST(:changed AS bigint[])) AND done_at IS NULL
     )
-    DELETE FROM send_leases WHERE conversation_id = :k AND owner = :o
+    DELETE FROM send_leases WHERE conversation_id = ANY(CAST(:keys AS bigint[])) AND owner = :o
     """
 )
 _ATTEMPT = Statement(
@@ -194,10 +195,13 @@ class Ledger:
         self.lease_s = lease_s
         """How long a send lease lasts unrenewed: a crashed sender's conversations wait this long."""
         self._after = 0
-        self._changed: dict[int, list[int]] = {}
-        """Rows changed under each send lease this sender holds, by its key, not marked done yet."""
         """Where the next pass's search for due conversations begins: after the last conversation of a full batch
         (ids are positive), else from the first."""
+        self._changed: dict[int, list[int]] = {}
+        """Rows changed under each send lease this sender holds, by its key, not marked done yet."""
+        self._releasing: dict[int, list[int]] = {}
+        """Leases to give up (with their changes), gathered while a release is in flight (`release`)."""
+        self._release_one_at_a_time = asyncio.Lock()
 
     async def due(self) -> list[tuple[int | None, str | None]]:
         """(conversation id, key) of each conversation whose next row is due."""
@@ -245,10 +249,17 @@ class Ledger:
         return got is not None
 
     async def release(self, key: int) -> None:
-        """The send lease given up, and the changes made under it marked done (`changed`)."""
-        changed = self._changed.pop(key, [])
-        async with self._alone() as conn:
-            await _RELEASE.run(conn, {"k": key, "o": self.owner, "changed": changed})
+        """The send lease given up, and the changes made under it marked done (`changed`). Releases asked for while
+        one is in flight go together in the next statement (a group commit: under load a pass's conversations end
+        close together, and none waits longer than one statement for it)."""
+        self._releasing.setdefault(key, []).extend(self._changed.pop(key, ()))
+        async with self._release_one_at_a_time:
+            if key not in self._releasing:
+                return  # given up with others', by the statement that just ran
+            batch, self._releasing = self._releasing, {}
+            values = {"keys": list(batch), "o": self.owner, "changed": [row for ids in batch.values() for row in ids]}
+            async with self._alone() as conn:
+                await _RELEASE.run(conn, values)
 
     async def without_pointless(self, rows: Sequence[Row], key: int) -> list[Row]:
         """A working reaction not tried yet whose removal is already queued (the reply was faster than the
