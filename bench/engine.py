@@ -122,15 +122,17 @@ class Counters:
     checkouts: int = 0
     """Connections taken from the pool (make_engine does not pre-ping them)."""
     commits: int = 0
+    """Transactions committed: SQLAlchemy's, and those on the driver's connection (`driver`)."""
     driver: DriverLog | None = None
 
     async def snapshot(self) -> tuple[int, int, int]:
-        lone = 0
+        lone, ended = 0, 0
         if self.driver is not None:
-            lone = sum(
-                w not in ("BEGIN", "COMMIT", "ROLLBACK") for w in DriverLog.first_words(await self.driver.settled())
-            )
-        return self.statements + lone, self.checkouts, self.commits
+            await self.driver.settled()
+            kinds = self.driver.kinds
+            ended = kinds["COMMIT"]
+            lone = sum(kinds.values()) - kinds["BEGIN"] - ended - kinds["ROLLBACK"]
+        return self.statements + lone, self.checkouts, self.commits + ended
 
 
 @dataclass

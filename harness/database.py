@@ -4,6 +4,7 @@ until the bot has processed every stored message and sent every queued Slack cal
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import tempfile
 import uuid
@@ -124,6 +125,8 @@ class DriverLog:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.statements: list[str] = []
+        self.kinds: collections.Counter[str] = collections.Counter()
+        """Statements by first word (SELECT, WITH, BEGIN, COMMIT...), counted as they come."""
         self._drivers: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def _lent(self, dbapi_connection: Any, *_: Any) -> None:
@@ -135,6 +138,7 @@ class DriverLog:
         sql = str(record.query).strip().rstrip(";")
         if "typeinfo_tree" not in sql and "set_config('jit'" not in sql:  # the driver's own, once per new type
             self.statements.append(sql)
+            self.kinds[_first_word(sql)] += 1
 
     def __enter__(self) -> DriverLog:
         event.listen(self.engine.sync_engine, "checkout", self._lent)
@@ -151,4 +155,8 @@ class DriverLog:
 
     @staticmethod
     def first_words(statements: list[str]) -> list[str]:
-        return [statement.split()[0].upper() for statement in statements]
+        return [_first_word(statement) for statement in statements]
+
+
+def _first_word(sql: str) -> str:
+    return sql.split(None, 1)[0].upper()
