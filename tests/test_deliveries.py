@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -162,21 +163,18 @@ async def test_a_row_queued_while_its_conversation_is_sent_goes_out_next_pass_in
     """A pass that read fewer rows than it could does not read the conversation again: what was queued meanwhile
     rang the sender (NOTIFY, the doorbell), and the send loop runs another pass at once after one that sent. Every
     statement of a pass is a transaction by itself (no BEGIN, no COMMIT)."""
-    root = emulator.add_message("C_SUPPORT", "hi")
-    async with sessions() as s, s.begin():
-        conversation = m.Conversation(key=f"slack:T0001:C_SUPPORT:{root.ts}", active_agent="triage")
-        s.add(conversation)
-        await s.flush()
-        await enqueue(s, [d.AddReaction(conversation.id, "C_SUPPORT", root.ts, "eyes")])
-        await enqueue(s, [d.Post(conversation.id, "C_SUPPORT", root.ts, "first")])
-    client = slack_client(token="xoxb-test", base_url=emulator.api_url, idempotent_only=True)
-    sender = OutboxSender(engine=engine, channels=Channels([SLACK]), messengers=[SlackMessenger(client)])
+    conversation, ts = await _conversation(
+        sessions,
+        emulator,
+        lambda c, ts: [d.AddReaction(c, "C_SUPPORT", ts, "eyes"), d.Post(c, "C_SUPPORT", ts, "first")],
+    )
+    sender = _sender(engine, emulator)
     queued: list[int] = []
 
     async def queue_once() -> None:
         if not queued:
             async with sessions() as s, s.begin():
-                await enqueue(s, [d.Post(conversation.id, "C_SUPPORT", root.ts, "second")])
+                await enqueue(s, [d.Post(conversation, "C_SUPPORT", ts, "second")])
             queued.append(1)
 
     through_sqlalchemy: list[str] = []
@@ -196,9 +194,9 @@ async def test_a_row_queued_while_its_conversation_is_sent_goes_out_next_pass_in
     assert DriverLog.first_words(statements).count("BEGIN") == 1  # the test's
     reads = [sql for sql in statements if "AS spoken_language" in sql]  # the rows to send read
     assert len(reads) == 1
-    assert [p.text for p in emulator.posts("C_SUPPORT", root.ts)] == ["first"]
+    assert [p.text for p in emulator.posts("C_SUPPORT", ts)] == ["first"]
     assert await sender.send_pending() == 1
-    assert [p.text for p in emulator.posts("C_SUPPORT", root.ts)] == ["first", "second"]
+    assert [p.text for p in emulator.posts("C_SUPPORT", ts)] == ["first", "second"]
 
 
 async def test_changes_are_marked_done_with_the_release_of_the_lease(
@@ -206,22 +204,18 @@ async def test_changes_are_marked_done_with_the_release_of_the_lease(
 ) -> None:
     """A reaction costs its call and no statement of its own: the changes made under a send lease are marked done
     in the statement that releases it. The post between them keeps its attempt, recorded before it is made."""
-    root = emulator.add_message("C_SUPPORT", "hi")
-    async with sessions() as s, s.begin():
-        conversation = m.Conversation(key=f"slack:T0001:C_SUPPORT:{root.ts}", active_agent="triage")
-        s.add(conversation)
-        await s.flush()
-        await enqueue(s, [d.AddReaction(conversation.id, "C_SUPPORT", root.ts, "eyes")])
-    client = slack_client(token="xoxb-test", base_url=emulator.api_url, idempotent_only=True)
-    sender = OutboxSender(engine=engine, channels=Channels([SLACK]), messengers=[SlackMessenger(client)])
+    conversation, ts = await _conversation(
+        sessions, emulator, lambda c, ts: [d.AddReaction(c, "C_SUPPORT", ts, "eyes")]
+    )
+    sender = _sender(engine, emulator)
     assert await sender.send_pending() == 1  # the working reaction, while the turn runs
     async with sessions() as s, s.begin():
         await enqueue(
             s,
             [
-                d.Post(conversation.id, "C_SUPPORT", root.ts, "the answer"),
-                d.RemoveReaction(conversation.id, "C_SUPPORT", root.ts, "eyes"),
-                d.AddReaction(conversation.id, "C_SUPPORT", root.ts, "white_check_mark"),
+                d.Post(conversation, "C_SUPPORT", ts, "the answer"),
+                d.RemoveReaction(conversation, "C_SUPPORT", ts, "eyes"),
+                d.AddReaction(conversation, "C_SUPPORT", ts, "white_check_mark"),
             ],
         )
     with DriverLog(engine) as driver:
@@ -231,23 +225,40 @@ async def test_changes_are_marked_done_with_the_release_of_the_lease(
     # claim, and the release.
     assert DriverLog.first_words(statements) == ["WITH", "INSERT", "SELECT", "SELECT", "UPDATE", "UPDATE", "WITH"]
     assert "DELETE FROM send_leases" in statements[-1]
-    message = emulator.message("C_SUPPORT", root.ts)
+    message = emulator.message("C_SUPPORT", ts)
     assert message is not None and set(message.reactions) == {"white_check_mark"}
     async with sessions() as s:
         rows = (await s.execute(select(m.Outbox.outcome, m.Outbox.attempts).order_by(m.Outbox.id))).all()
     assert [tuple(row) for row in rows] == [(Outcome.SENT, 1)] * 4
 
 
+async def _conversation(
+    sessions: Sessions, emulator: SlackEmulator, owed: Callable[[int, str], list[Delivery]], text: str = "hi"
+) -> tuple[int, str]:
+    """A customer's message in the emulator's support channel and its conversation, with `owed(conversation id,
+    the message's ts)` queued: (conversation id, ts)."""
+    root = emulator.add_message("C_SUPPORT", text)
+    async with sessions() as s, s.begin():
+        conversation = m.Conversation(key=f"slack:T0001:C_SUPPORT:{root.ts}", active_agent="triage")
+        s.add(conversation)
+        await s.flush()
+        await enqueue(s, owed(conversation.id, root.ts))
+    return conversation.id, root.ts
+
+
+def _sender(engine: AsyncEngine, emulator: SlackEmulator) -> OutboxSender:
+    client = slack_client(token="xoxb-test", base_url=emulator.api_url, idempotent_only=True)
+    return OutboxSender(engine=engine, channels=Channels([SLACK]), messengers=[SlackMessenger(client)])
+
+
 async def _conversations_with_a_post(sessions: Sessions, emulator: SlackEmulator, n: int) -> list[int]:
     ids = []
     for i in range(n):
-        root = emulator.add_message("C_SUPPORT", f"question {i}")
-        async with sessions() as s, s.begin():
-            conversation = m.Conversation(key=f"slack:T0001:C_SUPPORT:{root.ts}", active_agent="triage")
-            s.add(conversation)
-            await s.flush()
-            await enqueue(s, [d.Post(conversation.id, "C_SUPPORT", root.ts, f"answer {i}")])
-            ids.append(conversation.id)
+        answer = f"answer {i}"
+        cid, _ = await _conversation(
+            sessions, emulator, lambda c, ts, answer=answer: [d.Post(c, "C_SUPPORT", ts, answer)], f"q {i}"
+        )
+        ids.append(cid)
     return ids
 
 
@@ -259,8 +270,7 @@ async def test_a_pass_leases_its_conversations_and_reads_their_rows_in_a_stateme
     ids = await _conversations_with_a_post(sessions, emulator, 5)
     other = Ledger(engine=engine, owner="another sender", lease_s=30.0)
     assert await other.lease(ids[2])
-    client = slack_client(token="xoxb-test", base_url=emulator.api_url, idempotent_only=True)
-    sender = OutboxSender(engine=engine, channels=Channels([SLACK]), messengers=[SlackMessenger(client)])
+    sender = _sender(engine, emulator)
     with DriverLog(engine) as driver:
         assert await sender.send_pending() == 4
         statements = await driver.settled()
@@ -278,8 +288,7 @@ async def test_a_pass_cancelled_before_its_conversations_are_sent_gives_their_le
     sessions: Sessions, engine: AsyncEngine, emulator: SlackEmulator
 ) -> None:
     ids = await _conversations_with_a_post(sessions, emulator, 3)
-    client = slack_client(token="xoxb-test", base_url=emulator.api_url, idempotent_only=True)
-    sender = OutboxSender(engine=engine, channels=Channels([SLACK]), messengers=[SlackMessenger(client)])
+    sender = _sender(engine, emulator)
     stuck, forever = asyncio.Event(), asyncio.Event()
 
     async def stall() -> None:
