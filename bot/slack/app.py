@@ -16,6 +16,7 @@ from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.authorization import AuthorizeResult
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.respond.async_respond import AsyncRespond
+from slack_bolt.logger.messages import warning_client_prioritized_and_token_skipped
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_bolt.response import BoltResponse
 from slack_sdk.errors import SlackApiError
@@ -260,6 +261,14 @@ class SlackPresser:
         await self.respond(text=words, response_type="ephemeral", replace_original=False)
 
 
+class _TokenFromAuthorize(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != warning_client_prioritized_and_token_skipped()
+
+
+_TOKEN_FROM_AUTHORIZE = _TokenFromAuthorize()
+
+
 def build_app(
     *,
     client: AsyncWebClient,
@@ -285,6 +294,11 @@ def build_app(
         retry_handlers=list(client.retry_handlers),
         session=client.session,
     )
+    # Bolt reads SLACK_BOT_TOKEN from the environment itself, then warns on its logger (this one) at every start
+    # that the client's (tokenless, as meant) wins over it.
+    bolt_logger = logging.getLogger("slack_bolt.AsyncApp")
+    if _TOKEN_FROM_AUTHORIZE not in bolt_logger.filters:
+        bolt_logger.addFilter(_TOKEN_FROM_AUTHORIZE)
     app = AsyncApp(client=bolt_client, signing_secret=signing_secret, authorize=authorize)
     # Every listener is there even for a feature not given: its clicks and events are acknowledged, never left to
     # Bolt's "unhandled request" (an error icon on an old button).
