@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import asyncpg
 import pytest
 from sqlalchemy import event, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -15,8 +16,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from agents.db import deliveries as d
 from agents.db import models as m
 from agents.db.deliveries import KINDS, Delivery, Outcome, delivery_of, enqueue, row_of
+from agents.db.engine import make_engine
+from agents.db.statements import Statement, alone
 from bot.channels.capabilities import Channels
-from bot.delivery.ledger import DUE_BATCH, Ledger
+from bot.delivery.ledger import _RELEASE, DUE_BATCH, Ledger
 from bot.delivery.sender import OutboxSender
 from bot.playground.slack_emulator import SlackEmulator
 from bot.slack.app import slack_client
@@ -223,7 +226,7 @@ async def test_changes_are_marked_done_with_the_release_of_the_lease(
         statements = await driver.settled()
     # The due conversations, the lease, the rows, the answer's look for a preview to finish, its attempt and its
     # claim, and the release.
-    assert DriverLog.first_words(statements) == ["WITH", "INSERT", "SELECT", "SELECT", "UPDATE", "UPDATE", "WITH"]
+    assert DriverLog.first_words(statements) == ["WITH", "INSERT", "SELECT", "SELECT", "WITH", "UPDATE", "WITH"]
     assert "DELETE FROM send_leases" in statements[-1]
     message = emulator.message("C_SUPPORT", ts)
     assert message is not None and set(message.reactions) == {"white_check_mark"}
@@ -246,9 +249,10 @@ async def _conversation(
     return conversation.id, root.ts
 
 
-def _sender(engine: AsyncEngine, emulator: SlackEmulator) -> OutboxSender:
+def _sender(engine: AsyncEngine, emulator: SlackEmulator, owner: str = "", lease_s: float = 30.0) -> OutboxSender:
     client = slack_client(token="xoxb-test", base_url=emulator.api_url, idempotent_only=True)
-    return OutboxSender(engine=engine, channels=Channels([SLACK]), messengers=[SlackMessenger(client)])
+    messengers = [SlackMessenger(client)]
+    return OutboxSender(engine=engine, channels=Channels([SLACK]), messengers=messengers, owner=owner, lease_s=lease_s)
 
 
 async def _conversations_with_a_post(sessions: Sessions, emulator: SlackEmulator, n: int) -> list[int]:
@@ -306,6 +310,112 @@ async def test_a_pass_cancelled_before_its_conversations_are_sent_gives_their_le
     async with sessions() as s:
         assert list(await s.scalars(select(m.SendLease.conversation_id))) == []
     assert await sender.send_pending() == 3
+
+
+async def test_a_conversation_that_waited_past_its_lease_in_a_pass_reads_its_rows_again(
+    sessions: Sessions, engine: AsyncEngine, emulator: SlackEmulator
+) -> None:
+    """Its rows were read with the pass's other conversations; it waited its turn longer than its lease, and another
+    sender took it meanwhile, added the 👀 and took it away again. Its stale rows are not sent: the 👀 stays gone."""
+    lease_s = 1.0
+    await _conversation(sessions, emulator, lambda c, ts: [d.Post(c, "C_SUPPORT", ts, "a slow one")], "q1")
+    c2, ts2 = await _conversation(sessions, emulator, lambda c, ts: [d.AddReaction(c, "C_SUPPORT", ts, "eyes")], "q2")
+    a, b = _sender(engine, emulator, "A", lease_s), _sender(engine, emulator, "B", lease_s)
+    stalled, go_on = asyncio.Event(), asyncio.Event()
+
+    async def stall_once() -> None:
+        if not stalled.is_set():
+            stalled.set()
+            await go_on.wait()
+
+    passing = asyncio.create_task(a.send_pending(concurrency=1, pace=stall_once))
+    await asyncio.wait_for(stalled.wait(), 10)
+    await asyncio.sleep(lease_s * 1.5)  # the second conversation waits behind the first; its lease runs out
+    assert await b.send_pending() == 1  # B takes it: the working reaction
+    async with sessions() as s, s.begin():  # its turn ends: the reaction taken away
+        await enqueue(s, [d.RemoveReaction(c2, "C_SUPPORT", ts2, "eyes")])
+    assert await b.send_pending() == 1
+    go_on.set()
+    await asyncio.wait_for(passing, 10)
+    message = emulator.message("C_SUPPORT", ts2)
+    assert message is not None and not message.reactions
+
+
+async def _give_back(engine: AsyncEngine, owner: str, keys: list[int]) -> None:
+    async with alone(engine)() as conn:
+        await _RELEASE.run(conn, {"keys": keys, "o": owner, "changed": []})
+
+
+async def test_a_batched_release_and_another_senders_leases_lock_in_the_same_order(
+    sessions: Sessions, engine: AsyncEngine, database_url: str
+) -> None:
+    """A holds conversations 2 and 1 (their rows in that order on disk); B leases both, in key order, while A gives
+    both back in one statement that reads the table in its order on disk (as the planner does on a small table; here
+    told to). Both lock in key order, so neither deadlocks."""
+    other = await asyncpg.connect(database_url.replace("postgresql+asyncpg://", "postgresql://"))
+    a_engine = make_engine(database_url, pool_size=1)
+    try:
+        async with alone(a_engine)() as conn:  # A's one connection scans tables in their order on disk
+            await Statement("SET enable_indexscan = off").run(conn, {})
+            await Statement("SET enable_bitmapscan = off").run(conn, {})
+        await other.execute("DELETE FROM send_leases")
+        await other.execute(
+            "INSERT INTO send_leases VALUES (2, 'A', now() + interval '30 s'), (1, 'A', now() + interval '30 s')"
+        )
+        async with other.transaction():  # holds lease 1 a moment, so that both statements start before either ends
+            await other.execute("SELECT FROM send_leases WHERE conversation_id = 1 FOR UPDATE")
+            b = asyncio.create_task(Ledger(engine=engine, owner="B", lease_s=30.0).lease_each([1, 2]))
+            await asyncio.sleep(0.3)
+            released = asyncio.create_task(_give_back(a_engine, "A", [1, 2]))  # A's statement: both together
+            await asyncio.sleep(0.3)
+        results = await asyncio.wait_for(asyncio.gather(b, released, return_exceptions=True), 10)
+        assert [r for r in results if isinstance(r, BaseException)] == []
+        await other.execute("DELETE FROM send_leases")
+    finally:
+        await other.close()
+        await a_engine.dispose()
+
+
+async def test_a_release_that_went_with_a_failed_statement_fails_too(
+    sessions: Sessions, engine: AsyncEngine, database_url: str
+) -> None:
+    """Releases asked for while one is in flight go together in the next statement; when that statement fails
+    (here cancelled by the server), each of them fails, and none reports its lease given back."""
+    url = database_url.replace("postgresql+asyncpg://", "postgresql://")
+    ledger = Ledger(engine=engine, owner="A", lease_s=30.0)
+    assert await ledger.lease_each([1, 2, 3]) == {1, 2, 3}
+    admin_, holder = await asyncpg.connect(url), await asyncpg.connect(url)
+
+    async def cancel_the_waiting_release() -> None:
+        for _ in range(100):
+            waiting = await admin_.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE query LIKE '%send_leases%FOR UPDATE%' "
+                "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            )
+            if waiting:
+                await admin_.execute("SELECT pg_cancel_backend($1)", waiting[0]["pid"])
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("no release waiting")
+
+    try:
+        async with holder.transaction():
+            await holder.execute("SELECT FROM send_leases WHERE conversation_id IN (1, 2) FOR UPDATE")
+            first = asyncio.create_task(ledger.release(1))  # in flight, waiting for the holder's locks
+            await asyncio.sleep(0.2)
+            together = [asyncio.create_task(ledger.release(key)) for key in (2, 3)]  # the next statement
+            await asyncio.sleep(0.2)
+            await cancel_the_waiting_release()
+            await asyncio.sleep(0.2)
+            await cancel_the_waiting_release()
+            results = await asyncio.gather(first, *together, return_exceptions=True)
+        assert all(isinstance(r, Exception) for r in results), results
+        assert await ledger.lease_each([1, 2, 3]) == {1, 2, 3}  # still A's: taken again, and given back now
+        await asyncio.gather(*(ledger.release(key) for key in (1, 2, 3)))
+        assert await admin_.fetchval("SELECT count(*) FROM send_leases") == 0
+    finally:
+        await admin_.close()
+        await holder.close()
 
 
 def _imports(path: Any) -> set[str]:

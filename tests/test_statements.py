@@ -5,12 +5,17 @@ A real Postgres; a server-side error, a backend killed under a pooled connection
 from __future__ import annotations
 
 import asyncio
+import importlib
+import pkgutil
 from collections.abc import AsyncIterator
 
 import pytest
 from sqlalchemy.exc import DBAPIError, IntegrityError, NoResultFound
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+import agents
+import bot
+import escalation
 from agents.db.engine import database_unavailable, make_engine, watch_writes
 from agents.db.statements import Lent, Statement, alone, begun
 from harness.database import admin
@@ -115,3 +120,43 @@ async def test_a_transaction_commits_its_statements_together_or_none_of_them(one
     finally:
         async with alone(one_connection)() as conn:
             await Statement("DROP TABLE tx_probe").run(conn, {})
+
+
+def _statements() -> list[tuple[str, Statement]]:
+    """Every statement the bot's modules build at import (a module's `Statement`s, by module and name)."""
+    found = []
+    for package in (agents, bot, escalation):
+        for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            if module.name.endswith("__main__"):
+                continue
+            for name, value in vars(importlib.import_module(module.name)).items():
+                if isinstance(value, Statement):
+                    found.append((f"{module.name}.{name}", value))
+    return found
+
+
+async def test_every_statement_says_rightly_whether_it_returns_rows_and_names_its_columns_once(
+    engine: AsyncEngine,
+) -> None:
+    """Prepared on the server: a statement read with `fetch` has result columns, one run with `execute` has none
+    (its rows-touched count comes from the status line), and no two columns share a name (`Row` reads by name)."""
+    statements = _statements()
+    assert len(statements) > 30
+    wrong = []
+    async with alone(engine)() as conn:
+        assert isinstance(conn, Lent)
+        for name, statement in statements:
+            columns = [column.name for column in (await conn.driver.prepare(statement.sql)).get_attributes()]
+            if bool(columns) != statement.returns_rows or len(set(columns)) != len(columns):
+                wrong.append((name, statement.returns_rows, columns))
+    assert wrong == []
+
+
+async def test_a_connection_given_back_inside_a_transaction_is_not_lent_again(one_connection: AsyncEngine) -> None:
+    async with alone(one_connection)() as conn:
+        assert isinstance(conn, Lent)
+        pid = (await PID.run(conn, {})).scalar()
+        await conn.driver.execute("BEGIN")  # left open, as a BEGIN whose failure the driver did not undo would be
+    async with alone(one_connection)() as conn:
+        assert isinstance(conn, Lent) and not conn.driver.is_in_transaction()
+        assert (await PID.run(conn, {})).scalar() not in (None, pid)

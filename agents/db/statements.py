@@ -45,10 +45,17 @@ class Row:
         self._index = index
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # the slots themselves, before they are set (copy, pickle), and dunders
+            raise AttributeError(name)
         try:
             return self._values[self._index[name]]
         except KeyError:
             raise AttributeError(name) from None
+
+    def __eq__(self, other: object) -> bool:
+        return tuple(self) == tuple(other) if isinstance(other, Row | tuple) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
 
     def __getitem__(self, position: int) -> Any:
         return self._values[position]
@@ -102,15 +109,15 @@ def _rows(names: Sequence[str], records: Sequence[Sequence[Any]]) -> Rows:
 class Statement:
     """One statement's SQL as the driver takes it, and the order of its values."""
 
-    def __init__(self, sql: str) -> None:
+    def __init__(self, sql: str, *, returns_rows: bool | None = None) -> None:
         compiled = text(sql).compile(dialect=_DRIVER)
         self.sql = compiled.string
         self.names = tuple(compiled.positiontup or ())
         words = sql.split()
-        self.returns_rows = words[0].upper() in ("SELECT", "WITH", "VALUES") or "RETURNING" in (
-            w.upper() for w in words
-        )
-        """Read with the driver's `fetch`; otherwise `execute`, whose status line tells the rows touched."""
+        guess = words[0].upper() in ("SELECT", "WITH", "VALUES") or "RETURNING" in (w.upper() for w in words)
+        self.returns_rows = guess if returns_rows is None else returns_rows
+        """Read with the driver's `fetch`; otherwise `execute`, whose status line tells the rows touched. Guessed
+        from the SQL unless said (a WITH whose last statement returns nothing)."""
 
     async def run(self, conn: Conn, values: Mapping[str, Any]) -> Rows:
         ordered = tuple(values[name] for name in self.names)
@@ -161,7 +168,11 @@ class Lent:
     async def transaction(self) -> AsyncIterator[Lent]:
         """The block's statements in one transaction: committed at its end, rolled back if it raises."""
         began = self.driver.transaction()
-        await self.call(began.start(), "BEGIN")
+        try:
+            await self.call(began.start(), "BEGIN")
+        except BaseException as exc:
+            self._broken = exc  # the driver holds on to a transaction that never began
+            raise
         try:
             yield self
         except BaseException:
@@ -171,7 +182,11 @@ class Lent:
                 except Exception:  # the block's own failure is the one to raise; this connection is not lent again
                     self._broken = self._broken or RuntimeError("rollback failed")
             raise
-        await self.call(began.commit(), "COMMIT")
+        try:
+            await self.call(began.commit(), "COMMIT")
+        except BaseException as exc:
+            self._broken = exc
+            raise
 
     def _translated(self, exc: Exception, statement: Statement | str) -> Exception:
         """`exc` as SQLAlchemy raises it for its own statements (`DBAPIError` and its kinds), telling the engine's
@@ -198,6 +213,8 @@ class Lent:
         return exc
 
     async def give_back(self) -> None:
+        if self._broken is None and self.driver.is_in_transaction():  # never pooled in the middle of one
+            self._broken = RuntimeError("given back inside a transaction")
         if self._broken is not None:
             self._fairy.invalidate(self._broken)
         await greenlet_spawn(self._fairy.close)

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -135,15 +136,30 @@ _RELEASE = Statement(
         UPDATE outbox SET done_at = now(), outcome = '{Outcome.SENT}', attempts = attempts + 1
         WHERE id = ANY(CAST(:changed AS bigint[])) AND done_at IS NULL
     )
-    DELETE FROM send_leases WHERE conversation_id = ANY(CAST(:keys AS bigint[])) AND owner = :o
+    , mine AS (
+        SELECT conversation_id FROM send_leases WHERE conversation_id = ANY(CAST(:keys AS bigint[])) AND owner = :o
+        ORDER BY conversation_id FOR UPDATE
+    )
+    DELETE FROM send_leases USING mine WHERE send_leases.conversation_id = mine.conversation_id
+    """,
+    returns_rows=False,
+)
+"""The leases given back, locked in key order first as `_LEASE_EACH` takes them (a DELETE locks in the order it
+finds rows, and two senders locking in different orders deadlock), and the changes made under them marked done."""
+_ATTEMPT = Statement(
+    f"""
+    WITH changed AS (
+        UPDATE outbox SET done_at = now(), outcome = '{Outcome.SENT}', attempts = attempts + 1
+        WHERE id = ANY(CAST(:changed AS bigint[])) AND done_at IS NULL
+    )
+    UPDATE outbox SET attempts = attempts + 1, attempted_at = now(),
+        uploaded = coalesce(CAST(:uploaded AS jsonb), uploaded)
+    WHERE id = :id AND done_at IS NULL AND attempts = :seen AND {HOLDING_SEND_LEASE}
+    RETURNING id
     """
 )
-_ATTEMPT = Statement(
-    "UPDATE outbox SET attempts = attempts + 1, attempted_at = now(), "
-    "uploaded = coalesce(CAST(:uploaded AS jsonb), uploaded) "
-    f"WHERE id = :id AND done_at IS NULL AND attempts = :seen AND {HOLDING_SEND_LEASE} "
-    "RETURNING id"
-)
+"""A post's attempt, recorded before it is made; and the changes made before it in the pass marked done, so that
+none waits for the lease's release across a slow post."""
 _SETTLED = Statement(
     f"UPDATE outbox SET attempted_at = NULL WHERE id = :id AND done_at IS NULL AND {HOLDING_SEND_LEASE}"
 )
@@ -186,6 +202,16 @@ _POST = Statement(f"SELECT {_COLUMNS} FROM outbox WHERE id = :id")
 _CONVERSATION_KEY = Statement("SELECT key, language FROM conversations WHERE id = :id")
 
 
+@dataclass
+class _Releases:
+    """Leases given back in one statement: each one's key and the changes made under it; whether it ran, and why it
+    failed."""
+
+    changed: dict[int, list[int]] = field(default_factory=dict)
+    ran: bool = False
+    failure: Exception | None = None
+
+
 class Ledger:
     def __init__(self, *, engine: AsyncEngine, owner: str, lease_s: float) -> None:
         self.engine = engine
@@ -199,8 +225,8 @@ class Ledger:
         (ids are positive), else from the first."""
         self._changed: dict[int, list[int]] = {}
         """Rows changed under each send lease this sender holds, by its key, not marked done yet."""
-        self._releasing: dict[int, list[int]] = {}
-        """Leases to give up (with their changes), gathered while a release is in flight (`release`)."""
+        self._gathering = _Releases()
+        """Leases to give back, gathered while a release is in flight (`release`)."""
         self._release_one_at_a_time = asyncio.Lock()
 
     async def due(self) -> list[tuple[int | None, str | None]]:
@@ -252,14 +278,32 @@ class Ledger:
         """The send lease given up, and the changes made under it marked done (`changed`). Releases asked for while
         one is in flight go together in the next statement (a group commit: under load a pass's conversations end
         close together, and none waits longer than one statement for it)."""
-        self._releasing.setdefault(key, []).extend(self._changed.pop(key, ()))
-        async with self._release_one_at_a_time:
-            if key not in self._releasing:
-                return  # given up with others', by the statement that just ran
-            batch, self._releasing = self._releasing, {}
-            values = {"keys": list(batch), "o": self.owner, "changed": [row for ids in batch.values() for row in ids]}
-            async with self._alone() as conn:
-                await _RELEASE.run(conn, values)
+        batch = self._gathering
+        batch.changed.setdefault(key, []).extend(self._changed.pop(key, ()))
+        try:
+            async with self._release_one_at_a_time:
+                if batch.ran:  # given up with others', by the statement another caller ran
+                    if batch.failure is not None:
+                        raise batch.failure
+                    return
+                self._gathering = _Releases()
+                changed = [i for ids in batch.changed.values() for i in ids]
+                try:
+                    async with self._alone() as conn:
+                        await _RELEASE.run(conn, {"keys": list(batch.changed), "o": self.owner, "changed": changed})
+                except BaseException as exc:
+                    batch.failure = RuntimeError(f"the release it went with failed: {exc!r}")
+                    for other, ids in batch.changed.items():
+                        self._changed.setdefault(other, []).extend(ids)  # marked by a later statement, or redone
+                    raise
+                finally:
+                    batch.ran = True
+        except asyncio.CancelledError:
+            if batch is self._gathering and key in batch.changed:
+                # Not given back: its lease runs out (a later batch must not delete it: this sender may lease the
+                # conversation again meanwhile), and its changes are marked by a later statement.
+                self._changed.setdefault(key, []).extend(batch.changed.pop(key))
+            raise
 
     async def without_pointless(self, rows: Sequence[Row], key: int) -> list[Row]:
         """A working reaction not tried yet whose removal is already queued (the reply was faster than the
@@ -287,15 +331,21 @@ class Ledger:
         """Record the attempt before a post, only while this sender still holds the lease and nobody else has
         tried the row meanwhile: if the process dies waiting for the platform's answer, the next sender looks for
         the post first. Changes are safe to repeat and need no such record (one commit fewer each)."""
+        changed = self._changed.pop(key, [])
         values = {
             "id": row.id,
             "seen": row.attempts,
             "k": key,
             "o": self.owner,
             "uploaded": None if uploaded is None else json.dumps(uploaded),
+            "changed": changed,
         }
-        async with self._alone() as conn:
-            return (await _ATTEMPT.run(conn, values)).first() is not None
+        try:
+            async with self._alone() as conn:
+                return (await _ATTEMPT.run(conn, values)).first() is not None
+        except BaseException:
+            self._changed.setdefault(key, []).extend(changed)  # still to be marked
+            raise
 
     async def settled(self, row: Row, key: int) -> None:
         """This sender's attempt at a post was answered "not posted": the row is no longer in doubt (only while

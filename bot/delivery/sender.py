@@ -168,9 +168,9 @@ class OutboxSender:
             due = [(cid, key) for cid, key in conversations if (cid or 0) in leased]
             results = await asyncio.gather(*(one(*each) for each in due), return_exceptions=True)
         finally:
-            for key in leased - started:  # the rows could not be read, or the pass was cancelled
-                with contextlib.suppress(Exception):
-                    await self.ledger.release(key)
+            # The rows could not be read, or the pass was cancelled: given back together (`Ledger.release`).
+            unstarted = [self.ledger.release(key) for key in leased - started]
+            await asyncio.gather(*unstarted, return_exceptions=True)
         for failure in (r for r in results if isinstance(r, BaseException)):
             log.error("outbox: sending a conversation failed", exc_info=failure)
         return sum(r for r in results if isinstance(r, int))
@@ -191,8 +191,12 @@ class OutboxSender:
         # only a sender that is dead or frozen loses the lease.
         lost = asyncio.Event()
         try:
-            if time.monotonic() - leased_at > self.ledger.lease_s / 3 and not await self.ledger.lease(key):
-                return 0  # it waited its turn in the pass so long that another sender has it now
+            if time.monotonic() - leased_at > self.ledger.lease_s / 3:
+                # It waited its turn in the pass long enough for the lease to have lapsed, and another sender to
+                # have sent its rows meanwhile: renewed (or taken again), and its rows read again under it.
+                if not await self.ledger.lease(key):
+                    return 0
+                rows = None
             with renewing(lambda: self.ledger.lease(key), every_s=self.ledger.lease_s / 3, lost=lost):
                 if rows is None:
                     rows = await self.ledger.unsent(conversation_id)
