@@ -16,6 +16,7 @@ from bot.playground.slack_emulator import SlackEmulator
 from fakes.openai_server import FakeOpenAI, reply
 from harness import bot as harness
 from harness import documents
+from harness.http import serving
 from harness.slack import replies_in
 
 Sessions = async_sessionmaker[AsyncSession]
@@ -139,12 +140,7 @@ async def test_the_bot_token_never_goes_to_a_url_that_is_not_slacks(
 
     app = web.Application()
     app.router.add_get("/{path:.*}", collect)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "localhost", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
+    async with serving(app, "localhost") as port:
         foreign = emulator.add_file("invoice.pdf", "application/pdf", documents.pdf("x")) | {
             "url_private": f"http://localhost:{port}/steal/invoice.pdf"
         }
@@ -157,8 +153,6 @@ async def test_the_bot_token_never_goes_to_a_url_that_is_not_slacks(
             "invoice.pdf" in fake_llm.requests[-1].last_user
             and "not stored in Slack" in fake_llm.requests[-1].last_user
         )
-    finally:
-        await runner.cleanup()
 
 
 def test_a_docx_that_lies_about_its_unpacked_size_is_refused_without_inflating_it() -> None:

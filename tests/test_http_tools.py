@@ -39,6 +39,7 @@ from agents.http_tools import (
 from agents.identity import Author, asker_claims
 from agents.tools import Tool, ToolArgumentsError, ToolContext, idempotency_key
 from agents.toolsets import ToolSource
+from harness.http import serving
 
 SERVICE_FIXTURES = frozenset({"server"})  # an HTTP server (tests/conftest.py)
 SECRET = "test-signing-secret-0123456789"
@@ -110,14 +111,9 @@ async def server() -> AsyncIterator[Server]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    yield Server(f"http://127.0.0.1:{port}", port, seen, release)
-    release.set()
-    await runner.cleanup()
+    async with serving(app, shutdown_timeout=0.5) as port:
+        yield Server(f"http://127.0.0.1:{port}", port, seen, release)
+        release.set()
 
 
 def _pretty(value: Any) -> str:

@@ -11,6 +11,7 @@ from aiohttp import web
 from agents.errors import ProviderError
 from agents.model import OpenAIChatModel
 from fakes.openai_server import FakeOpenAI, reply
+from harness.http import serving
 
 pytestmark = pytest.mark.services
 
@@ -61,22 +62,17 @@ async def test_an_answer_not_shaped_as_a_chat_completion_is_the_providers_failur
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    model = OpenAIChatModel(api_key="k", base_url=f"http://127.0.0.1:{port}/v1", timeout_s=5.0, max_retries=0)
 
     async def heard(text: str) -> None:
         pass
 
-    try:
-        with pytest.raises(ProviderError) as failed:
-            await model.complete(model="m", messages=USER, tools=[], on_text=heard if stream else None)
-    finally:
-        await model.close()
-        await runner.cleanup()
+    async with serving(app) as port:
+        model = OpenAIChatModel(api_key="k", base_url=f"http://127.0.0.1:{port}/v1", timeout_s=5.0, max_retries=0)
+        try:
+            with pytest.raises(ProviderError) as failed:
+                await model.complete(model="m", messages=USER, tools=[], on_text=heard if stream else None)
+        finally:
+            await model.close()
     assert failed.value.kind == "other" and "not a chat completion" in str(failed.value)
 
 
