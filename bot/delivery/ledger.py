@@ -99,9 +99,8 @@ _UNSENT_SQL = (
     "WHERE outbox.conversation_id {match} AND outbox.done_at IS NULL ORDER BY outbox.id "
     f"LIMIT {FETCH_AHEAD}"
 )
-# Two statements, not `IS NOT DISTINCT FROM :c`, which no index serves: a conversation's rows are an index range
-# (`ix_outbox_unsent_by_conversation`), and the few of no conversation another.
-_UNSENT = Statement(_UNSENT_SQL.replace("{match}", "= :c"))
+# The rows of no conversation in a statement of their own (`IS NOT DISTINCT FROM` would serve no index): a
+# conversation's rows are an index range (`ix_outbox_unsent_by_conversation`), the few of none another.
 _UNSENT_ORPHANS = Statement(_UNSENT_SQL.replace("{match}", "IS NULL"))
 _UNSENT_OF_EACH = Statement(
     f"""
@@ -115,21 +114,15 @@ _UNSENT_OF_EACH = Statement(
     ORDER BY o.id
     """
 )
-"""`_UNSENT` of several conversations in one statement: each one's range of the index, as alone."""
-_LEASE = Statement(
-    "INSERT INTO send_leases (conversation_id, owner, until) "
-    "VALUES (:k, :o, now() + make_interval(secs => :ttl)) "
-    "ON CONFLICT (conversation_id) DO UPDATE SET owner = :o, until = EXCLUDED.until "
-    "WHERE send_leases.owner = :o OR send_leases.until < now() RETURNING conversation_id"
-)
+"""The next rows (at most FETCH_AHEAD) of each conversation, in one statement: each one's range of the index."""
 _LEASE_EACH = Statement(
     "INSERT INTO send_leases (conversation_id, owner, until) "
     "SELECT k, :o, now() + make_interval(secs => :ttl) FROM unnest(CAST(:keys AS bigint[])) AS k ORDER BY k "
     "ON CONFLICT (conversation_id) DO UPDATE SET owner = :o, until = EXCLUDED.until "
     "WHERE send_leases.owner = :o OR send_leases.until < now() RETURNING conversation_id"
 )
-"""`_LEASE` of several conversations in one statement, in key order: two senders leasing overlapping sets wait for
-each other's rows in the same order, and never deadlock."""
+"""The send leases of conversations claimed or renewed, in one statement, in key order: two senders leasing
+overlapping sets wait for each other's rows in the same order, and never deadlock."""
 _RELEASE = Statement(
     f"""
     WITH changed AS (
@@ -245,7 +238,7 @@ class Ledger:
                 await _CHANGED.run(conn, {"changed": changed})
             if conversation_id is None:
                 return (await _UNSENT_ORPHANS.run(conn, {})).all()
-            return (await _UNSENT.run(conn, {"c": conversation_id})).all()
+        return (await self.unsent_of_each([conversation_id])).get(conversation_id, [])
 
     async def unsent_of_each(self, conversation_ids: Sequence[int]) -> dict[int, list[Row]]:
         """`unsent` of each conversation, in one statement (under load a pass has many conversations due); a
@@ -270,9 +263,7 @@ class Ledger:
         """Claim (or renew) the send lease of one conversation's rows; False while another sender holds it. Its own
         statement, before the rows are read: a statement reads as of its start, so rows read in the statement that
         takes the lease could predate what the lease's last holder sent and marked done meanwhile."""
-        async with self._alone() as conn:
-            got = (await _LEASE.run(conn, {"k": key, "o": self.owner, "ttl": self.lease_s})).first()
-        return got is not None
+        return key in await self.lease_each([key])
 
     async def release(self, key: int) -> None:
         """The send lease given up, and the changes made under it marked done (`changed`). Releases asked for while
