@@ -224,9 +224,10 @@ async def test_changes_are_marked_done_with_the_release_of_the_lease(
     with DriverLog(engine) as driver:
         assert await sender.send_pending() == 3
         statements = await driver.settled()
-    # The due conversations, the lease, the rows, the answer's look for a preview to finish, its attempt and its
-    # claim, and the release.
-    assert DriverLog.first_words(statements) == ["WITH", "INSERT", "SELECT", "SELECT", "WITH", "UPDATE", "WITH"]
+    # The due conversations, the lease, the rows, the answer's attempt (which reads the preview it may finish, in
+    # the same statement) and its claim, and the release.
+    assert DriverLog.first_words(statements) == ["WITH", "INSERT", "SELECT", "WITH", "UPDATE", "WITH"]
+    assert "JOIN previews" in statements[3]
     assert "DELETE FROM send_leases" in statements[-1]
     message = emulator.message("C_SUPPORT", ts)
     assert message is not None and set(message.reactions) == {"white_check_mark"}

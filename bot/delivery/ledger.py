@@ -144,15 +144,21 @@ _ATTEMPT = Statement(
     WITH changed AS (
         UPDATE outbox SET done_at = now(), outcome = '{Outcome.SENT}', attempts = attempts + 1
         WHERE id = ANY(CAST(:changed AS bigint[])) AND done_at IS NULL
+    ), attempted AS (
+        UPDATE outbox SET attempts = attempts + 1, attempted_at = now(),
+            uploaded = coalesce(CAST(:uploaded AS jsonb), uploaded)
+        WHERE id = :id AND done_at IS NULL AND attempts = :seen AND {HOLDING_SEND_LEASE}
+        RETURNING id, conversation_id, created_at
     )
-    UPDATE outbox SET attempts = attempts + 1, attempted_at = now(),
-        uploaded = coalesce(CAST(:uploaded AS jsonb), uploaded)
-    WHERE id = :id AND done_at IS NULL AND attempts = :seen AND {HOLDING_SEND_LEASE}
-    RETURNING id
+    SELECT attempted.id, p.id AS preview_id, p.platform, p.channel, p.thread, p.stream_id, p.shown, p.started_at,
+        p.shown_at
+    FROM attempted LEFT JOIN previews p ON CAST(:preview AS boolean) AND p.conversation_id = attempted.conversation_id
+        AND p.state = 'open' AND p.started_at <= attempted.created_at
     """
 )
-"""A post's attempt, recorded before it is made; and the changes made before it in the pass marked done, so that
-none waits for the lease's release across a slow post."""
+"""A post's attempt, recorded before it is made; the changes made before it in the pass marked done, so that none
+waits for the lease's release across a slow post; and, if asked, the open preview the post may finish (as
+`_OPEN_PREVIEW` reads it, in the same round trip)."""
 _SETTLED = Statement(
     f"UPDATE outbox SET attempted_at = NULL WHERE id = :id AND done_at IS NULL AND {HOLDING_SEND_LEASE}"
 )
@@ -193,6 +199,17 @@ _RELAYED_COPY = Statement(
 )
 _POST = Statement(f"SELECT {_COLUMNS} FROM outbox WHERE id = :id")
 _CONVERSATION_KEY = Statement("SELECT key, language FROM conversations WHERE id = :id")
+
+
+_PREVIEW_FIELDS = ("platform", "channel", "thread", "stream_id", "shown", "started_at", "shown_at")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A post's attempt, recorded."""
+
+    preview: PreviewRef | None
+    """The conversation's open preview when it was asked for, and there is one."""
 
 
 @dataclass
@@ -318,10 +335,13 @@ class Ledger:
                 return list(rows)
         return [row for row in rows if row.id not in pairs]
 
-    async def attempt(self, row: Row, key: int, *, uploaded: list[str] | None = None) -> bool:
+    async def attempt(
+        self, row: Row, key: int, *, uploaded: list[str] | None = None, preview: bool = False
+    ) -> Attempt | None:
         """Record the attempt before a post, only while this sender still holds the lease and nobody else has
         tried the row meanwhile: if the process dies waiting for the platform's answer, the next sender looks for
-        the post first. Changes are safe to repeat and need no such record (one commit fewer each)."""
+        the post first; None when it could not be recorded. Changes are safe to repeat and need no such record (one
+        commit fewer each). With `preview`, the conversation's open preview comes with it (`open_preview`)."""
         changed = self._changed.pop(key, [])
         values = {
             "id": row.id,
@@ -330,13 +350,20 @@ class Ledger:
             "o": self.owner,
             "uploaded": None if uploaded is None else json.dumps(uploaded),
             "changed": changed,
+            "preview": preview,
         }
         try:
             async with self._alone() as conn:
-                return (await _ATTEMPT.run(conn, values)).first() is not None
+                found = (await _ATTEMPT.run(conn, values)).first()
         except BaseException:
             self._changed.setdefault(key, []).extend(changed)  # still to be marked
             raise
+        if found is None:
+            return None
+        if found.preview_id is None:
+            return Attempt(None)
+        preview_of = {name: found._mapping[name] for name in _PREVIEW_FIELDS}
+        return Attempt(PreviewRef(id=found.preview_id, **preview_of))
 
     async def settled(self, row: Row, key: int) -> None:
         """This sender's attempt at a post was answered "not posted": the row is no longer in doubt (only while

@@ -310,7 +310,9 @@ class OutboxSender:
                 # did reach the channel shows a case already handed back).
                 return await self._case_given_up(row, delivery, f"outcome unknown ({row.last_error or 'no answer'})")
             return await self._unknowable(row, delivery)
-        preview = await self._preview_for(row, delivery, messenger, where)
+        # A post in doubt is looked for first, and may be the preview's finish; any other reads the open preview
+        # with its attempt (one round trip fewer).
+        preview = await self._preview_for(row, delivery, messenger, where) if in_doubt else None
         ts = await messenger.find(where, outbox_id=row.id, since=row.created_at) if in_doubt else None
         finished = preview is not None and ts is not None and ts == preview.stream_id
         if ts is None:
@@ -325,8 +327,12 @@ class OutboxSender:
                 await self.ledger.wait(row, timedelta(seconds=wait_s))
                 return None
             recording = time.monotonic()
-            if not await self.ledger.attempt(row, key):
+            asks = not in_doubt and self._may_finish_preview(delivery, messenger)
+            attempt = await self.ledger.attempt(row, key, preview=asks)
+            if attempt is None:
                 return None
+            if asks:
+                preview = await self._preview_to_finish(row, delivery, messenger, where, attempt.preview)
             if time.monotonic() - recording > self.ledger.lease_s / 2 and not await self.ledger.still_ours(row, key):
                 # Frozen (SIGSTOP, a paused VM) or starved since the attempt was recorded, and the lease or the row
                 # has moved on: another sender may have looked, found nothing and posted. Not sending narrows the
@@ -375,11 +381,22 @@ class OutboxSender:
         """The open preview this message finishes in place: the conversation's, in the customer's thread, where the
         channel streams. The turn's answer finishes it; a notice only when no answer follows it (an escalation's,
         whose words stand where the model had begun to write)."""
-        if not isinstance(delivery, Answer | Post) or not isinstance(messenger, Previewing):
+        if not self._may_finish_preview(delivery, messenger):
             return None
-        if not self.channels.of(messenger.platform).capabilities.streaming:
-            return None
-        preview = await self.ledger.open_preview(row)
+        return await self._preview_to_finish(row, delivery, messenger, where, await self.ledger.open_preview(row))
+
+    def _may_finish_preview(self, delivery: NewMessage, messenger: Messenger) -> bool:
+        return (
+            isinstance(delivery, Answer | Post)
+            and isinstance(messenger, Previewing)
+            and self.channels.of(messenger.platform).capabilities.streaming
+        )
+
+    async def _preview_to_finish(
+        self, row: Row, delivery: NewMessage, messenger: Messenger, where: Where, preview: PreviewRef | None
+    ) -> PreviewRef | None:
+        """`preview` (the conversation's open one) if this message finishes it: it is where the message goes (the
+        customer's thread), and the message is the answer, or a notice no answer follows."""
         if preview is None or (preview.platform, preview.channel, preview.thread) != (
             messenger.platform,
             where.channel,

@@ -65,7 +65,7 @@ class Shares:
         comment = shared.comment.text
         if left_out:
             comment = files_not_shared(comment, [(ref.name, self.messages.not_shared(ref)) for ref in left_out])
-        if not await self.ledger.attempt(row, key, uploaded=uploaded):
+        if await self.ledger.attempt(row, key, uploaded=uploaded) is None:
             return None
         try:
             ts = await messenger.share(where, uploaded, comment)
