@@ -20,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -33,7 +33,7 @@ from agents import limits
 from agents.agent import Roster
 from agents.attachments import Attachment, AttachmentReader, FileRef, with_attachments
 from agents.db import models as m
-from agents.db.deliveries import Source
+from agents.db.deliveries import Delivery, Source, rows_json
 from agents.db.engine import database_unavailable
 from agents.db.statements import Conn, Statement, alone, begun, engine_of
 from agents.identity import Author
@@ -230,6 +230,19 @@ class TurnCommit:
 
 
 TurnHook = Callable[[Conn, TurnCommit], Awaitable[None]]
+"""The host's part of a turn's commit: what it writes (an outbox), in the turn's own transaction."""
+
+
+@runtime_checkable
+class KnownOwed(Protocol):
+    """A `TurnHook` that can also tell a turn's deliveries without reading anything: those are queued by the turn's
+    commit statement itself, which then needs no transaction around it (no BEGIN and COMMIT round trips)."""
+
+    async def __call__(self, conn: Conn, commit: TurnCommit) -> None: ...
+
+    def owed(self, commit: TurnCommit) -> Sequence[Delivery] | None:
+        """The deliveries `commit` owes; None when working them out takes a read in the transaction (`__call__`)."""
+        ...
 
 
 class Conversations:
@@ -279,6 +292,7 @@ class Conversations:
         poison message costs a handful of tries over seconds, not hundreds, and the others keep the workers."""
         self.after_turn = after_turn
         """Called inside each turn's transaction, so what the host writes (an outbox) commits with the turn."""
+        self._known_owed = after_turn if isinstance(after_turn, KnownOwed) else None
         self.limits = limits
         self.summaries = None if summarising is None else Summaries(
             sessions=sessions, model=model, config=summarising, history_limit=history_limit, on_call=on_summary
@@ -731,27 +745,36 @@ class Conversations:
             "language": str(started.language) if started.language else None,
         }
         hook = self.after_turn if commit.messages else None
-        # The host's rows commit with the turn's; without any, the statement is a transaction by itself.
-        async with self._alone() if hook is None else self._begun() as conn:
+
+        def heard(result: MessageResult) -> TurnCommit:
+            return TurnCommit(
+                started.key,
+                lease.conversation_id,
+                inbound.external_id,
+                inbound.author,
+                inbound.text,
+                result,
+                inbound.files,
+                started.language,
+            )
+
+        # The host's rows commit with the turn's. Known before the commit (no case to open, whose id they would
+        # carry), they are queued by the turn's statement, a transaction by itself; otherwise the host writes them
+        # in a transaction around it.
+        owed = None
+        if hook is not None and self._known_owed is not None and escalate is None:
+            owed = self._known_owed.owed(heard(result))
+        params["outbox"] = "[]" if owed is None else rows_json(owed)
+        one_statement = hook is None or owed is not None
+        async with self._alone() if one_statement else self._begun() as conn:
             row = (await sql.FINISH.run(conn, params)).first()
             if row is None:
                 raise LeaseLost(f"conversation {lease.conversation_id}")
             if row.escalation_id is not None:
                 result = replace(result, escalation_id=row.escalation_id)
-            if hook is not None:
-                await hook(
-                    conn,
-                    TurnCommit(
-                        started.key,
-                        lease.conversation_id,
-                        inbound.external_id,
-                        inbound.author,
-                        inbound.text,
-                        result,
-                        inbound.files,
-                        started.language,
-                    ),
-                )
+            if not one_statement:
+                assert hook is not None
+                await hook(conn, heard(result))
         return _Done(result, kept=bool(row.kept))
 
 

@@ -39,7 +39,7 @@ from bot.channels.intake import Intake
 from bot.channels.messenger import Messenger
 from bot.csat import Csat, CsatPolicy
 from bot.declaration.build import helpdesk as declared_helpdesk
-from bot.delivery.owed import turn_outbox
+from bot.delivery.owed import TurnOutbox
 from bot.delivery.sender import OutboxSender
 from bot.feedback import Feedback
 from bot.metrics import Metrics
@@ -183,7 +183,7 @@ async def running_bot(settings: Settings, *, clock: Callable[[], datetime] | Non
             closing.push_async_callback(sides.teams.messenger.close)
         metrics, doorbell = Metrics(), Doorbell()
         leases = Leases(db.sessions, owner=process_owner(), ttl_s=settings.lease_seconds)
-        after_turn = turn_outbox(brain.roster, style, policy, channels=sides.channels, clock=now)
+        after_turn = TurnOutbox(brain.roster, style, policy, channels=sides.channels, clock=now)
         conversations = engine(settings, db, brain, sides, metrics, leases, after_turn, closing)
         takeover = await takeover_parts(settings, db, brain, sides, policy, leases, doorbell, closing)
         sender = delivery(settings, db, sides, takeover)

@@ -7,17 +7,20 @@ import itertools
 import json
 from typing import Any
 
-from sqlalchemy import Connection, event, func, select
+import pytest
+from sqlalchemy import Connection, event, func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from agents.conversations import Conversations, TurnCommit
 from agents.db import models as m
-from agents.db.deliveries import Post, enqueue
+from agents.db.deliveries import AddReaction, Delivery, Post, Source, delivery_of, enqueue
 from agents.db.statements import Conn
 from agents.identity import Author
+from agents.leases import LeaseLost
 from agents.texts import Text
 from agents.tools import HandoffTo
 from bot.examples.driftwing.shop import ORDERS
+from bot.playground.waiting import poll
 from escalation.machine import TAKEOVER
 from fakes.openai_server import FakeOpenAI, RecordedRequest, cached, error, reply, slow, tool_call, tools
 from harness.database import DriverLog
@@ -649,3 +652,81 @@ async def test_a_message_costs_three_statements_that_commit_alone_and_one_transa
     assert run == ["WITH", "UPDATE", "WITH", "BEGIN", "WITH", "INSERT", "COMMIT"]
     assert through_sqlalchemy == []
     assert await rows(sessions, m.Outbox) != []
+
+
+class KnownRows:
+    """A host whose rows are known before the turn commits (as the bot's outbox is for an answer)."""
+
+    def __init__(self) -> None:
+        self.in_transaction = 0
+
+    async def __call__(self, conn: Conn, commit: TurnCommit) -> None:
+        self.in_transaction += 1
+        await enqueue(conn, self.owed(commit))
+
+    def owed(self, commit: TurnCommit) -> list[Delivery]:
+        cid = commit.conversation_id
+        return [
+            Post(
+                cid,
+                "C1",
+                "1.0",
+                f"{commit.result.reply} (1 of 2)",
+                answer=True,
+                sources=(Source("Returns", None, "kb"),),
+            ),
+            Post(cid, "C1", "1.0", "(2 of 2)"),
+            AddReaction(cid, "C1", "1.0", "white_check_mark"),
+        ]
+
+
+async def test_a_turn_whose_rows_are_known_queues_them_in_its_own_statement(
+    sessions: Sessions, engine: AsyncEngine, model: Any, fake_llm: FakeOpenAI
+) -> None:
+    """A host that knows a turn's rows before the commit (no case is opened, whose id they would carry) has them
+    queued by the turn's commit statement: no BEGIN and COMMIT around it, the rows in their order and as
+    `enqueue` writes them. A turn that opens a case keeps the transaction, its rows carrying the case."""
+    host = KnownRows()
+    service = Conversations(
+        takeover=TAKEOVER, sessions=sessions, roster=default_roster(), model=model, config=CONFIG, after_turn=host
+    )
+    fake_llm.script(reply("Hello!"))
+    with DriverLog(engine) as driver:
+        await service.submit("test:known", "hi")
+        [lease] = await service.leases.claim_pending(1)
+        [result] = await service.run_leased(lease)
+        run = DriverLog.first_words(await driver.settled())
+    assert result.reply == "Hello!" and host.in_transaction == 0
+    assert run == ["WITH", "UPDATE", "WITH", "WITH"]  # store, claim, start, and the commit with its rows
+    queued = [delivery_of(row._mapping) for row in await outbox_rows(sessions)]
+    assert queued == host.owed(TurnCommit("test:known", lease.conversation_id, None, None, "hi", result))
+
+    fake_llm.script(tools(tool_call("escalate_to_human", {"reason": "wants a person"})))
+    await service.submit("test:known", "a person, please")
+    [lease] = await service.leases.claim_pending(1)
+    [result] = await service.run_leased(lease)
+    assert result.escalation_id is not None and host.in_transaction == 1
+
+
+async def test_a_turn_that_lost_its_lease_queues_none_of_its_known_rows(
+    sessions: Sessions, model: Any, fake_llm: FakeOpenAI
+) -> None:
+    host = KnownRows()
+    service = Conversations(
+        takeover=TAKEOVER, sessions=sessions, roster=default_roster(), model=model, config=CONFIG, after_turn=host
+    )
+    fake_llm.script(slow(0.5, reply("Hello!")))
+    await service.submit("test:lost", "hi")
+    [lease] = await service.leases.claim_pending(1)
+    turn = asyncio.create_task(service.run_leased(lease))
+    await poll(lambda: fake_llm.calls >= 1, 10, lambda: "the turn did not call the model")
+    async with sessions() as s, s.begin():  # taken over meanwhile by another process
+        await s.execute(update(m.Conversation).values(lease_owner="another process"))
+    with pytest.raises(LeaseLost):
+        await turn
+    assert await outbox_rows(sessions) == []
+
+
+async def outbox_rows(sessions: Sessions) -> list[Any]:
+    async with sessions() as s:
+        return list((await s.execute(select(*m.Outbox.__table__.columns).order_by(m.Outbox.id))).all())

@@ -353,6 +353,16 @@ _INSERT = Statement(
 """A row as `row_of` makes it, in the driver's terms (JSON as its text)."""
 
 
+COLUMNS = tuple(dict.fromkeys(_COLUMNS))
+"""The columns a queued row sets (`row_of`'s keys); the rest keep their defaults."""
+
+
+def rows_json(deliveries: Iterable[Delivery]) -> str:
+    """Deliveries as the JSON array of their rows, for a statement that queues them itself (a turn's commit:
+    `agents.conversation_sql.FINISH`)."""
+    return json.dumps([row_of(d) for d in deliveries])
+
+
 async def enqueue(s: AsyncSession | Conn, deliveries: Iterable[Delivery]) -> None:
     """Queue deliveries in the caller's transaction: they are owed exactly when what caused them commits."""
     rows = [row_of(d) for d in deliveries]

@@ -3,7 +3,7 @@ the turn's own transaction, and written as the conversation's channel shows them
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from agents.address import Address
@@ -53,22 +53,49 @@ def _last(n: int, parts: list[str], sources: tuple[Source, ...]) -> tuple[Source
     return sources if n == len(parts) - 1 else ()
 
 
-def turn_outbox(
-    roster: Roster,
-    style: ReplyStyle,
-    policy: EscalationPolicy,
-    *,
-    channels: Channels,
-    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-) -> Callable[[Conn, TurnCommit], Awaitable[None]]:
+class TurnOutbox:
     """The engine's after_turn hook: what the channels should see of a turn (the customer's replies, the case for
-    staff, relays both ways), queued in the turn's own transaction."""
+    staff, relays both ways), queued with the turn's commit."""
 
-    async def after_turn(s: Conn, commit: TurnCommit) -> None:
+    def __init__(
+        self,
+        roster: Roster,
+        style: ReplyStyle,
+        policy: EscalationPolicy,
+        *,
+        channels: Channels,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.roster = roster
+        self.style = style
+        self.policy = policy
+        self.channels = channels
+        self.clock = clock
+
+    async def __call__(self, s: Conn, commit: TurnCommit) -> None:
+        """Queued in the turn's transaction (`KnownOwed`), after reading what `owed` could not know."""
+        streamed = self._reads_preview(commit) and await _streamed(s, commit.conversation_id)
+        await enqueue(s, self._owed(commit, streamed=streamed))
+
+    def owed(self, commit: TurnCommit) -> list[Delivery] | None:
+        """The deliveries, unless they depend on whether the customer watched the answer grow (a read)."""
+        return None if self._reads_preview(commit) else self._owed(commit, streamed=False)
+
+    def _reads_preview(self, commit: TurnCommit) -> bool:
+        """An answer after handoff notices, where the channel streams: one message if the customer watched them all
+        grow in one (`bot.channels.previews.Words`), which the open preview tells."""
+        result = commit.result
+        if not (result.handoffs and result.reply and result.kind == ResultKind.REPLY):
+            return False
+        address = Address.parse(commit.key)
+        return address is not None and self.channels.of(address.platform).capabilities.streaming
+
+    def _owed(self, commit: TurnCommit, *, streamed: bool) -> list[Delivery]:
         address = Address.parse(commit.key)
         if address is None:
-            return
-        customer = channels.of(address.platform)
+            return []
+        roster, style, policy, clock = self.roster, self.style, self.policy, self.clock
+        customer = self.channels.of(address.platform)
         channel, thread = address.channel, address.thread
         cid, result, escalation_id = commit.conversation_id, commit.result, commit.result.escalation_id
         owed: list[Delivery] = []
@@ -78,7 +105,7 @@ def turn_outbox(
             if (notice := style.notice(roster.get(handoff.to_agent).title, commit.language))
         ]
         reply = result.reply
-        if notices and reply and result.kind == ResultKind.REPLY and await _streamed(s, customer, cid):
+        if notices and reply and result.kind == ResultKind.REPLY and streamed:
             # The customer watched the notices and the answer grow in one message (`bot.channels.previews.Words`):
             # the answer of record is that message.
             reply, notices = "\n\n".join([*notices, reply]), []
@@ -123,14 +150,12 @@ def turn_outbox(
                 owed.append(RemoveReaction(cid, channel, message, style.working_reaction))
             if style.done_reaction and result.kind not in (ResultKind.HUMAN, ResultKind.LIMITED):  # not answered (yet)
                 owed.append(AddReaction(cid, channel, message, style.done_reaction))
-        await enqueue(s, owed)
-
-    return after_turn
+        return owed
 
 
 _OPEN_PREVIEW = Statement("SELECT EXISTS (SELECT FROM previews WHERE conversation_id = :c AND state = 'open')")
 
 
-async def _streamed(s: Conn, channel: Channel, conversation_id: int) -> bool:
+async def _streamed(s: Conn, conversation_id: int) -> bool:
     """The conversation has a preview open: its answer finishes it in place (`bot.delivery.sender`)."""
-    return channel.capabilities.streaming and bool((await _OPEN_PREVIEW.run(s, {"c": conversation_id})).scalar())
+    return bool((await _OPEN_PREVIEW.run(s, {"c": conversation_id})).scalar())
