@@ -66,6 +66,9 @@ async def test_a_turn_without_a_reply_clears_its_status(
     await settle(sessions)
     assert statuses(emulator)[:2] == ["is thinking…", "is finding a colleague…"]
     assert emulator.statuses == {}
+    # Handed to a person, not answered: its 👀 is taken off and no ✅ put on (it would read as done).
+    message = emulator.message(SUPPORT, said.ts)
+    assert message is not None and dict(message.reactions) == {}
 
 
 async def test_a_status_call_that_hangs_neither_blocks_nor_delays_the_reply(

@@ -148,7 +148,9 @@ class TurnOutbox:
             message = commit.external_id
             if style.working_reaction:
                 owed.append(RemoveReaction(cid, channel, message, style.working_reaction))
-            if style.done_reaction and result.kind not in (ResultKind.HUMAN, ResultKind.LIMITED):  # not answered (yet)
+            # ✅ says "answered": not for a message that waits for a person (handed to one, or with one already) or
+            # was over a limit.
+            if style.done_reaction and result.kind == ResultKind.REPLY:
                 owed.append(AddReaction(cid, channel, message, style.done_reaction))
         return owed
 
