@@ -8,6 +8,9 @@ different customers in 2 channels at once, then 500 in 10; every model call take
 Reported per burst: the bot process's CPU seconds per customer message (/proc utime + stime, taken before the
 burst and after its last answer once the process has gone quiet, so that the echoes of its posts count too), the
 last answer against the single turn's, whether every answer was posted exactly once, and the peak resident memory.
+Beside the bot's CPU, the load generator's (this process: the events sent, the Slack emulator and the fake LLM, the
+same work every run) and the ratio of the two: this shared machine's speed moves by a third between runs, and the
+ratio in one run does not move with it.
 
 `--profile` samples the process with py-spy (100 Hz) during each set-up's 500 burst: a flame graph per set-up
 (docs/flame/cpu-<set-up>.svg) and, in the JSON, the frames and the parts of the code that hold the largest shares of
@@ -143,6 +146,7 @@ async def burst(live: Live, b: Burst, tag: str, profile: Path | None = None) -> 
     posts = Counter(len(live.watcher.posts.get(a, [])) for a in answer.values())
     cpu = cpu_use(cpu_before, cpu_after)
     bot_s = None if cpu_before.bot is None or cpu_after.bot is None else cpu_after.bot - cpu_before.bot
+    load_s = cpu_after.bench - cpu_before.bench
     return {
         "burst": b.name,
         "customers": b.customers,
@@ -158,6 +162,8 @@ async def burst(live: Live, b: Burst, tag: str, profile: Path | None = None) -> 
         "peak_rss_mb": round(peak_rss, 1),
         "bot_cpu_s": None if bot_s is None else round(bot_s, 2),
         "bot_cpu_ms_per_message": None if bot_s is None else round(bot_s * 1000 / b.customers, 1),
+        "load_cpu_ms_per_message": round(load_s * 1000 / b.customers, 2),
+        "bot_cpu_vs_load": None if bot_s is None or load_s <= 0 else round(bot_s / load_s, 2),
         "cpu": cpu,
     }
 
@@ -176,7 +182,8 @@ async def run_setup(server_url: str, name: str, quick: bool, profile: bool) -> d
             w = waves[-1]
             print(
                 f"{b.name}: last answer {w['last_answer_s']} s, {w['answered_once']}/{b.customers} answered once, "
-                f"bot CPU {w['bot_cpu_ms_per_message']} ms per message, peak RSS {w['peak_rss_mb']} MB",
+                f"bot CPU {w['bot_cpu_ms_per_message']} ms per message ({w['bot_cpu_vs_load']}× the load generator's "
+                f"{w['load_cpu_ms_per_message']} ms), peak RSS {w['peak_rss_mb']} MB",
                 flush=True,
             )
             print(cpu_line(w["cpu"]), flush=True)

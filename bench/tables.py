@@ -288,13 +288,14 @@ def cpu(result: Result) -> Table:
             w["last_answer_s"],
             w.get("last_vs_single"),
             w["bot_cpu_ms_per_message"],
+            w.get("bot_cpu_vs_load"),
             w["peak_rss_mb"],
         ]
         for name, setup in result["setups"].items()
         for w in setup["waves"]
     ]
     headers = ["set-up", "customers at once", "answered once", "last answer s", "last / single", "bot CPU ms/message"]
-    return Table([*headers, "peak RSS MB"], rows)
+    return Table([*headers, "bot CPU ÷ load generator's", "peak RSS MB"], rows)
 
 
 def scale(result: Result) -> Table:
