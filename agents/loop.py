@@ -462,19 +462,25 @@ def written_calls(content: str | None, *, call_id: str) -> tuple[ToolCall, ...] 
 
 def _as_meant(response: ModelResponse, turn: TurnInput, tools: set[str], *, call_id: str) -> ModelResponse:
     """What a model's answer means, as small local models write them: a call written as text is made when it names
-    one of the agent's `tools` and never shown either way; an answer wrapped whole in its chat template's tags is its
-    words; the customer's own message given back is no answer (content None, as empty)."""
+    one of the agent's `tools` and never shown either way (an answer that is only a tool's name too, called with no
+    arguments); an answer wrapped whole in its chat template's tags is its words; the customer's own message given
+    back is no answer (content None, as empty)."""
     if response.tool_calls:
         return response
     written = written_calls(response.content, call_id=call_id)
     if written is not None:
         return replace(response, content=None, tool_calls=tuple(c for c in written if c.name in tools))
+    if (named := _NAMED.match(response.content.strip() if response.content else "")) and named[1] in tools:
+        # Qwen2.5-1.5B answered a customer who asked for a person with `transfer_to_support` and nothing else.
+        return replace(response, content=None, tool_calls=(ToolCall(f"written_{call_id}_0_0", named[1], "{}"),))
     content = _unwrapped(response.content)
     if content is None:
         content = response.content
     return replace(response, content=None if _repeats(content, turn.history) else content)
 
 
+_NAMED = re.compile(r"^`?([A-Za-z_][A-Za-z0-9_]*)(?:\(\))?`?$")
+"""An answer that is nothing but a name (`name`, `name()`, in backticks or not): a call when it names a tool."""
 _WRAPPED = re.compile(r"^<(tool_response|response|answer)>\s*(.*?)\s*</\1>$", re.DOTALL)
 
 

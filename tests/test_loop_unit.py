@@ -158,6 +158,18 @@ async def test_calls_written_fenced_as_lists_unclosed_or_mistrals_way_are_made(w
     assert result.reply == "The Kestrel Mini 2 is our lightest drone."
 
 
+@pytest.mark.parametrize("written", ["transfer_to_sales", " `transfer_to_sales` ", "transfer_to_sales()"])
+async def test_an_answer_that_is_only_a_tools_name_calls_it(written: str) -> None:
+    """Qwen2.5-1.5B, asked for a person, answered `transfer_to_support` and nothing else: the call, not words."""
+    model = ScriptedModel(text(written), text("The Kestrel Mini 2 is our lightest drone."))
+    result = await run(model, "which drone is lightest?")
+    assert [h.to_agent for h in result.handoffs] == ["sales"]
+    assert result.reply == "The Kestrel Mini 2 is our lightest drone."
+    # A name that is no tool of the agent's is an answer like any other.
+    sales = await run(ScriptedModel(text("Sales")), "which team sells drones? one word")
+    assert isinstance(sales.outcome, Reply) and sales.reply == "Sales"
+
+
 @pytest.mark.parametrize(
     "answer", ['{"name": "Ben Ortiz", "email": "ben@example.com"}', '[{"name": "Kestrel Mini 2", "price": 899}]']
 )
