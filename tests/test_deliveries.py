@@ -236,6 +236,36 @@ async def test_changes_are_marked_done_with_the_release_of_the_lease(
     assert [tuple(row) for row in rows] == [(Outcome.SENT, 1)] * 4
 
 
+async def test_a_notice_before_an_answer_reads_nothing_between_its_attempt_and_its_post(
+    sessions: Sessions, engine: AsyncEngine, emulator: SlackEmulator
+) -> None:
+    """A handoff's notice while the customer watches a preview, the answer queued after it: the notice is posted on
+    its own and the answer finishes the preview. Whether an answer follows comes with the notice's attempt, so that
+    nothing is read between an attempt and its post: a read that failed there would leave in doubt a post never
+    made, which a channel that cannot find its posts gives up."""
+    ts = emulator.add_message("C_SUPPORT", "is the Harrier X4 waterproof?").ts
+    async with sessions() as s, s.begin():
+        conversation = m.Conversation(key=f"slack:T0001:C_SUPPORT:{ts}", active_agent="triage")
+        s.add(conversation)
+        await s.flush()
+        s.add(m.Preview(conversation_id=conversation.id, platform="slack", channel="C_SUPPORT", thread=ts))
+    async with sessions() as s, s.begin():  # the turn's commit, after its preview began
+        notice = d.Post(conversation.id, "C_SUPPORT", ts, "Connecting you with Sales.")
+        await enqueue(s, [notice, d.Post(conversation.id, "C_SUPPORT", ts, "It is.", answer=True)])
+    async with sessions() as s:  # written through SQLAlchemy: a notice's sources are SQL's NULL, not JSON's null
+        assert (await s.scalars(select(m.Outbox.sources.is_(None)).order_by(m.Outbox.id))).all() == [True, False]
+    with DriverLog(engine) as driver:
+        assert await _sender(engine, emulator).send_pending() == 2
+        statements = await driver.settled()
+    attempts = [n for n, sql in enumerate(statements) if "JOIN previews" in sql]
+    assert len(attempts) == 2
+    assert [statements[n + 1].split()[0] for n in attempts] == ["UPDATE", "BEGIN"]  # the claims: the answer's closes
+    assert not any("SELECT EXISTS" in sql for sql in statements)
+    assert next(p.text for p in emulator.posts("C_SUPPORT", ts)) == "Connecting you with Sales."
+    async with sessions() as s:
+        assert await s.scalar(select(m.Preview.state)) == "finished"
+
+
 async def _conversation(
     sessions: Sessions, emulator: SlackEmulator, owed: Callable[[int, str], list[Delivery]], text: str = "hi"
 ) -> tuple[int, str]:

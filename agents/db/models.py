@@ -319,9 +319,10 @@ class Outbox(Base):
     uploaded: Mapped[list[str] | None] = mapped_column(JSONB)
     """A file relay's uploaded file ids, recorded before they are shared (`bot.delivery.shares`): looked for, not
     uploaded again, after an unknown outcome."""
-    sources: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
+    sources: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB(none_as_null=True))
     """An agent's answer: the knowledge it was grounded in (`agents.db.deliveries.Source`), [] for none; NULL for
-    every other row (a notice, a relay), which no channel labels as AI-made."""
+    every other row (a notice, a relay), which no channel labels as AI-made (SQL's NULL, not JSON's null, however
+    the row is written)."""
     last_error: Mapped[str | None] = mapped_column(Text)
     erases: Mapped[int | None] = mapped_column(BigInteger)
     """An erase row's target: the outbox row whose post it deletes (`agents.db.deliveries.Erase`)."""

@@ -54,9 +54,12 @@ _OPEN_PREVIEW = Statement(
 """The conversation's open preview, if a run began it before the row was written (a later run's preview is its
 own answer's to finish)."""
 _CLOSE_PREVIEW = Statement("UPDATE previews SET state = 'finished' WHERE id = :id")
+GROUNDED = "jsonb_typeof({o}.sources) = 'array'"
+"""An answer's row (`agents.db.deliveries.row_of`: its sources, if only an empty list); `sources` is NULL for any
+other, or JSON's null where an older version wrote it through SQLAlchemy."""
 _ANSWER_FOLLOWS = Statement(
     "SELECT EXISTS (SELECT FROM outbox WHERE conversation_id = :c AND id > :id AND created_at = :t"
-    " AND kind IN ('answer', 'post') AND sources IS NOT NULL)"
+    f" AND kind IN ('answer', 'post') AND {GROUNDED.format(o='outbox')})"
 )
 """An agent's answer queued after this row in the same transaction (the same turn): a notice before it (a handoff's
 "Connecting you with...") leaves the preview to the answer."""
@@ -151,14 +154,19 @@ _ATTEMPT = Statement(
         RETURNING id, conversation_id, created_at
     )
     SELECT attempted.id, p.id AS preview_id, p.platform, p.channel, p.thread, p.stream_id, p.shown, p.started_at,
-        p.shown_at
+        p.shown_at,
+        p.id IS NOT NULL AND EXISTS (
+            SELECT FROM outbox o WHERE o.conversation_id = attempted.conversation_id AND o.id > attempted.id
+            AND o.created_at = attempted.created_at AND o.kind IN ('answer', 'post') AND {GROUNDED.format(o="o")}
+        ) AS answer_follows
     FROM attempted LEFT JOIN previews p ON CAST(:preview AS boolean) AND p.conversation_id = attempted.conversation_id
         AND p.state = 'open' AND p.started_at <= attempted.created_at
     """
 )
 """A post's attempt, recorded before it is made; the changes made before it in the pass marked done, so that none
 waits for the lease's release across a slow post; and, if asked, the open preview the post may finish (as
-`_OPEN_PREVIEW` reads it, in the same round trip)."""
+`_OPEN_PREVIEW` reads it) and whether an answer follows the post (`_ANSWER_FOLLOWS`), in the same round trip:
+nothing is read between the attempt and the post, whose failure would leave a post in doubt that was never made."""
 _SETTLED = Statement(
     f"UPDATE outbox SET attempted_at = NULL WHERE id = :id AND done_at IS NULL AND {HOLDING_SEND_LEASE}"
 )
@@ -210,6 +218,8 @@ class Attempt:
 
     preview: PreviewRef | None
     """The conversation's open preview when it was asked for, and there is one."""
+    answer_follows: bool = False
+    """With a preview: an answer was queued after the post, in the same transaction."""
 
 
 @dataclass
@@ -363,7 +373,7 @@ class Ledger:
         if found.preview_id is None:
             return Attempt(None)
         preview_of = {name: found._mapping[name] for name in _PREVIEW_FIELDS}
-        return Attempt(PreviewRef(id=found.preview_id, **preview_of))
+        return Attempt(PreviewRef(id=found.preview_id, **preview_of), answer_follows=bool(found.answer_follows))
 
     async def settled(self, row: Row, key: int) -> None:
         """This sender's attempt at a post was answered "not posted": the row is no longer in doubt (only while

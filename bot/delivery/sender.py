@@ -332,7 +332,7 @@ class OutboxSender:
             if attempt is None:
                 return None
             if asks:
-                preview = await self._preview_to_finish(row, delivery, messenger, where, attempt.preview)
+                preview = self._finishes(delivery, messenger, where, attempt.preview, attempt.answer_follows)
             if time.monotonic() - recording > self.ledger.lease_s / 2 and not await self.ledger.still_ours(row, key):
                 # Frozen (SIGSTOP, a paused VM) or starved since the attempt was recorded, and the lease or the row
                 # has moved on: another sender may have looked, found nothing and posted. Not sending narrows the
@@ -383,7 +383,9 @@ class OutboxSender:
         whose words stand where the model had begun to write)."""
         if not self._may_finish_preview(delivery, messenger):
             return None
-        return await self._preview_to_finish(row, delivery, messenger, where, await self.ledger.open_preview(row))
+        preview = await self.ledger.open_preview(row)
+        follows = preview is not None and not _is_answer(delivery) and await self.ledger.answer_follows(row)
+        return self._finishes(delivery, messenger, where, preview, follows)
 
     def _may_finish_preview(self, delivery: NewMessage, messenger: Messenger) -> bool:
         return (
@@ -392,8 +394,9 @@ class OutboxSender:
             and self.channels.of(messenger.platform).capabilities.streaming
         )
 
-    async def _preview_to_finish(
-        self, row: Row, delivery: NewMessage, messenger: Messenger, where: Where, preview: PreviewRef | None
+    @staticmethod
+    def _finishes(
+        delivery: NewMessage, messenger: Messenger, where: Where, preview: PreviewRef | None, answer_follows: bool
     ) -> PreviewRef | None:
         """`preview` (the conversation's open one) if this message finishes it: it is where the message goes (the
         customer's thread), and the message is the answer, or a notice no answer follows."""
@@ -403,8 +406,7 @@ class OutboxSender:
             where.thread,
         ):
             return None
-        answer = isinstance(delivery, Answer) or (isinstance(delivery, Post) and delivery.answer)
-        if not answer and await self.ledger.answer_follows(row):
+        if not _is_answer(delivery) and answer_follows:
             return None  # a handoff's notice: the answer after it takes the place the customer watched
         return preview
 
@@ -479,3 +481,7 @@ class OutboxSender:
             # not exist: the bot answers them instead.
             await self.hand_back(case.escalation_id)
         return outcome
+
+
+def _is_answer(delivery: NewMessage) -> bool:
+    return isinstance(delivery, Answer) or (isinstance(delivery, Post) and delivery.answer)
