@@ -49,7 +49,6 @@ SUPPORT, STAFF_CHANNEL, CUSTOMER, STAFF = "C_SUPPORT", "C_STAFF", "U_CUSTOMER", 
 ESCALATE = "escalate:"
 """A customer message starting with this makes the fake LLM call escalate_to_human."""
 WORKING = str(Settings.model_fields["working_reaction"].default)
-DONE = str(Settings.model_fields["done_reaction"].default)
 NOTICE = Texts().get(Text.ESCALATION_MESSAGE)
 PCTS = ("p50", "p90", "p99", "max")
 
@@ -157,7 +156,8 @@ async def escalate_all(live: Live, params: Params) -> tuple[list[Conversation], 
         raise RuntimeError(f"{len(bad)} escalation events not acknowledged with 200: {bad[:3]}")
 
     def all_done() -> bool:
-        return all(("reactions.add", c.thread_ts, DONE) in live.watcher.reactions for c in conversations)
+        # Handed to a person: the 👀 comes off (no ✅, which marks an answer).
+        return all(("reactions.remove", c.thread_ts, WORKING) in live.watcher.reactions for c in conversations)
 
     if not await live.until(all_done, 30, "every escalation to be handled", poll_s=0.01):
         raise RuntimeError(f"not every escalation was handled; the bot posted {list(live.watcher.posts)[-3:]}")
