@@ -6,7 +6,7 @@ statement."""
 from __future__ import annotations
 
 from agents import leases, limits
-from agents.db.deliveries import COLUMNS
+from agents.db.deliveries import queued_sql
 from agents.db.notify import TURNS
 from agents.db.statements import Statement
 from agents.summary import UNSUMMARISED, VALID_SUMMARY
@@ -163,15 +163,11 @@ WITH others AS (
         cached_tokens int, latency_ms float8
     ), conv
 ), queued AS (
-    -- The host's deliveries known before the commit (`TurnHook.owed`), in their order; "[]" when it writes its own.
-    INSERT INTO outbox ({outbox_columns})
-    SELECT {outbox_values}
-    FROM conv, jsonb_array_elements(CAST(:outbox AS jsonb)) WITH ORDINALITY AS e(value, n),
-         LATERAL jsonb_populate_record(CAST(NULL AS outbox), e.value) AS r
-    ORDER BY e.n
-), """.replace("{outbox_columns}", ", ".join(COLUMNS)).replace(
-        "{outbox_values}", ", ".join(f"r.{column}" for column in COLUMNS)
-    )
+    -- The host's deliveries known before the commit (`KnownOwed.owed`); "[]" when it writes its own.
+    """
+    + queued_sql(fenced_by="conv")
+    + """
+), """
     + limits.COUNT
     + """
 SELECT (SELECT id FROM opened) AS escalation_id, (SELECT waiting FROM more) AS kept,

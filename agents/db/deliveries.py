@@ -19,11 +19,10 @@ from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from sqlalchemy import insert, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from agents.db import models as m
-from agents.db.statements import Conn, Lent, Statement
+from agents.db.statements import Conn, Statement
 
 
 class Outcome(StrEnum):
@@ -311,18 +310,23 @@ KINDS: dict[str, type[Delivery]] = {
 # sources in `sources` (a JSON list), which is NULL for a post that is no answer.
 _COLUMN_OF = {"thread": "thread_ts", "message": "target_ts", "name": "reaction", "source": "source_ts"}
 _GROUNDING = frozenset({"answer", "sources"})
-_COLUMNS = (
-    "kind",
-    "channel",
-    "sources",
-    *sorted({_COLUMN_OF.get(f.name, f.name) for cls in KINDS.values() for f in fields(cls)} - _GROUNDING),
+COLUMNS = tuple(
+    dict.fromkeys(
+        (
+            "kind",
+            "channel",
+            "sources",
+            *sorted({_COLUMN_OF.get(f.name, f.name) for cls in KINDS.values() for f in fields(cls)} - _GROUNDING),
+        )
+    )
 )
+"""The columns a queued row sets (`row_of`'s keys); the rest keep their defaults."""
 
 
 def row_of(delivery: Delivery) -> dict[str, Any]:
     """The delivery as the values of an `outbox` row: every column the deliveries use, NULL where this one has no
     value, and an empty channel for deliveries whose place the sender looks up (the case's thread)."""
-    values: dict[str, Any] = dict.fromkeys(_COLUMNS) | {"kind": delivery.kind, "channel": ""}
+    values: dict[str, Any] = dict.fromkeys(COLUMNS) | {"kind": delivery.kind, "channel": ""}
     for f in fields(delivery):
         if f.name not in _GROUNDING:
             values[_COLUMN_OF.get(f.name, f.name)] = getattr(delivery, f.name)
@@ -346,34 +350,33 @@ def delivery_of(row: Mapping[Any, Any]) -> Delivery:
     return cls(**values)
 
 
-_INSERT = Statement(
-    f"INSERT INTO outbox ({', '.join(dict.fromkeys(_COLUMNS))}) "
-    f"VALUES ({', '.join(f':{column}' for column in dict.fromkeys(_COLUMNS))})"
-)
-"""A row as `row_of` makes it, in the driver's terms (JSON as its text)."""
+def queued_sql(*, fenced_by: str | None = None) -> str:
+    """An INSERT of the rows in the JSON array `:outbox` (`rows_json`), in their order, each column typed as the
+    table has it; with `fenced_by`, only if that relation (a common table expression) has a row."""
+    return (
+        f"INSERT INTO outbox ({', '.join(COLUMNS)}) SELECT {', '.join(f'r.{column}' for column in COLUMNS)} "
+        f"FROM {f'{fenced_by}, ' if fenced_by else ''}"
+        "jsonb_array_elements(CAST(:outbox AS jsonb)) WITH ORDINALITY AS e(value, n), "
+        "LATERAL jsonb_populate_record(CAST(NULL AS outbox), e.value) AS r ORDER BY e.n"
+    )
 
 
-COLUMNS = tuple(dict.fromkeys(_COLUMNS))
-"""The columns a queued row sets (`row_of`'s keys); the rest keep their defaults."""
+_QUEUE = Statement(queued_sql())
 
 
 def rows_json(deliveries: Iterable[Delivery]) -> str:
-    """Deliveries as the JSON array of their rows, for a statement that queues them itself (a turn's commit:
-    `agents.conversation_sql.FINISH`)."""
+    """Deliveries as the JSON array of their rows (`row_of`), for `queued_sql`."""
     return json.dumps([row_of(d) for d in deliveries])
 
 
 async def enqueue(s: AsyncSession | Conn, deliveries: Iterable[Delivery]) -> None:
-    """Queue deliveries in the caller's transaction: they are owed exactly when what caused them commits."""
-    rows = [row_of(d) for d in deliveries]
-    if not rows:
+    """Queue deliveries in the caller's transaction: they are owed exactly when what caused them commits. One
+    statement however many rows of whatever kinds, on any connection (a turn's commit queues its own rows with the
+    same SQL: `agents.conversation_sql.FINISH`)."""
+    owed = list(deliveries)
+    if not owed:
         return
-    if isinstance(s, Lent):  # the hot path's: a turn's commit
-        await _INSERT.run_many(s, [row | {"sources": _json(row["sources"])} for row in rows])
-        return
-    # render_nulls: rows of different kinds leave different columns NULL; still one INSERT.
-    await s.execute(insert(m.Outbox).execution_options(render_nulls=True), rows)
-
-
-def _json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value)
+    if isinstance(s, AsyncSession):
+        await s.flush()  # what the session holds goes first, as its own statements would autoflush it
+        s = await s.connection()
+    await _QUEUE.run(s, {"outbox": rows_json(owed)})

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agents.db import models as m
 from agents.db.deliveries import (
@@ -126,12 +126,15 @@ _LEASE_EACH = Statement(
 )
 """The send leases of conversations claimed or renewed, in one statement, in key order: two senders leasing
 overlapping sets wait for each other's rows in the same order, and never deadlock."""
+_MARK_CHANGED = (
+    f"UPDATE outbox SET done_at = now(), outcome = '{Outcome.SENT}', attempts = attempts + 1 "
+    "WHERE id = ANY(CAST(:changed AS bigint[])) AND done_at IS NULL"
+)
+"""Changes (a reaction, an edit, a deletion) made, or found made already: the rows sent, their one try counted. A
+statement of its own (`_CHANGED`), or a part of the one that releases the lease or records a post's attempt."""
 _RELEASE = Statement(
     f"""
-    WITH changed AS (
-        UPDATE outbox SET done_at = now(), outcome = '{Outcome.SENT}', attempts = attempts + 1
-        WHERE id = ANY(CAST(:changed AS bigint[])) AND done_at IS NULL
-    )
+    WITH changed AS ({_MARK_CHANGED})
     , mine AS (
         SELECT conversation_id FROM send_leases WHERE conversation_id = ANY(CAST(:keys AS bigint[])) AND owner = :o
         ORDER BY conversation_id FOR UPDATE
@@ -144,10 +147,7 @@ _RELEASE = Statement(
 finds rows, and two senders locking in different orders deadlock), and the changes made under them marked done."""
 _ATTEMPT = Statement(
     f"""
-    WITH changed AS (
-        UPDATE outbox SET done_at = now(), outcome = '{Outcome.SENT}', attempts = attempts + 1
-        WHERE id = ANY(CAST(:changed AS bigint[])) AND done_at IS NULL
-    ), attempted AS (
+    WITH changed AS ({_MARK_CHANGED}), attempted AS (
         UPDATE outbox SET attempts = attempts + 1, attempted_at = now(),
             uploaded = coalesce(CAST(:uploaded AS jsonb), uploaded)
         WHERE id = :id AND done_at IS NULL AND attempts = :seen AND {HOLDING_SEND_LEASE}
@@ -174,12 +174,7 @@ _STILL_OURS = Statement(
     f"SELECT id FROM outbox WHERE id = :id AND done_at IS NULL AND attempts = :n AND {HOLDING_SEND_LEASE}"
 )
 _CLAIMED = Statement("SELECT result_ts FROM outbox WHERE id = :id")
-_CHANGED = Statement(
-    f"UPDATE outbox SET done_at = now(), outcome = '{Outcome.SENT}', attempts = attempts + 1 "
-    "WHERE id = ANY(CAST(:changed AS bigint[])) AND done_at IS NULL"
-)
-"""Changes (a reaction, an edit, a deletion) made, or found made already: the rows sent, their one try counted.
-Usually with the lease's release, in the same statement (`_RELEASE`)."""
+_CHANGED = Statement(_MARK_CHANGED)
 _DONE = Statement(
     "UPDATE outbox SET done_at = now(), outcome = :outcome, result_ts = coalesce(:result_ts, result_ts), "
     "last_error = coalesce(:last_error, last_error) WHERE id = :id AND done_at IS NULL"
@@ -430,9 +425,7 @@ class Ledger:
         values = {"id": row.id, "outcome": str(outcome), "result_ts": result_ts, "last_error": last_error}
         async with self._alone() if not then else self.engine.begin() as conn:
             await _DONE.run(conn, values)
-            if then:
-                assert isinstance(conn, AsyncConnection)  # engine.begin()'s
-                await enqueue(conn, then)
+            await enqueue(conn, then)
         return outcome
 
     def changed(self, row: Row) -> Outcome:
